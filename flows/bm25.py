@@ -1,0 +1,18 @@
+"""BM25 baseline DAG: documents → bm25_index."""
+from __future__ import annotations
+
+from tasks.bm25 import BM25Params, BM25Retriever, bm25_index
+from tasks.stage import RunContext
+from tasks.store import ArtifactRef
+
+__all__ = ["BM25Params", "index", "retriever"]
+
+
+def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
+    """Index stages of ``method=bm25``."""
+    return {"bm25": bm25_index(ctx, data["documents"], cfg.method)["bm25"]}
+
+
+def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> BM25Retriever:
+    """Online side of ``method=bm25``."""
+    return BM25Retriever(data["documents"], index["bm25"], cfg.method)

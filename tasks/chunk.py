@@ -1,0 +1,105 @@
+"""Chunking: documents → ordered chunks (whole passages, sentences, or token windows with overlap).
+
+Chunks keep their position inside their document, so within-document order (ZoomRAG's temporal
+distance |i − j|) is available, while nothing links chunks of *different* documents by corpus order.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import sys
+from dataclasses import dataclass
+
+import pandas as pd
+import pyarrow as pa
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.stage import RunContext, input_fps, run_row_stage
+from tasks.store import ArtifactRef, code_version
+
+
+@dataclass(frozen=True)
+class ChunkParams:
+    """How documents are cut: ``unit`` is passage | sentence | window (whitespace tokens)."""
+
+    unit: str = "sentence"
+    window_tokens: int = 1200
+    overlap_tokens: int = 100
+
+    def __post_init__(self) -> None:
+        if self.unit not in {"passage", "sentence", "window"}:
+            raise ValueError(f"chunk.unit must be passage, sentence or window, got {self.unit!r}")
+        if self.unit == "window" and not 0 <= self.overlap_tokens < self.window_tokens:
+            raise ValueError("chunk.overlap_tokens must be >= 0 and < chunk.window_tokens")
+
+
+# a boundary: end punctuation (+ closing quotes/brackets), whitespace, then an opening capital/digit
+_BOUNDARY = re.compile(r"(?<=[.!?])[\"'”’)\]]*\s+(?=[\"'“‘(\[]?[A-Z0-9])")
+# a piece ending like this did not end a sentence: titles, initials ("J."), "U.S.", "No.", "St."
+_NOT_AN_END = re.compile(
+    r"(?:\b(?:Mr|Mrs|Ms|Dr|Prof|Sr|Jr|St|Mt|Ft|No|Vol|vs|etc|Inc|Ltd|Co|Corp|Gen|Col|Lt|Sgt|Rev|Hon|Jan|Feb|Mar|"
+    r"Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec|approx|ca|c)\.|\b[A-Z]\.|\b(?:[A-Za-z]\.){2,})$")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Rule-based sentence split that keeps abbreviations and initials inside their sentence."""
+    pieces = [p for p in _BOUNDARY.split(text.strip()) if p]
+    sentences: list[str] = []
+    for piece in pieces:
+        if sentences and _NOT_AN_END.search(sentences[-1]):
+            sentences[-1] = f"{sentences[-1]} {piece}"
+        else:
+            sentences.append(piece)
+    return [s.strip() for s in sentences if s.strip()]
+
+
+def token_windows(text: str, size: int, overlap: int) -> list[str]:
+    """Windows of ``size`` whitespace tokens, consecutive windows sharing ``overlap`` tokens."""
+    tokens = text.split()
+    if len(tokens) <= size:
+        return [" ".join(tokens)] if tokens else []
+    step = size - overlap
+    starts = range(0, max(len(tokens) - overlap, 1), step)
+    return [" ".join(tokens[s:s + size]) for s in starts]
+
+
+def chunk_text(text: str, params: ChunkParams) -> list[str]:
+    """The chunks of one document, in order."""
+    if params.unit == "passage":
+        return [text]
+    if params.unit == "sentence":
+        return split_sentences(text) or [text]
+    return token_windows(text, params.window_tokens, params.overlap_tokens) or [text]
+
+
+def chunk_documents(docs: pd.DataFrame, params: ChunkParams) -> pd.DataFrame:
+    """``documents(doc_id, text)`` → ``chunks(chunk_id, doc_id, position, text)``."""
+    rows = []
+    for did, text in zip(docs["doc_id"].tolist(), docs["text"].tolist()):
+        for pos, piece in enumerate(chunk_text(text, params)):
+            cid = "chk-" + hashlib.sha1(f"{did}\x1f{pos}\x1f{piece}".encode()).hexdigest()[:16]
+            rows.append((cid, did, pos, piece))
+    return pd.DataFrame(rows, columns=["chunk_id", "doc_id", "position", "text"]).astype({"position": "int32"})
+
+
+@task(name="chunk", cache_policy=NO_CACHE)
+def chunk(ctx: RunContext, documents: ArtifactRef, params: ChunkParams) -> dict[str, ArtifactRef]:
+    """Stage: chunk every document not chunked before with these params (row-incremental by doc_id)."""
+    store = ctx.store
+    docs = store.read(documents, ["doc_id", "text"])
+
+    def compute_rows(missing: list[str]) -> pa.Table:
+        todo = docs[docs["doc_id"].isin(set(missing))].drop_duplicates("doc_id")
+        return pa.Table.from_pandas(chunk_documents(todo, params), preserve_index=False)
+
+    def assemble(rows: pa.Table | None) -> dict[str, pa.Table]:
+        table = rows.to_pandas() if rows is not None else chunk_documents(docs.iloc[:0], params)
+        order = {d: i for i, d in enumerate(docs["doc_id"].tolist())}
+        table["_o"] = table["doc_id"].map(order)
+        table = table.sort_values(["_o", "position"], kind="stable").drop(columns="_o").reset_index(drop=True)
+        return {"chunks": table}
+
+    return run_row_stage(ctx, "chunk", code_version(sys.modules[__name__]),
+                         params, params, input_fps(documents=documents), docs["doc_id"],
+                         compute_rows, "doc_id", assemble)

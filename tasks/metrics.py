@@ -1,0 +1,26 @@
+"""Retrieval metrics: passage recall@k against gold, and latency summaries."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+def recall_at_k(hits: pd.DataFrame, gold: pd.DataFrame, ks: list[int], qids: list[str]) -> dict[str, float]:
+    """Mean over questions of |gold ∩ top-k| / |gold|, in percent (questions without gold are skipped)."""
+    g = gold[gold["qid"].isin(set(qids))]
+    n_gold = g.groupby("qid").size()
+    found = hits.merge(g, on=["qid", "doc_id"], how="inner")
+    out = {}
+    for k in ks:
+        per_q = found[found["rank"] <= k].groupby("qid").size().reindex(n_gold.index, fill_value=0)
+        out[f"recall@{k}"] = round(float((per_q / n_gold).mean() * 100), 2) if len(n_gold) else float("nan")
+    return out
+
+
+def latency_summary(latency: pd.DataFrame, column: str = "ms") -> dict[str, float]:
+    """mean / p50 / p95 / p99 of a per-query latency column (ms)."""
+    v = latency[column].to_numpy(dtype=float)
+    if v.size == 0:
+        return {"mean": float("nan"), "p50": float("nan"), "p95": float("nan"), "p99": float("nan")}
+    return {"mean": float(v.mean()), "p50": float(np.percentile(v, 50)),
+            "p95": float(np.percentile(v, 95)), "p99": float(np.percentile(v, 99))}

@@ -1,0 +1,67 @@
+"""Batched retrieval over any method, with per-query latency, and the retriever protocol.
+
+A method's retriever answers a *batch* of questions at once; latency per query is the batch's
+wall time divided by its size (that is what a batched server would see), split into the parts
+the retriever reports (e.g. query encoding, search).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+
+@dataclass
+class Hits:
+    """Ranked results of a batch: ``doc_idx`` (q, k) int64 into the retriever's ``doc_ids`` (-1 = none)."""
+
+    doc_idx: np.ndarray
+    scores: np.ndarray
+    parts: dict[str, float] = field(default_factory=dict)
+    trace: list[dict] | None = None
+
+
+class Retriever(Protocol):
+    """What every method's online side provides."""
+
+    doc_ids: np.ndarray
+
+    def search(self, questions: list[str], k: int) -> Hits:
+        """Rank documents for a batch of questions."""
+        ...
+
+
+def retrieve_all(retriever: Retriever, questions: pd.DataFrame, k: int, batch_size: int,
+                 ) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]]:
+    """Run all questions in batches → (hits(qid, rank, doc_id, score), latency per query, traces)."""
+    hit_rows, lat_rows, traces = [], [], []
+    qids, texts = questions["qid"].tolist(), questions["question"].tolist()
+    for start in tqdm(range(0, len(texts), batch_size), desc="retrieve", delay=2.0, leave=False):
+        batch = texts[start:start + batch_size]
+        t0 = time.perf_counter()
+        hits = retriever.search(batch, k)
+        ms = (time.perf_counter() - t0) * 1000 / len(batch)
+        parts = {f"{p}_ms": s * 1000 / len(batch) for p, s in hits.parts.items()}
+        for i, qid in enumerate(qids[start:start + batch_size]):
+            lat_rows.append({"qid": qid, "batch_size": len(batch), "ms": ms, **parts})
+            keep = hits.doc_idx[i] >= 0
+            ids = retriever.doc_ids[hits.doc_idx[i][keep]]
+            hit_rows.extend(zip([qid] * len(ids), range(1, len(ids) + 1), ids, hits.scores[i][keep]))
+        if hits.trace:
+            traces.extend({"qid": q, **t} for q, t in zip(qids[start:start + batch_size], hits.trace))
+    hits_df = pd.DataFrame(hit_rows, columns=["qid", "rank", "doc_id", "score"])
+    return hits_df, pd.DataFrame(lat_rows), traces
+
+
+def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices and values of the k best columns per row, best first (ties by lower index)."""
+    k = min(k, scores.shape[1])
+    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    vals = np.take_along_axis(scores, part, 1)
+    order = np.lexsort((part, -vals), axis=1)
+    idx = np.take_along_axis(part, order, 1)
+    return idx.astype(np.int64), np.take_along_axis(scores, idx, 1)

@@ -1,0 +1,319 @@
+"""The stage store: every artifact path, atomic write and catalog row lives here.
+
+Layout under ``artifacts_dir``::
+
+    catalog.duckdb                              the catalog (stages, stage_events, runs, metrics, views)
+    <dataset>/<stage>/<name>-<fp>.parquet       a stage's outputs, addressed by its fingerprint
+    _rows/<stage>/<param_fp>/part-*.parquet     row caches of per-row stages (chunk, ner, embed)
+
+A stage's fingerprint is a content hash of (stage name, the source of the modules
+holding it and the pure functions it calls, its config slice, its input fingerprints).
+Outputs are written to a temp file and renamed into place; the catalog row is written
+last, so a run killed at any point leaves nothing that a later run trusts. The catalog
+is opened only for short, file-locked transactions, so two processes sharing one
+``artifacts_dir`` queue behind each other instead of corrupting it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import fcntl
+import hashlib
+import inspect
+import json
+import os
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Iterator, Mapping
+
+import duckdb
+import numpy as np
+import pandas as pd
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+CATALOG = "catalog.duckdb"
+LOCK_TIMEOUT_S = 120.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS stages (
+  stage VARCHAR, name VARCHAR, fp VARCHAR, dataset VARCHAR, path VARCHAR,
+  input_fps JSON, params JSON, rows BIGINT, rows_computed BIGINT,
+  seconds DOUBLE, peak_rss_mb DOUBLE, created_at TIMESTAMP, run_id VARCHAR);
+CREATE TABLE IF NOT EXISTS stage_events (
+  run_id VARCHAR, stage VARCHAR, fp VARCHAR, dataset VARCHAR, status VARCHAR,
+  rows BIGINT, rows_computed BIGINT, seconds DOUBLE, peak_rss_mb DOUBLE, created_at TIMESTAMP);
+CREATE TABLE IF NOT EXISTS runs (
+  run_id VARCHAR, command VARCHAR, started_at TIMESTAMP, manifest JSON);
+CREATE TABLE IF NOT EXISTS metrics (
+  run_id VARCHAR, kind VARCHAR, method VARCHAR, dataset VARCHAR, created_at TIMESTAMP, metrics JSON);
+"""
+
+
+class StoreError(RuntimeError):
+    """The artifact store cannot do what was asked; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class ArtifactRef:
+    """A small, picklable reference to one stored artifact (what tasks return)."""
+
+    name: str
+    path: str
+    fp: str
+    rows: int
+
+
+def short_hash(payload: Any, n: int = 16) -> str:
+    """Stable hex digest of any JSON-serialisable payload."""
+    blob = json.dumps(payload, sort_keys=True, default=_json_default).encode()
+    return hashlib.sha256(blob).hexdigest()[:n]
+
+
+def _json_default(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.asdict(obj)
+    if isinstance(obj, (np.integer, np.floating)):
+        return obj.item()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON-serialisable in a fingerprint: {type(obj).__name__}")
+
+
+def code_version(*modules: ModuleType | Callable) -> str:
+    """Hash of the source of the given modules/functions (editing an algorithm invalidates its stage)."""
+    h = hashlib.sha256()
+    for m in modules:
+        h.update(inspect.getsource(m).encode())
+    return h.hexdigest()[:16]
+
+
+def fingerprint(stage: str, code: str, params: Any, inputs: Mapping[str, str]) -> str:
+    """A stage's identity: hash(stage, code version, config slice, input fingerprints)."""
+    return short_hash({"stage": stage, "code": code, "params": params, "inputs": dict(sorted(inputs.items()))})
+
+
+def text_key(text: str) -> str:
+    """Content key of a text (identical texts share one row in a row cache)."""
+    return "txt-" + hashlib.sha1(text.encode()).hexdigest()[:20]
+
+
+# ----------------------------------------------------------------------------- arrays in Parquet
+
+def embeddings_to_arrow(matrix: np.ndarray) -> pa.FixedSizeListArray:
+    """(n, d) float32 → FixedSizeList<float32>[d] column."""
+    matrix = np.ascontiguousarray(matrix, dtype=np.float32)
+    return pa.FixedSizeListArray.from_arrays(pa.array(matrix.reshape(-1)), matrix.shape[1])
+
+
+def arrow_to_embeddings(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """FixedSizeList<float32>[d] column → (n, d) float32."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks else pa.array([], type=column.type)
+    d = column.type.list_size
+    return np.asarray(column.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(-1, d)
+
+
+# ----------------------------------------------------------------------------- peak memory
+
+class PeakRSS:
+    """Context manager sampling this process's RSS; ``.mb`` is the peak seen inside."""
+
+    def __init__(self, interval_s: float = 0.05) -> None:
+        self.interval_s = interval_s
+        self.mb = 0.0
+        self._stop = threading.Event()
+        self._proc = psutil.Process()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.mb = max(self.mb, self._proc.memory_info().rss / 2**20)
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> "PeakRSS":
+        self.mb = self._proc.memory_info().rss / 2**20
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.mb = max(self.mb, self._proc.memory_info().rss / 2**20)
+
+
+# ----------------------------------------------------------------------------- the store
+
+class Store:
+    """All I/O under ``artifacts_dir``: paths, atomic writes, row caches and the catalog."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock_path = self.root / ".catalog.lock"
+
+    # -- catalog ---------------------------------------------------------------
+    @contextmanager
+    def catalog(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A short-lived catalog connection, held under an exclusive file lock."""
+        with open(self._lock_path, "a+") as fh:
+            deadline = time.monotonic() + LOCK_TIMEOUT_S
+            while True:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise StoreError(
+                            f"another dagrag process has held {self.root / CATALOG} for {LOCK_TIMEOUT_S:.0f} s; "
+                            "wait for it to finish or point artifacts_dir elsewhere") from None
+                    time.sleep(0.05)
+            try:
+                con = duckdb.connect(str(self.root / CATALOG))
+            except duckdb.IOException as err:
+                raise StoreError(f"cannot open the catalog {self.root / CATALOG}: {err}") from err
+            try:
+                con.execute(_SCHEMA)
+                yield con
+            finally:
+                con.close()
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def query(self, sql: str, params: list | None = None) -> pd.DataFrame:
+        """Run a read query on the catalog and return a frame (fully consumed)."""
+        with self.catalog() as con:
+            return con.execute(sql, params or []).df()
+
+    # -- paths and atomic writes ----------------------------------------------
+    def path_for(self, dataset: str, stage: str, name: str, fp: str, ext: str = "parquet") -> Path:
+        """Address of a stage output: ``<dataset>/<stage>/<name>-<fp>.<ext>``."""
+        return self.root / dataset / stage / f"{name}-{fp}.{ext}"
+
+    @staticmethod
+    def write_parquet(table: pd.DataFrame | pa.Table, path: Path) -> int:
+        """Write atomically (temp file + rename); returns the row count."""
+        if isinstance(table, pd.DataFrame):
+            table = pa.Table.from_pandas(table, preserve_index=False)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+        return table.num_rows
+
+    @staticmethod
+    def write_bytes(data: bytes, path: Path) -> None:
+        """Write a non-tabular artifact atomically."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+    @staticmethod
+    def read(ref: ArtifactRef | str | Path, columns: list[str] | None = None) -> pd.DataFrame:
+        """Read a Parquet artifact into pandas."""
+        path = ref.path if isinstance(ref, ArtifactRef) else ref
+        return pq.read_table(path, columns=columns).to_pandas()
+
+    @staticmethod
+    def read_arrow(ref: ArtifactRef | str | Path, columns: list[str] | None = None) -> pa.Table:
+        """Read a Parquet artifact as an Arrow table."""
+        path = ref.path if isinstance(ref, ArtifactRef) else ref
+        return pq.read_table(path, columns=columns)
+
+    # -- stage records -----------------------------------------------------------
+    def lookup(self, stage: str, fp: str) -> dict[str, ArtifactRef] | None:
+        """Outputs of a finished stage with this fingerprint, if all its files still exist."""
+        rows = self.query("SELECT name, path, rows FROM stages WHERE stage = ? AND fp = ?", [stage, fp])
+        if rows.empty or not all(Path(p).exists() for p in rows["path"]):
+            return None
+        return {r.name: ArtifactRef(r.name, r.path, fp, int(r.rows)) for r in rows.itertuples()}
+
+    def record(self, stage: str, fp: str, dataset: str, refs: Mapping[str, ArtifactRef], *,
+               input_fps: Mapping[str, str], params: Any, rows_computed: int,
+               seconds: float, peak_rss_mb: float, run_id: str) -> None:
+        """Register a finished stage (called last, after its files are in place)."""
+        now = dt.datetime.now()
+        with self.catalog() as con:
+            con.execute("DELETE FROM stages WHERE stage = ? AND fp = ?", [stage, fp])
+            for ref in refs.values():
+                con.execute(
+                    "INSERT INTO stages VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    [stage, ref.name, fp, dataset, ref.path, json.dumps(dict(input_fps)),
+                     json.dumps(params, default=_json_default), ref.rows, rows_computed,
+                     seconds, peak_rss_mb, now, run_id])
+            self._refresh_views(con, refs)
+
+    @staticmethod
+    def _refresh_views(con: duckdb.DuckDBPyConnection, refs: Mapping[str, ArtifactRef]) -> None:
+        """DuckDB views named after each artifact, over its latest Parquet file."""
+        for ref in refs.values():
+            if ref.path.endswith(".parquet"):
+                safe = ref.path.replace("'", "''")
+                con.execute(f'CREATE OR REPLACE VIEW "{ref.name}" AS SELECT * FROM read_parquet(\'{safe}\')')
+
+    def event(self, run_id: str, stage: str, fp: str, dataset: str, status: str, *, rows: int,
+              rows_computed: int, seconds: float, peak_rss_mb: float) -> None:
+        """Log one stage execution ('computed') or skip ('cached') within a run."""
+        with self.catalog() as con:
+            con.execute("INSERT INTO stage_events VALUES (?,?,?,?,?,?,?,?,?,?)",
+                        [run_id, stage, fp, dataset, status, rows, rows_computed, seconds,
+                         peak_rss_mb, dt.datetime.now()])
+
+    def record_run(self, run_id: str, command: str, manifest: Mapping[str, Any]) -> None:
+        """Register a run and its manifest."""
+        with self.catalog() as con:
+            con.execute("INSERT INTO runs VALUES (?,?,?,?)",
+                        [run_id, command, dt.datetime.now(), json.dumps(manifest, default=_json_default)])
+
+    def record_metrics(self, run_id: str, kind: str, method: str, dataset: str,
+                       metrics: Mapping[str, Any]) -> None:
+        """Store one evaluation/benchmark result."""
+        with self.catalog() as con:
+            con.execute("INSERT INTO metrics VALUES (?,?,?,?,?,?)",
+                        [run_id, kind, method, dataset, dt.datetime.now(),
+                         json.dumps(metrics, default=_json_default)])
+
+    def events(self, run_id: str) -> pd.DataFrame:
+        """The stage events of one run, in order."""
+        return self.query("SELECT * FROM stage_events WHERE run_id = ? ORDER BY created_at", [run_id])
+
+    # -- row caches (per-row incremental stages) ----------------------------------
+    def _rows_dir(self, stage: str, param_fp: str) -> Path:
+        return self.root / "_rows" / stage / param_fp
+
+    def cached_keys(self, stage: str, param_fp: str, key: str) -> set[str]:
+        """Keys already computed by a per-row stage with these params (any dataset, any run)."""
+        parts = sorted(self._rows_dir(stage, param_fp).glob("part-*.parquet"))
+        keys: set[str] = set()
+        for p in parts:
+            keys.update(pq.read_table(p, columns=[key]).column(key).to_pylist())
+        return keys
+
+    def append_rows(self, stage: str, param_fp: str, table: pa.Table | pd.DataFrame) -> None:
+        """Add a part of newly computed rows to a stage's row cache (atomic)."""
+        self.write_parquet(table, self._rows_dir(stage, param_fp) / f"part-{uuid.uuid4().hex}.parquet")
+
+    def read_rows(self, stage: str, param_fp: str, key: str, keys: list[str]) -> pa.Table:
+        """Rows of a row cache whose key is in ``keys`` (keys absent from the cache are absent)."""
+        parts = sorted(self._rows_dir(stage, param_fp).glob("part-*.parquet"))
+        wanted = pa.array(sorted(set(keys)), type=pa.string())
+        tables = []
+        for p in parts:
+            t = pq.read_table(p)
+            mask = pa.compute.is_in(t.column(key), value_set=wanted)
+            tables.append(t.filter(mask))
+        if not tables:
+            raise StoreError(f"row cache {stage}/{param_fp} is empty")
+        t = pa.concat_tables(tables, promote_options="default")
+        # a key computed twice (two racing runs) keeps its first copy
+        _, first = np.unique(np.asarray(t.column(key).to_pylist(), dtype=object), return_index=True)
+        return t.take(pa.array(np.sort(first)))
+
+
+import pyarrow.compute  # noqa: E402  (pa.compute is used above)
