@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from flows import bm25, dense
+from flows import bm25, dense, zoomrag
 
 
 @dataclass(frozen=True)
@@ -19,4 +19,5 @@ class Method:
 METHODS: dict[str, Method] = {
     "dense": Method(dense.DenseParams, dense.index, dense.retriever),
     "bm25": Method(bm25.BM25Params, bm25.index, bm25.retriever),
+    "zoomrag": Method(zoomrag.ZoomRAGParams, zoomrag.index, zoomrag.retriever),
 }

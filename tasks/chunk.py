@@ -37,50 +37,70 @@ class ChunkParams:
 # a boundary: end punctuation (+ closing quotes/brackets), whitespace, then an opening capital/digit
 _BOUNDARY = re.compile(r"(?<=[.!?])[\"'”’)\]]*\s+(?=[\"'“‘(\[]?[A-Z0-9])")
 # a piece ending like this did not end a sentence: titles, initials ("J."), "U.S.", "No.", "St."
+_TOKEN = re.compile(r"\S+")
 _NOT_AN_END = re.compile(
     r"(?:\b(?:Mr|Mrs|Ms|Dr|Prof|Sr|Jr|St|Mt|Ft|No|Vol|vs|etc|Inc|Ltd|Co|Corp|Gen|Col|Lt|Sgt|Rev|Hon|Jan|Feb|Mar|"
     r"Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec|approx|ca|c)\.|\b[A-Z]\.|\b(?:[A-Za-z]\.){2,})$")
 
 
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """Rule-based sentence split as (start, end) character spans; abbreviations and initials stay inside."""
+    cuts = [m.end() for m in _BOUNDARY.finditer(text)]
+    starts = [0] + [c for c in cuts if not _NOT_AN_END.search(text[:c].rstrip())]
+    ends = starts[1:] + [len(text)]
+    spans = []
+    for a, b in zip(starts, ends):
+        piece = text[a:b]
+        lead, trail = len(piece) - len(piece.lstrip()), len(piece.rstrip())
+        if trail > lead:
+            spans.append((a + lead, a + trail))
+    return spans
+
+
 def split_sentences(text: str) -> list[str]:
-    """Rule-based sentence split that keeps abbreviations and initials inside their sentence."""
-    pieces = [p for p in _BOUNDARY.split(text.strip()) if p]
-    sentences: list[str] = []
-    for piece in pieces:
-        if sentences and _NOT_AN_END.search(sentences[-1]):
-            sentences[-1] = f"{sentences[-1]} {piece}"
-        else:
-            sentences.append(piece)
-    return [s.strip() for s in sentences if s.strip()]
+    """The sentences of a text, in order."""
+    return [text[a:b] for a, b in sentence_spans(text)]
+
+
+def window_spans(text: str, size: int, overlap: int) -> list[tuple[int, int]]:
+    """Spans of windows of ``size`` whitespace tokens, consecutive windows sharing ``overlap`` tokens."""
+    toks = [(m.start(), m.end()) for m in _TOKEN.finditer(text)]
+    if len(toks) <= size:
+        return [(toks[0][0], toks[-1][1])] if toks else []
+    starts = range(0, max(len(toks) - overlap, 1), size - overlap)
+    return [(toks[s][0], toks[min(s + size, len(toks)) - 1][1]) for s in starts]
 
 
 def token_windows(text: str, size: int, overlap: int) -> list[str]:
-    """Windows of ``size`` whitespace tokens, consecutive windows sharing ``overlap`` tokens."""
-    tokens = text.split()
-    if len(tokens) <= size:
-        return [" ".join(tokens)] if tokens else []
-    step = size - overlap
-    starts = range(0, max(len(tokens) - overlap, 1), step)
-    return [" ".join(tokens[s:s + size]) for s in starts]
+    """The texts of :func:`window_spans`."""
+    return [text[a:b] for a, b in window_spans(text, size, overlap)]
 
 
-def chunk_text(text: str, params: ChunkParams) -> list[str]:
-    """The chunks of one document, in order."""
-    if params.unit == "passage":
-        return [text]
+def chunk_spans(text: str, params: ChunkParams) -> list[tuple[int, int]]:
+    """Character spans of the chunks of one document, in order (never empty for a non-blank text)."""
     if params.unit == "sentence":
-        return split_sentences(text) or [text]
-    return token_windows(text, params.window_tokens, params.overlap_tokens) or [text]
+        spans = sentence_spans(text)
+    elif params.unit == "window":
+        spans = window_spans(text, params.window_tokens, params.overlap_tokens)
+    else:
+        spans = []
+    return spans or [(0, len(text))]
 
 
 def chunk_documents(docs: pd.DataFrame, params: ChunkParams) -> pd.DataFrame:
-    """``documents(doc_id, text)`` → ``chunks(chunk_id, doc_id, position, text)``."""
+    """``documents(doc_id, text)`` → ``chunks(chunk_id, doc_id, position, start, end, text)``.
+
+    ``start``/``end`` are character offsets in the document, so document-level NER mentions map
+    onto chunks without running NER twice.
+    """
     rows = []
     for did, text in zip(docs["doc_id"].tolist(), docs["text"].tolist()):
-        for pos, piece in enumerate(chunk_text(text, params)):
+        for pos, (a, b) in enumerate(chunk_spans(text, params)):
+            piece = text[a:b]
             cid = "chk-" + hashlib.sha1(f"{did}\x1f{pos}\x1f{piece}".encode()).hexdigest()[:16]
-            rows.append((cid, did, pos, piece))
-    return pd.DataFrame(rows, columns=["chunk_id", "doc_id", "position", "text"]).astype({"position": "int32"})
+            rows.append((cid, did, pos, a, b, piece))
+    frame = pd.DataFrame(rows, columns=["chunk_id", "doc_id", "position", "start", "end", "text"])
+    return frame.astype({"position": "int32", "start": "int32", "end": "int32"})
 
 
 @task(name="chunk", cache_policy=NO_CACHE)

@@ -302,18 +302,19 @@ class Store:
     def read_rows(self, stage: str, param_fp: str, key: str, keys: list[str]) -> pa.Table:
         """Rows of a row cache whose key is in ``keys`` (keys absent from the cache are absent)."""
         parts = sorted(self._rows_dir(stage, param_fp).glob("part-*.parquet"))
-        wanted = pa.array(sorted(set(keys)), type=pa.string())
+        wanted = set(keys)
         tables = []
         for p in parts:
             t = pq.read_table(p)
-            mask = pa.compute.is_in(t.column(key), value_set=wanted)
-            tables.append(t.filter(mask))
+            # a key computed twice (two racing runs) is taken from the first part holding it
+            mask = pa.compute.is_in(t.column(key), value_set=pa.array(sorted(wanted), type=pa.string()))
+            t = t.filter(mask)
+            if t.num_rows:
+                tables.append(t)
+                wanted -= set(t.column(key).to_pylist())
         if not tables:
-            raise StoreError(f"row cache {stage}/{param_fp} is empty")
-        t = pa.concat_tables(tables, promote_options="default")
-        # a key computed twice (two racing runs) keeps its first copy
-        _, first = np.unique(np.asarray(t.column(key).to_pylist(), dtype=object), return_index=True)
-        return t.take(pa.array(np.sort(first)))
+            raise StoreError(f"row cache {stage}/{param_fp} holds none of the requested keys")
+        return pa.concat_tables(tables, promote_options="default")
 
 
 import pyarrow.compute  # noqa: E402  (pa.compute is used above)

@@ -1,0 +1,34 @@
+"""ZoomRAG DAG (paper Fig. 2): documents → chunks, NER, embeddings → entity graph → doc–doc block → M.
+
+Online: DocZoom over M from each query node, then ChunkZoom over the chunks of the top-K documents.
+"""
+from __future__ import annotations
+
+from tasks.chunk import chunk
+from tasks.embed import embed
+from tasks.entities import entity_graph
+from tasks.ner import ner
+from tasks.stage import RunContext
+from tasks.store import ArtifactRef
+from tasks.zoomrag import ZoomRAGParams, ZoomRetriever, doc_doc_graph, global_block
+
+__all__ = ["ZoomRAGParams", "index", "retriever"]
+
+
+def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
+    """Index stages of ``method=zoomrag``."""
+    p, documents = cfg.method, data["documents"]
+    mentions = ner.submit(ctx, documents, "doc_id", cfg.ner)
+    chunks = chunk(ctx, documents, p.chunking())["chunks"]
+    doc_embeddings = embed(ctx, documents, "doc_id", cfg.embedder, use_template=True)["embeddings"]
+    chunk_embeddings = embed(ctx, chunks, "chunk_id", cfg.embedder)["embeddings"]
+    graph = entity_graph(ctx, documents, chunks, mentions.result()["mentions"])
+    doc_doc = doc_doc_graph(ctx, doc_embeddings, p)["doc_doc"]
+    block = global_block(ctx, doc_doc, graph["doc_entity"], graph["entities"], documents.rows, p)
+    return {"chunks": chunks, "doc_embeddings": doc_embeddings, "chunk_embeddings": chunk_embeddings,
+            **graph, **block}
+
+
+def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> ZoomRetriever:
+    """Online side of ``method=zoomrag``."""
+    return ZoomRetriever(data, index, cfg.method, cfg.embedder, cfg.ner)

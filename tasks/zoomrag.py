@@ -1,0 +1,157 @@
+"""ZoomRAG stages (shared global block ``M``) and the online retriever (DocZoom → ChunkZoom).
+
+The algorithms live in :mod:`tasks.zoom`; this module stores and loads their inputs.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks import zoom
+from tasks.chunk import ChunkParams
+from tasks.dense import load_embeddings
+from tasks.embed import EmbedderParams, encode
+from tasks.entities import coo_matrix, links_matrix, query_entity_links
+from tasks.ner import NERParams, load_ner
+from tasks.retrieve import Hits
+from tasks.stage import RunContext, input_fps, run_stage
+from tasks.store import ArtifactRef, Store, code_version
+
+
+@dataclass(frozen=True)
+class ZoomRAGParams(zoom.ZoomParams):
+    """``method=zoomrag``: the paper's walk settings plus how documents are cut into chunks."""
+
+    name: str = "zoomrag"
+    top_k: int = 10
+    chunk_unit: str = "sentence"  # §3.2: chunks are sentence-level units, ordered within their document
+    max_entity_words: int = 6
+    doc_block_rows: int = 1024
+
+    def walk(self) -> zoom.ZoomParams:
+        """The slice :mod:`tasks.zoom` takes."""
+        fields = zoom.ZoomParams.__dataclass_fields__
+        return zoom.ZoomParams(**{k: v for k, v in asdict(self).items() if k in fields})
+
+    def chunking(self) -> ChunkParams:
+        """How documents are cut into chunks for ChunkZoom."""
+        return ChunkParams(unit=self.chunk_unit)
+
+
+def to_coo(matrix: sp.sparray) -> pd.DataFrame:
+    """csr → COO table ``(row, col, value)``."""
+    c = sp.coo_array(matrix)
+    return pd.DataFrame({"row": c.row.astype(np.int64), "col": c.col.astype(np.int64), "value": c.data})
+
+
+@task(name="doc_doc_graph", cache_policy=NO_CACHE)
+def doc_doc_graph(ctx: RunContext, doc_embeddings: ArtifactRef, params: ZoomRAGParams) -> dict[str, ArtifactRef]:
+    """Stage: A_doc→doc = exp(cos), row-sparsified at mean + k·std (eq. 2), built in row blocks."""
+    slice_ = {"k_std": params.k_std}
+
+    def compute() -> tuple[dict[str, pd.DataFrame], int]:
+        _, emb = load_embeddings(doc_embeddings, "doc_id")
+        block = zoom.doc_doc_block(emb, params.k_std, params.doc_block_rows)
+        return {"doc_doc": to_coo(block)}, block.nnz
+
+    return run_stage(ctx, "doc_doc_graph", code_version(sys.modules[__name__], zoom), slice_,
+                     input_fps(doc_embeddings=doc_embeddings), compute)
+
+
+@task(name="global_block", cache_policy=NO_CACHE)
+def global_block(ctx: RunContext, doc_doc: ArtifactRef, doc_entity: ArtifactRef, entities: ArtifactRef,
+                 n_docs: int, params: ZoomRAGParams) -> dict[str, ArtifactRef]:
+    """Stage: the shared matrix M over documents + entities (eqs. 1, 2, 6), blocks rescaled (§3.2)."""
+    slice_ = {"use_entities": params.use_entities, "use_doc_doc": params.use_doc_doc, "rescale": params.rescale}
+
+    def compute() -> tuple[dict[str, pd.DataFrame], int]:
+        m = entities.rows
+        M, scales = zoom.global_block(coo_matrix(Store.read(doc_doc), (n_docs, n_docs)),
+                                      coo_matrix(Store.read(doc_entity), (n_docs, m)),
+                                      use_entities=params.use_entities, use_doc_doc=params.use_doc_doc,
+                                      rescale=params.rescale)
+        meta = pd.DataFrame([{"n_docs": n_docs, "n_entities": m, "scales": json.dumps(scales)}])
+        return {"M": to_coo(M), "M_meta": meta}, M.nnz
+
+    return run_stage(ctx, "global_block", code_version(sys.modules[__name__], zoom), slice_,
+                     input_fps(doc_doc=doc_doc, doc_entity=doc_entity, entities=entities), compute)
+
+
+class ZoomRetriever:
+    """Online ZoomRAG: query NER + encoding → DocZoom over M → ChunkZoom over the top-K documents."""
+
+    def __init__(self, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], params: ZoomRAGParams,
+                 embedder: EmbedderParams, ner: NERParams) -> None:
+        self.params, self.walk, self.embedder, self.ner = params, params.walk(), embedder, ner
+        self.doc_ids, self.doc_emb = load_embeddings(index["doc_embeddings"], "doc_id")
+        meta = Store.read(index["M_meta"]).iloc[0]
+        self.n, self.m = int(meta["n_docs"]), int(meta["n_entities"])
+        self.scales = json.loads(meta["scales"])
+        self.M = coo_matrix(Store.read(index["M"]), (self.n + self.m, self.n + self.m))
+        vocab = Store.read(index["entities"])
+        self.entity_names = vocab["entity"].to_numpy()
+        self.vocab_index = dict(zip(vocab["entity"], vocab["entity_idx"]))
+        self.max_words = int(min(params.max_entity_words, vocab["n_words"].to_numpy().max(initial=1)))
+        self._load_chunks(data, index)
+        encode(["warm-up"], embedder)
+        load_ner(ner.model)
+        self.fallbacks = 0
+
+    def _load_chunks(self, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef]) -> None:
+        chunks = Store.read(index["chunks"], ["chunk_id", "doc_id", "position", "text"])
+        doc_pos = pd.Series(np.arange(self.n), index=pd.Index(self.doc_ids))
+        self.chunk_doc = doc_pos.loc[chunks["doc_id"]].to_numpy()
+        self.chunk_pos = chunks["position"].to_numpy()
+        self.chunk_text = chunks["text"].to_numpy()
+        ids, self.chunk_emb = load_embeddings(index["chunk_embeddings"], "chunk_id")
+        if not np.array_equal(ids, chunks["chunk_id"].to_numpy(dtype=object)):
+            raise RuntimeError("chunk embeddings are not aligned with the chunks table; delete the artifacts")
+        self.chunk_entity = coo_matrix(Store.read(index["chunk_entity"]), (len(chunks), self.m))
+
+    def search(self, questions: list[str], k: int) -> Hits:
+        """Rank documents by DocZoom (ties by cosine); ChunkZoom picks each query's evidence chunks."""
+        t = [time.perf_counter()]
+        links = query_entity_links(questions, self.vocab_index, self.max_words, self.ner)
+        t.append(time.perf_counter())
+        q_emb = encode(questions, self.embedder)
+        t.append(time.perf_counter())
+        cos = q_emb @ self.doc_emb.T
+        query_doc = zoom.query_doc_weights(q_emb, self.doc_emb, self.walk.k_std, self.params.doc_block_rows)
+        scores = zoom.doc_zoom(self.M, query_doc, links_matrix(links, self.m), self.walk)
+        ranked = zoom.top_docs(scores, self.n, max(k, self.walk.top_k_docs), tie_break=cos)
+        t.append(time.perf_counter())
+        trace = self._chunk_zoom(questions, links, scores, ranked) if self.walk.fine_stage else None
+        t.append(time.perf_counter())
+        doc_scores = np.take_along_axis(scores[:, 1:1 + self.n], ranked, 1)
+        parts = dict(zip(["query_ner", "query_encoding", "doc_zoom", "chunk_zoom"], np.diff(t)))
+        return Hits(ranked[:, :k], doc_scores[:, :k], parts, trace)
+
+    def _chunk_zoom(self, questions: list[str], links: list[list[int]], scores: np.ndarray,
+                    ranked: np.ndarray) -> list[dict]:
+        """ChunkZoom over each query's top-K documents; returns the per-query trace with kept chunks."""
+        top = ranked[:, :self.walk.top_k_docs]
+        res = zoom.chunk_zoom_batch(top, self.chunk_doc, self.chunk_pos, self.chunk_emb, self.chunk_entity,
+                                    scores[:, 1 + self.n:], self.walk)
+        trace = []
+        for i in range(len(questions)):
+            keep = res.keep[i] & (res.chunks[i] >= 0)
+            order = np.argsort(-np.where(keep, res.scores[i], -np.inf))[:int(keep.sum())]
+            kept = res.chunks[i][order]
+            trace.append({"seed_entities": [str(self.entity_names[e]) for e in links[i]],
+                          "top_docs": [str(d) for d in self.doc_ids[top[i]]],
+                          "top_doc_scores": [float(s) for s in scores[i, 1 + top[i]]],
+                          "kept_chunks": [str(self.chunk_text[c]) for c in kept],
+                          "kept_chunk_scores": [float(s) for s in res.scores[i][order]]})
+        return trace
+
+    def run_stats(self) -> dict:
+        """Index facts worth reporting with the metrics."""
+        return {"n_entities": self.m, "M_nnz": int(self.M.nnz), "block_scales": self.scales}
