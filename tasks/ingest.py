@@ -275,8 +275,12 @@ def raw_sources(params: DatasetParams, data_dir: str) -> tuple[list[Path], Path 
             raise IngestError(f"dataset={params.kind}", "set dataset.path to the corpus file or folder")
         path = Path(params.path)
         files = [path] if params.kind == "jsonl" else sorted(
-            p for p in path.rglob("*") if p.suffix.lower() in {".txt", ".md"})
-        return files, (Path(params.questions) if params.questions else None)
+            p for p in path.rglob("*") if p.suffix.lower() in {".txt", ".md"} and p.is_file())
+        qpath = Path(params.questions) if params.questions else None
+        for p in ([path] if params.kind == "jsonl" else []) + ([qpath] if qpath else []):
+            if not p.is_file():  # before content_hash reads it: an IngestError, not an OSError
+                raise IngestError(str(p), "file not found")
+        return files, qpath
     return [], None
 
 

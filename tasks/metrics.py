@@ -7,12 +7,13 @@ import pandas as pd
 
 def recall_at_k(hits: pd.DataFrame, gold: pd.DataFrame, ks: list[int], qids: list[str]) -> dict[str, float]:
     """Mean over questions of |gold ∩ top-k| / |gold|, in percent (questions without gold are skipped)."""
-    g = gold[gold["qid"].isin(set(qids))]
+    g = gold[gold["qid"].isin(set(qids))].drop_duplicates(["qid", "doc_id"])
     n_gold = g.groupby("qid").size()
     found = hits.merge(g, on=["qid", "doc_id"], how="inner")
     out = {}
     for k in ks:
-        per_q = found[found["rank"] <= k].groupby("qid").size().reindex(n_gold.index, fill_value=0)
+        top = found[found["rank"] <= k].drop_duplicates(["qid", "doc_id"])  # a doc counts once
+        per_q = top.groupby("qid").size().reindex(n_gold.index, fill_value=0)
         out[f"recall@{k}"] = round(float((per_q / n_gold).mean() * 100), 2) if len(n_gold) else float("nan")
     return out
 

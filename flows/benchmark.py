@@ -1,0 +1,96 @@
+"""``python -m flows.benchmark [overrides]``: per-query latency and memory at several batch sizes.
+
+For each ``benchmark.batch_sizes`` entry, ``benchmark.n_questions`` questions are answered in batches
+of that size (after one warm-up batch); latency per query = batch wall time / batch size, split
+into the parts the method reports (e.g. query NER, query encoding, DocZoom, ChunkZoom). Memory:
+peak RSS of the process, and the peak of Python/numpy allocations during one batch (tracemalloc,
+measured in a separate untimed pass). Results go to the catalog; the last line printed is
+``benchmark: {json}``.
+"""
+from __future__ import annotations
+
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+from prefect import flow
+
+from flows.config import Config, ConfigError, load_config
+from flows.evaluate import print_last_line
+from flows.methods import METHODS
+from flows.pipeline import build_index, format_table, start_run
+from tasks.ingest import parse_questions, read_json_list
+from tasks.store import PeakRSS, Store
+
+
+def benchmark_questions(conf: Config, questions: pd.DataFrame) -> list[str]:
+    """The questions to time: the dataset's own, else those of ``benchmark.questions_from``."""
+    texts = questions["question"].tolist()
+    if not texts and conf.benchmark.questions_from:
+        path = Path(conf.data_dir) / conf.benchmark.questions_from / "questions.json"
+        texts = parse_questions(read_json_list(path), str(path))[0]["question"].tolist()
+    if not texts:
+        raise ConfigError("this dataset has no questions: set benchmark.questions_from=NAME "
+                          "(a dataset under data_dir with questions.json), e.g. hotpotqa-100")
+    reps = -(-conf.benchmark.n_questions // len(texts))
+    return (texts * reps)[:conf.benchmark.n_questions]
+
+
+def time_batch_size(retriever: Any, texts: list[str], batch_size: int, k: int, repeat: int) -> dict[str, Any]:
+    """Latency distribution and part split at one batch size."""
+    retriever.search(texts[:batch_size], k)  # warm-up
+    per_query, parts = [], {}
+    with PeakRSS() as mem:
+        for _ in range(repeat):
+            for s in range(0, len(texts), batch_size):
+                batch = texts[s:s + batch_size]
+                t0 = time.perf_counter()
+                hits = retriever.search(batch, k)
+                per_query += [(time.perf_counter() - t0) * 1000 / len(batch)] * len(batch)
+                for p, sec in hits.parts.items():
+                    parts[p] = parts.get(p, 0.0) + sec * 1000
+    n = len(per_query)
+    v = np.asarray(per_query)
+    row = {"batch_size": batch_size, "ms_per_query_mean": v.mean(), "ms_per_query_p50": np.percentile(v, 50),
+           "ms_per_query_p95": np.percentile(v, 95), "ms_per_query_p99": np.percentile(v, 99),
+           "peak_rss_mb": mem.mb}
+    row.update({f"{p}_ms": t / n for p, t in parts.items()})
+    tracemalloc.start()
+    retriever.search(texts[:batch_size], k)
+    row["peak_alloc_mb"] = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+    return {k_: (round(float(v_), 3) if isinstance(v_, (float, np.floating)) else v_) for k_, v_ in row.items()}
+
+
+@flow(name="benchmark")
+def benchmark_flow(cfg: dict) -> dict[str, Any]:
+    """Index (cached) then time retrieval at each batch size."""
+    conf = load_config(cfg)
+    ctx, _ = start_run(conf, "benchmark")
+    data, index, index_seconds = build_index(ctx, conf)
+    texts = benchmark_questions(conf, Store.read(data["questions"]))
+    retriever = METHODS[conf.method.name].retriever(data, index, conf)
+    rows = [time_batch_size(retriever, texts, bs, conf.method.top_k, conf.benchmark.repeat)
+            for bs in conf.benchmark.batch_sizes]
+    print(format_table(rows, list(rows[0].keys())), flush=True)
+    result = {"method": conf.method.name, "dataset": ctx.dataset, "n_documents": data["documents"].rows,
+              "n_questions": len(texts), "index_seconds": round(index_seconds, 3), "rows": rows,
+              **getattr(retriever, "run_stats", dict)()}
+    ctx.store.record_metrics(ctx.run_id, "benchmark", conf.method.name, ctx.dataset, result)
+    return result
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    """Hydra entry point."""
+    print_last_line("benchmark", benchmark_flow(OmegaConf.to_container(cfg, resolve=True)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""Flow tests: one isolated Prefect server for the session, and config composition helpers."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+CONF = str(Path(__file__).resolve().parents[2] / "conf")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefect_isolated():
+    """Prefect's database, home and result storage all in a temp dir (nothing leaks between sessions)."""
+    home = tempfile.mkdtemp(prefix="dagrag-prefect-")
+    os.environ["PREFECT_HOME"] = home
+    os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = os.path.join(home, "results")
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def make_config(tmp_path: Path, *overrides: str) -> dict:
+    """Compose ``conf/`` with overrides, artifacts under ``tmp_path``; returns the resolved dict."""
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose("config", overrides=[f"artifacts_dir={tmp_path / 'artifacts'}", *overrides])
+    return OmegaConf.to_container(cfg, resolve=True)
