@@ -29,6 +29,11 @@ class EvalParams:
     ks: tuple[int, ...] = (2, 5, 10)
     batch_size: int = 256
     max_questions: int | None = None
+    generate: bool = True          # answer with the LLM when one is configured
+    context_passages: int = 5      # top passages given to the reader (methods with evidence chunks give those)
+    max_context_tokens: int = 2000
+    llm_judge: bool = False        # also score answers with the LLM as judge (GPT-Acc style)
+    llm_dry_run: bool = False      # only estimate the LLM calls/tokens generation would spend
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ from prefect.cache_policies import NO_CACHE
 from flows.config import Config, load_config
 from flows.methods import METHODS
 from flows.pipeline import build_index, format_table, stage_split, start_run, write_json
+from tasks.generate import build_reader_messages, contexts_for, generate
+from tasks.llm import make_client
 from tasks.metrics import latency_summary, recall_at_k
 from tasks.retrieve import retrieve_all
 from tasks.stage import RunContext
@@ -75,6 +77,7 @@ def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
         "shuffle_seed": conf.dataset.shuffle_seed, "run_id": ctx.run_id,
         **{k: v for k, v in result.items() if k not in {"hits", "latency", "qids", "load_seconds"}},
     }
+    metrics.update(answer(ctx, conf, data, hits, run_dir))
     ctx.store.record_metrics(ctx.run_id, "evaluate", conf.method.name, ctx.dataset, metrics)
     write_json(Path(run_dir) / "metrics.json", metrics)
     write_json(Path(run_dir) / "manifest.json", manifest)
@@ -88,6 +91,31 @@ def print_last_line(prefix: str, payload: dict[str, Any]) -> None:
     print(f"{prefix}: " + json.dumps(payload, default=str), flush=True)
 
 
+def answer(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], hits: pd.DataFrame,
+           run_dir: str) -> dict[str, Any]:
+    """Generation and answer metrics when an LLM is configured (``llm=none``: skipped, one log line)."""
+    client = make_client(conf.llm, Path(ctx.artifacts_dir) / "llm_cache.duckdb") if conf.eval.generate else None
+    if client is None:
+        return {}
+    questions = Store.read(data["questions"]).set_index("qid").loc[hits["qid"].unique()].reset_index()
+    trace_path = Path(run_dir) / "trace.parquet"
+    contexts = contexts_for(hits, Store.read(data["documents"]), Store.read(trace_path) if trace_path.exists()
+                            else None, conf.eval.context_passages)
+    if conf.eval.llm_dry_run:
+        msgs = [build_reader_messages(q, contexts.get(i, []), conf.eval.max_context_tokens)
+                for i, q in zip(questions["qid"], questions["question"])]
+        estimate = client.dry_run_estimate(msgs, expected_completion_tokens=conf.llm.max_tokens)
+        log.info("llm dry run: generation would make %s", estimate)
+        return {"llm_dry_run": estimate}
+    predictions, scores = generate(client, questions, contexts, conf.eval.max_context_tokens, conf.eval.llm_judge)
+    Store.write_parquet(predictions, Path(run_dir) / "predictions.parquet")
+    ledger = client.ledger_summary()
+    for stage in {e.stage for e in client.ledger_entries()}:
+        ctx.store.record_ledger(ctx.run_id, stage, client.ledger_summary(stage))
+    return {**{k: round(v, 2) for k, v in scores.items()},
+            **{k: ledger[k] for k in ["prompt_tokens", "completion_tokens", "llm_calls", "llm_cache_hits"]}}
+
+
 def report(metrics: dict[str, Any], split: pd.DataFrame) -> None:
     """Print the readable tables, then the machine-readable last line."""
     print("\nindex stages (this run)")
@@ -95,6 +123,7 @@ def report(metrics: dict[str, Any], split: pd.DataFrame) -> None:
                                                   "peak_rss_mb"]))
     keys = [k for k in metrics if k.startswith("recall@")] + ["query_ms_mean", "query_ms_p50", "query_ms_p95",
                                                               "index_seconds"]
+    keys += [k for k in ["em", "f1", "contain_acc", "llm_acc", "prompt_tokens", "completion_tokens"] if k in metrics]
     print(f"\n{metrics['method']} on {metrics['dataset']} ({metrics['n_questions']} questions, "
           f"{metrics['n_documents']} passages)")
     print(format_table([metrics], keys), flush=True)

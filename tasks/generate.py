@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from tasks.llm import CHARS_PER_TOKEN, estimate_text_tokens
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from tasks.llm import LLMClient
 
 READER_SYSTEM = (
     "You answer questions using the numbered context passages you are given. "
@@ -77,3 +85,45 @@ def extract_answer(text: str | None) -> str:
         return _clean(following[0]) if following else ""
     lines = [ln for ln in body.splitlines() if ln.strip()]
     return _clean(lines[-1]) if lines else ""
+
+
+# ----------------------------------------------------------------------------- the generate stage
+
+def contexts_for(hits: "pd.DataFrame", docs: "pd.DataFrame", traces: "pd.DataFrame | None",
+                 n_passages: int) -> dict[str, list[str]]:
+    """Per question, the context the method retrieved: its evidence chunks when it keeps some
+    (ZoomRAG's ChunkZoom), else its top passages rendered as ``title: text``."""
+    import json
+
+    text = dict(zip(docs["doc_id"], (docs["title"] + ": " + docs["text"]).tolist()))
+    out: dict[str, list[str]] = {}
+    top = hits[hits["rank"] <= n_passages].sort_values(["qid", "rank"])
+    for qid, group in top.groupby("qid", sort=False):
+        out[qid] = [text[d] for d in group["doc_id"]]
+    if traces is not None and "kept_chunks" in traces.columns:
+        for qid, chunks in zip(traces["qid"], traces["kept_chunks"]):
+            kept = json.loads(chunks) if isinstance(chunks, str) else list(chunks)
+            if kept:
+                out[qid] = kept
+    return out
+
+
+@task(name="generate", cache_policy=NO_CACHE)
+def generate(client: "LLMClient", questions: "pd.DataFrame", contexts: dict[str, list[str]],
+             max_context_tokens: int, judge: bool) -> tuple["pd.DataFrame", dict]:
+    """Stage: answer every question from its retrieved context; EM / F1 / Contain-Acc (+ judge)."""
+    import pandas as pd
+
+    from tasks.answer_metrics import aggregate, llm_judge
+
+    msgs = [build_reader_messages(q, contexts.get(qid, []), max_context_tokens)
+            for qid, q in zip(questions["qid"], questions["question"])]
+    results = client.chat_many(msgs, stage="generate")
+    preds = [extract_answer(r.text) for r in results]
+    answers = questions["answers"].map(list).tolist()
+    scores = aggregate(preds, answers)
+    if judge:
+        verdicts = llm_judge(client, questions["question"].tolist(), preds, answers)
+        scores["llm_acc"] = 100.0 * sum(verdicts) / max(len(verdicts), 1)
+    table = pd.DataFrame({"qid": questions["qid"], "prediction": preds, "raw": [r.text for r in results]})
+    return table, scores

@@ -51,6 +51,9 @@ CREATE TABLE IF NOT EXISTS stage_events (
   rows BIGINT, rows_computed BIGINT, seconds DOUBLE, peak_rss_mb DOUBLE, created_at TIMESTAMP);
 CREATE TABLE IF NOT EXISTS runs (
   run_id VARCHAR, command VARCHAR, started_at TIMESTAMP, manifest JSON);
+CREATE TABLE IF NOT EXISTS llm_ledger (
+  run_id VARCHAR, stage VARCHAR, llm_calls BIGINT, llm_cache_hits BIGINT, prompt_tokens BIGINT,
+  completion_tokens BIGINT, seconds DOUBLE, created_at TIMESTAMP);
 CREATE TABLE IF NOT EXISTS metrics (
   run_id VARCHAR, kind VARCHAR, method VARCHAR, dataset VARCHAR, created_at TIMESTAMP, metrics JSON);
 """
@@ -278,6 +281,13 @@ class Store:
             con.execute("INSERT INTO metrics VALUES (?,?,?,?,?,?)",
                         [run_id, kind, method, dataset, dt.datetime.now(),
                          json.dumps(metrics, default=_json_default)])
+
+    def record_ledger(self, run_id: str, stage: str, summary: Mapping[str, Any]) -> None:
+        """Token ledger of one stage in one run (calls, cache hits, tokens, seconds)."""
+        with self.catalog() as con:
+            con.execute("INSERT INTO llm_ledger VALUES (?,?,?,?,?,?,?,?)",
+                        [run_id, stage, summary["llm_calls"], summary["llm_cache_hits"], summary["prompt_tokens"],
+                         summary["completion_tokens"], summary["seconds"], dt.datetime.now()])
 
     def events(self, run_id: str) -> pd.DataFrame:
         """The stage events of one run, in order."""
