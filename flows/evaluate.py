@@ -22,7 +22,7 @@ from flows.methods import METHODS
 from flows.pipeline import build_index, format_table, stage_split, start_run, write_json
 from tasks.generate import build_reader_messages, contexts_for, generate
 from tasks.llm import make_client
-from tasks.metrics import latency_summary, recall_at_k
+from tasks.metrics import latency_summary, recall_at_k, recall_by_type
 from tasks.retrieve import retrieve_all
 from tasks.stage import RunContext
 from tasks.store import ArtifactRef, Store
@@ -74,6 +74,8 @@ def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
         "stages_computed": int((split["status"] == "computed").sum()),
         "index_stage_seconds": split.groupby("stage", sort=False)["seconds"].sum().round(3).to_dict(),
         "index_peak_rss_mb": round(float(split["peak_rss_mb"].max() or 0.0), 1),
+        "recall_by_type": recall_by_type(hits, gold, Store.read(data["questions"]), list(conf.eval.ks),
+                                         result["qids"]),
         "shuffle_seed": conf.dataset.shuffle_seed, "run_id": ctx.run_id,
         **{k: v for k, v in result.items() if k not in {"hits", "latency", "qids", "load_seconds"}},
     }

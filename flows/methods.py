@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from flows import bm25, dense, zoomrag
+from flows import bm25, dense, linearrag, zoomrag
 
 
 @dataclass(frozen=True)
@@ -20,4 +20,5 @@ METHODS: dict[str, Method] = {
     "dense": Method(dense.DenseParams, dense.index, dense.retriever),
     "bm25": Method(bm25.BM25Params, bm25.index, bm25.retriever),
     "zoomrag": Method(zoomrag.ZoomRAGParams, zoomrag.index, zoomrag.retriever),
+    "linearrag": Method(linearrag.LinearParams, linearrag.index, linearrag.retriever),
 }

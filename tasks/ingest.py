@@ -174,6 +174,14 @@ def _gold_musique(rec: dict, source: str, i: int) -> list[tuple[str, str | None]
     return out
 
 
+def _question_type(rec: dict) -> str:
+    """HotpotQA/2Wiki ``type`` (bridge, comparison, ...), MuSiQue's hop count from its id (``2hop__…``)."""
+    if isinstance(rec.get("type"), str):
+        return rec["type"]
+    qid = str(rec.get("id", ""))
+    return qid.split("__", 1)[0] if "__" in qid else "unknown"
+
+
 def parse_questions(records: list[Any], source: str) -> tuple[pd.DataFrame, list[tuple[str, list]]]:
     """Questions in any of the three HippoRAG shapes → ``questions`` and per-question gold keys."""
     rows, gold_keys = [], []
@@ -185,9 +193,9 @@ def parse_questions(records: list[Any], source: str) -> tuple[pd.DataFrame, list
             raise IngestError(source, "missing (expected '_id' or 'id')", i, "_id")
         question = _require(rec, "question", str, source, i)
         gold = _gold_musique(rec, source, i) if "paragraphs" in rec else _gold_hotpot(rec, source, i)
-        rows.append((str(qid), question, _answers(rec, source, i)))
+        rows.append((str(qid), question, _answers(rec, source, i), _question_type(rec)))
         gold_keys.append((str(qid), gold))
-    questions = pd.DataFrame(rows, columns=["qid", "question", "answers"])
+    questions = pd.DataFrame(rows, columns=["qid", "question", "answers", "qtype"])
     dup = questions["qid"].duplicated()
     if dup.any():
         raise IngestError(source, f"duplicate question id {questions.qid[dup].iloc[0]!r}",

@@ -25,3 +25,11 @@ def latency_summary(latency: pd.DataFrame, column: str = "ms") -> dict[str, floa
         return {"mean": float("nan"), "p50": float("nan"), "p95": float("nan"), "p99": float("nan")}
     return {"mean": float(v.mean()), "p50": float(np.percentile(v, 50)),
             "p95": float(np.percentile(v, 95)), "p99": float(np.percentile(v, 99))}
+
+
+def recall_by_type(hits: pd.DataFrame, gold: pd.DataFrame, questions: pd.DataFrame, ks: list[int],
+                   qids: list[str]) -> dict[str, dict[str, float]]:
+    """:func:`recall_at_k` per question type (bridge, comparison, 2hop, ...)."""
+    asked = questions[questions["qid"].isin(set(qids))]
+    return {str(t): {"n": len(g), **recall_at_k(hits, gold, ks, g["qid"].tolist())}
+            for t, g in asked.groupby("qtype", sort=True)}

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from tasks.ingest import (HippoRAGParams, IngestError, UserCorpusParams, doc_id, ingest, load_dataset,
-                          shuffle_documents)
+                          parse_questions, shuffle_documents)
 from tasks.stage import RunContext
 from tasks.store import Store
 
@@ -111,7 +111,7 @@ def test_documents_dedup_and_duplicate_titles(tmp_path):
     assert docs["title"].tolist().count("Paris") == 2  # same title, different texts: two documents
     assert report.n_records == 6 and report.n_duplicate_records == 1
     assert report.summary()["duplicate_records"] == 1
-    assert questions.empty and list(questions.columns) == ["qid", "question", "answers"]
+    assert questions.empty and list(questions.columns) == ["qid", "question", "answers", "qtype"]
     assert gold.empty and list(gold.columns) == ["qid", "doc_id"]
 
 
@@ -351,3 +351,11 @@ def test_ingest_stage_writes_tables_and_caches(tmp_path, ctx):
     changed = ingest.fn(RunContext(ctx.artifacts_dir, ctx.dataset, "run3"), params, data_dir)
     assert changed["documents"].fp != refs["documents"].fp and changed["documents"].rows == 3
     assert ctx.store.events("run3")["status"].tolist() == ["computed"]
+
+
+def test_question_types_from_each_shape():
+    recs = [{"_id": "h", "question": "q?", "answer": "a", "supporting_facts": [], "type": "bridge"},
+            {"id": "3hop1__12_34", "question": "q?", "answer": "a", "paragraphs": []},
+            {"_id": "x", "question": "q?", "answer": "a", "supporting_facts": []}]
+    questions, _ = parse_questions(recs, "q.json")
+    assert questions["qtype"].tolist() == ["bridge", "3hop1", "unknown"]

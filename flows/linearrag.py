@@ -1,0 +1,36 @@
+"""LinearRAG DAG (paper section 3.1): passages -> sentences, NER, embeddings -> Tri-Graph (C, M) -> entity embeddings.
+
+Online (section 3.2): query NER + encoding -> entity activation by semantic bridging -> PPR over the
+passage-entity graph seeded by eq. (7). No edges link passages by their corpus position.
+"""
+from __future__ import annotations
+
+from tasks.chunk import chunk
+from tasks.embed import embed
+from tasks.entities import entity_graph
+from tasks.linearrag_stages import LinearParams, LinearRetriever, entity_texts
+from tasks.ner import ner
+from tasks.stage import RunContext
+from tasks.store import ArtifactRef
+
+__all__ = ["LinearParams", "index", "retriever"]
+
+
+def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
+    """Index stages of ``method=linearrag``."""
+    p, documents = cfg.method, data["documents"]
+    mentions = ner.submit(ctx, documents, "doc_id", cfg.ner)
+    sentences = chunk(ctx, documents, p.sentences())["chunks"]
+    passage_embeddings = embed(ctx, documents, "doc_id", cfg.embedder, use_template=True)["embeddings"]
+    sentence_embeddings = embed(ctx, sentences, "chunk_id", cfg.embedder)["embeddings"]
+    graph = entity_graph(ctx, documents, sentences, mentions.result()["mentions"])
+    entities = entity_texts(ctx, graph["entities"])["entity_texts"]
+    entity_embeddings = embed(ctx, entities, "entity_id", cfg.embedder)["embeddings"]
+    return {"sentences": sentences, "passage_embeddings": passage_embeddings,
+            "sentence_embeddings": sentence_embeddings, "entities": graph["entities"],
+            "contain": graph["doc_entity"], "mention": graph["chunk_entity"], "entity_embeddings": entity_embeddings}
+
+
+def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> LinearRetriever:
+    """Online side of ``method=linearrag``."""
+    return LinearRetriever(data, index, cfg.method, cfg.embedder, cfg.ner)
