@@ -60,8 +60,5 @@ def retrieve_all(retriever: Retriever, questions: pd.DataFrame, k: int, batch_si
 def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Indices and values of the k best columns per row, best first (ties by lower index)."""
     k = min(k, scores.shape[1])
-    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-    vals = np.take_along_axis(scores, part, 1)
-    order = np.lexsort((part, -vals), axis=1)
-    idx = np.take_along_axis(part, order, 1)
+    idx = np.argsort(-scores, axis=1, kind="stable")[:, :k]
     return idx.astype(np.int64), np.take_along_axis(scores, idx, 1)
