@@ -65,6 +65,8 @@ def time_batch_size(retriever: Any, texts: list[str], batch_size: int, k: int, r
     retriever.search(texts[:batch_size], k)
     row["peak_alloc_mb"] = tracemalloc.get_traced_memory()[1] / 2**20
     tracemalloc.stop()
+    if hasattr(retriever, "memory_probe"):  # method-specific memory split (e.g. ZoomRAG's walk vs M)
+        row.update(retriever.memory_probe(texts[:batch_size]))
     return {k_: (round(float(v_), 3) if isinstance(v_, (float, np.floating)) else v_) for k_, v_ in row.items()}
 
 

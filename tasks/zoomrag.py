@@ -160,6 +160,20 @@ class ZoomRetriever:
                             "kept_chunk_scores": [float(s) for s in res.scores[row][best]]}
         return trace
 
+    def memory_probe(self, questions: list[str]) -> dict[str, float]:
+        """Peak bytes allocated by the DocZoom walk alone for this batch (tracemalloc), and M's size."""
+        import tracemalloc
+
+        links = links_matrix(query_entity_links(questions, self.vocab_index, self.max_words, self.ner), self.m)
+        query_doc = zoom.query_doc_weights(encode(questions, self.embedder), self.doc_emb, self.walk.k_std,
+                                           self.params.doc_block_rows)
+        tracemalloc.start()
+        zoom.doc_zoom(self.M, query_doc, links, self.walk)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        m_bytes = self.M.data.nbytes + self.M.indices.nbytes + self.M.indptr.nbytes
+        return {"walk_peak_mb": peak / 2**20, "M_mb": m_bytes / 2**20}
+
     def run_stats(self) -> dict:
         """Index facts worth reporting with the metrics."""
         return {"n_entities": self.m, "M_nnz": int(self.M.nnz), "block_scales": self.scales}
