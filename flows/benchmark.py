@@ -21,7 +21,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 from prefect import flow
 
-from flows.config import Config, ConfigError, load_config
+from flows.config import Config, ConfigError, load_config, with_runner
 from flows.evaluate import print_last_line
 from flows.methods import METHODS
 from flows.pipeline import build_index, format_table, start_run
@@ -91,7 +91,8 @@ def benchmark_flow(cfg: dict) -> dict[str, Any]:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point."""
-    print_last_line("benchmark", benchmark_flow(OmegaConf.to_container(cfg, resolve=True)))
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    print_last_line("benchmark", with_runner(benchmark_flow, plain)(plain))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,22 @@ class RunnerParams:
     kind: str = "thread"
     max_workers: int = 2
 
+    def __post_init__(self) -> None:
+        if self.kind != "thread":
+            raise ConfigError(f"runner.kind must be 'thread' (process/Dask runners start one Prefect server "
+                              f"per worker and give no speed-up on 2 cores), got {self.kind!r}")
+
+    def task_runner(self):  # -> prefect.task_runners.ThreadPoolTaskRunner
+        """The Prefect task runner for independent stages."""
+        from prefect.task_runners import ThreadPoolTaskRunner
+
+        return ThreadPoolTaskRunner(max_workers=self.max_workers)
+
+
+def with_runner(flow_fn, cfg: Mapping[str, Any]):
+    """The flow with the task runner chosen by ``runner/``."""
+    return flow_fn.with_options(task_runner=build(RunnerParams, "runner", cfg["runner"]).task_runner())
+
 
 @dataclass(frozen=True)
 class EvalParams:

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.config import Config, load_config
+from flows.config import Config, load_config, with_runner
 from flows.methods import METHODS
 from flows.pipeline import build_index, format_table, stage_split, start_run, write_json
 from tasks.generate import build_reader_messages, contexts_for, generate
@@ -141,7 +141,8 @@ def hydra_run_dir() -> str:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float:
     """Hydra entry point: resolve the config and run the flow once."""
-    metrics = evaluate_flow(OmegaConf.to_container(cfg, resolve=True), hydra_run_dir())
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    metrics = with_runner(evaluate_flow, plain)(plain, hydra_run_dir())
     print_last_line("metrics", metrics)
     return metrics.get("recall@5", 0.0)
 

@@ -13,7 +13,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from prefect import flow
 
-from flows.config import load_config
+from flows.config import load_config, with_runner
 from flows.evaluate import print_last_line
 from flows.pipeline import build_index, format_table, stage_split, start_run
 
@@ -38,7 +38,8 @@ def index_flow(cfg: dict) -> dict[str, Any]:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point."""
-    print_last_line("index", index_flow(OmegaConf.to_container(cfg, resolve=True)))
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    print_last_line("index", with_runner(index_flow, plain)(plain))
 
 
 if __name__ == "__main__":

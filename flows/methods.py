@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from flows import bm25, dense, linearrag, zoomrag
+from flows import bm25, dense, erarag, linearrag, zoomrag
 
 
 @dataclass(frozen=True)
@@ -21,4 +21,5 @@ METHODS: dict[str, Method] = {
     "bm25": Method(bm25.BM25Params, bm25.index, bm25.retriever),
     "zoomrag": Method(zoomrag.ZoomRAGParams, zoomrag.index, zoomrag.retriever),
     "linearrag": Method(linearrag.LinearParams, linearrag.index, linearrag.retriever),
+    "erarag": Method(erarag.EraParams, erarag.index, erarag.retriever),
 }

@@ -1,0 +1,87 @@
+"""``python -m flows.update [overrides]``: bring a method's index up to date with the current corpus.
+
+Same overrides as ``flows.index``. For ``method=erarag`` the hierarchy is updated from the latest
+stored one of this dataset and config (EraRAG Alg. 3): new chunks are embedded (row-incremental
+stage), hashed with the stored hyperplanes, and only segments whose membership changed are
+re-summarised, with their ancestors; removed documents drop their leaves the same way. Every other
+method runs exactly the ``flows.index`` code path (its per-document stages are row-incremental
+already). The last line printed is ``update: {json}``; the summary, with the per-layer table, is
+recorded in the catalog's ``metrics`` table (kind ``update``).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable
+
+import hydra
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+from prefect import flow
+
+from flows import erarag
+from flows.config import load_config
+from flows.evaluate import print_last_line
+from flows.methods import METHODS
+from flows.pipeline import format_table, stage_split, start_run
+from tasks.erarag_stages import update_summary
+from tasks.ingest import ingest
+from tasks.store import ArtifactRef, Store
+
+# methods whose update differs from their index DAG: name -> (update DAG, summary of what it did)
+UPDATES: dict[str, tuple[Callable, Callable]] = {"erarag": (erarag.update, update_summary)}
+
+
+def document_diff(store: Store, dataset: str, documents: ArtifactRef) -> dict[str, int]:
+    """Documents added / removed against the previous ingest of this dataset (none: all added)."""
+    prev = store.query("SELECT path FROM stages WHERE stage = 'ingest' AND name = 'documents' AND dataset = ? "
+                       "AND fp <> ? ORDER BY created_at DESC", [dataset, documents.fp])
+    now = set(Store.read(documents, ["doc_id"])["doc_id"])
+    for path in prev["path"]:
+        try:
+            before = set(Store.read(path, ["doc_id"])["doc_id"])
+        except OSError:
+            continue
+        return {"added_docs": len(now - before), "removed_docs": len(before - now)}
+    return {"added_docs": len(now), "removed_docs": 0}
+
+
+@flow(name="update")
+def update_flow(cfg: dict) -> dict[str, Any]:
+    """Ingest + the method's update (or index) stages; a summary of what was recomputed."""
+    conf = load_config(cfg)
+    ctx, _ = start_run(conf, "update")
+    name = conf.method.name
+    t0 = time.perf_counter()
+    data = ingest(ctx, conf.dataset, conf.data_dir)
+    dag, summarise = UPDATES.get(name, (METHODS[name].index, None))
+    index = dag(ctx, data, conf)
+    seconds = time.perf_counter() - t0
+    split = stage_split(ctx.store, ctx.run_id)
+    print(format_table(split.to_dict("records"), ["stage", "status", "rows", "rows_computed", "seconds",
+                                                  "peak_rss_mb"]), flush=True)
+    summary: dict[str, Any] = {"method": name, "dataset": ctx.dataset, "n_documents": data["documents"].rows}
+    if summarise is not None:
+        summary.update(summarise(ctx.store, ctx.run_id, ctx.dataset, index))
+        per_layer = pd.DataFrame(summary["per_layer"])
+        print("\nper layer (layer l: the segments of layer l-1)")
+        print(format_table(per_layer.to_dict("records"), list(per_layer.columns)), flush=True)
+    else:  # the same code path as flows.index
+        summary.update(document_diff(ctx.store, ctx.dataset, data["documents"]), segments_total=None,
+                       segments_resummarized=None, layers=None, full_build_seconds_estimate=None,
+                       same_as="flows.index")
+    summary.update(seconds=round(seconds, 3), stages_computed=int((split["status"] == "computed").sum()),
+                   rows_computed=split.groupby("stage", sort=False)["rows_computed"].sum().astype(int).to_dict(),
+                   artifacts={k: v.path for k, v in index.items()}, run_id=ctx.run_id)
+    ctx.store.record_metrics(ctx.run_id, "update", name, ctx.dataset, summary)
+    return summary
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    """Hydra entry point."""
+    print_last_line("update", update_flow(OmegaConf.to_container(cfg, resolve=True)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
