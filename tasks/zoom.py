@@ -225,14 +225,15 @@ def decoupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int 
     inv_patch = 1.0 / (col_sum[jj] + hv)
     h_tilde = hv / np.asarray(H.sum(axis=1)).ravel()[qi]  # query column of A_i, normalised (eq. 9 H~)
     r_q, X = np.ones(q), np.zeros((N, q))  # r(0) = one-hot on the query node; X columns = queries
+    Z = np.empty_like(X)  # reused each step: the per-query state is X and Z only (+ M @ Z)
     for _ in range(steps):
-        Z = X * inv_col[:, None]  # z_ij of eq. (7), laid out (N x q)
+        np.multiply(X, inv_col[:, None], out=Z)  # z_ij of eq. (7), laid out (N x q)
         Z[jj, qi] = X[jj, qi] * inv_patch
         to_query = np.bincount(qi, weights=hv * Z[jj, qi], minlength=q)
-        X_next = M @ Z
-        X_next[jj, qi] += h_tilde * r_q[qi]
+        X = M @ Z
+        X[jj, qi] += h_tilde * r_q[qi]
         r_q = (1.0 - alpha) * to_query + alpha
-        X = (1.0 - alpha) * X_next
+        X *= 1.0 - alpha
     return np.hstack([r_q[:, None], X.T])
 
 
