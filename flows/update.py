@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from prefect import flow
 
 from flows import erarag
-from flows.config import load_config
+from flows.config import load_config, with_runner
 from flows.evaluate import print_last_line
 from flows.methods import METHODS
 from flows.pipeline import format_table, stage_split, start_run
@@ -80,7 +80,8 @@ def update_flow(cfg: dict) -> dict[str, Any]:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point."""
-    print_last_line("update", update_flow(OmegaConf.to_container(cfg, resolve=True)))
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    print_last_line("update", with_runner(update_flow, plain)(plain))
 
 
 if __name__ == "__main__":
