@@ -120,6 +120,7 @@ def chunk(ctx: RunContext, documents: ArtifactRef, params: ChunkParams) -> dict[
         table = table.sort_values(["_o", "position"], kind="stable").drop(columns="_o").reset_index(drop=True)
         return {"chunks": table}
 
-    return run_row_stage(ctx, "chunk", code_version(sys.modules[__name__]),
-                         params, params, input_fps(documents=documents), docs["doc_id"],
+    code = code_version(sys.modules[__name__])
+    return run_row_stage(ctx, "chunk", code, params, {"params": params, "code": code},
+                         input_fps(documents=documents), docs["doc_id"],
                          compute_rows, "doc_id", assemble)

@@ -117,6 +117,6 @@ def ner(ctx: RunContext, table: ArtifactRef, id_col: str, params: NERParams) -> 
         mentions = mentions.astype({"start": "int32", "end": "int32"})
         return {"mentions": mentions[[id_col, "surface", "label", "start", "end", "entity"]]}
 
-    row_params = {"model": params.model}
+    row_params = {"model": params.model, "code": code_version(recognise, load_ner)}
     return run_row_stage(ctx, "ner", code_version(sys.modules[__name__]), params, row_params,
                          input_fps(table=table), keys, compute_rows, "key", assemble)

@@ -108,13 +108,14 @@ def run_row_stage(ctx: RunContext, stage: str, code: str, params: Any, row_param
                   key: str, assemble: Callable[[pa.Table], Mapping[str, Output]]) -> dict[str, ArtifactRef]:
     """A per-row stage: compute rows only for keys missing from the row cache, then assemble outputs.
 
-    ``row_params`` is the part of ``params`` that changes a row's value (a model name, not a batch
-    size): it names the row cache. ``keys`` are the content keys of the current input rows; ``compute_rows(missing_keys)`` returns
+    ``row_params`` is what changes a row's value: the params that matter (a model name, not a batch
+    size) and the code version of the functions computing a row (not of the whole module, so an
+    edit elsewhere in it keeps the cache): it names the row cache. ``keys`` are the content keys of the current input rows; ``compute_rows(missing_keys)`` returns
     rows (with a ``key`` column) for exactly those; ``assemble(cached_rows_for_all_keys)`` builds the
     stage outputs for this input (in input order).
     """
     store = ctx.store
-    param_fp = short_hash({"stage": stage, "code": code, "params": params_dict(row_params)})
+    param_fp = short_hash({"stage": stage, "params": params_dict(row_params)})
 
     def compute() -> tuple[Mapping[str, Output], int]:
         wanted = list(dict.fromkeys(keys.tolist()))

@@ -102,7 +102,7 @@ class ZoomRetriever:
         self.vocab_index = dict(zip(vocab["entity"], vocab["entity_idx"]))
         self.max_words = int(min(params.max_entity_words, vocab["n_words"].to_numpy().max(initial=1)))
         self._load_chunks(data, index)
-        encode(["warm-up"], embedder)
+        encode(["warm-up"], embedder, query=True)
         load_ner(ner.model)
         self.fallbacks = 0
 
@@ -123,7 +123,7 @@ class ZoomRetriever:
         t = [time.perf_counter()]
         links = query_entity_links(questions, self.vocab_index, self.max_words, self.ner)
         t.append(time.perf_counter())
-        q_emb = encode(questions, self.embedder)
+        q_emb = encode(questions, self.embedder, query=True)
         t.append(time.perf_counter())
         cos = q_emb @ self.doc_emb.T
         query_doc = zoom.query_doc_weights(q_emb, self.doc_emb, self.walk.k_std, self.params.doc_block_rows)
@@ -165,7 +165,7 @@ class ZoomRetriever:
         import tracemalloc
 
         links = links_matrix(query_entity_links(questions, self.vocab_index, self.max_words, self.ner), self.m)
-        query_doc = zoom.query_doc_weights(encode(questions, self.embedder), self.doc_emb, self.walk.k_std,
+        query_doc = zoom.query_doc_weights(encode(questions, self.embedder, query=True), self.doc_emb, self.walk.k_std,
                                            self.params.doc_block_rows)
         tracemalloc.start()
         zoom.doc_zoom(self.M, query_doc, links, self.walk)
