@@ -272,10 +272,12 @@ def doc_zoom(
         rescale=params.rescale,
     )
     walk = coupled_walk if params.coupled else decoupled_walk
-    out = [np.zeros((0, 1 + H.shape[1]))]
+    if H.shape[0] <= params.batch_size:
+        return walk(M, H, params.alpha, params.steps)
+    out = np.empty((H.shape[0], 1 + H.shape[1]))
     for start in range(0, H.shape[0], params.batch_size):
-        out.append(walk(M, H[start : start + params.batch_size], params.alpha, params.steps))
-    return np.vstack(out)
+        out[start : start + params.batch_size] = walk(M, H[start : start + params.batch_size], params.alpha, params.steps)
+    return out
 
 
 def doc_zoom_coupled(
@@ -286,11 +288,31 @@ def doc_zoom_coupled(
 
 
 def top_docs(scores: np.ndarray, n_docs: int, k: int, tie_break: np.ndarray | None = None) -> np.ndarray:
-    """Top-k documents per query by DocZoom score (ZoomRAG §3.1); ties by tie_break (q x n), then index."""
+    """Top-k documents per query by DocZoom score (ZoomRAG §3.1); ties by tie_break (q x n), then index.
+
+    O(n) per query: the exact top-k lies in the union of the k best by score, the k best by
+    tie_break among documents tied with the k-th score, and the k lowest indices among those tied
+    on both; only these 3k candidates are sorted.
+    """
     doc_scores = scores[:, 1 : 1 + n_docs]
     second = np.zeros_like(doc_scores) if tie_break is None else tie_break
-    order = np.lexsort((-second, -doc_scores), axis=1)  # last key is primary
-    return order[:, :k]
+    k = min(k, n_docs)
+    if k == 0:
+        return np.zeros((scores.shape[0], 0), dtype=np.int64)
+    by_score = np.argpartition(-doc_scores, k - 1, axis=1)[:, :k]
+    kth = np.take_along_axis(doc_scores, by_score, 1).min(axis=1, keepdims=True)
+    tied = np.where(doc_scores == kth, second, -np.inf)
+    by_tie = np.argpartition(-tied, k - 1, axis=1)[:, :k]
+    kth2 = np.take_along_axis(tied, by_tie, 1).min(axis=1, keepdims=True)
+    both_tied = (doc_scores == kth) & (second == kth2)
+    by_index = np.argsort(~both_tied, axis=1, kind="stable")[:, :k]  # lowest indices (radix sort: O(n))
+    cand = np.concatenate([by_score, by_tie, by_index], axis=1)
+    s1, s2 = np.take_along_axis(doc_scores, cand, 1), np.take_along_axis(second, cand, 1)
+    cand = np.take_along_axis(cand, np.lexsort((cand, -s2, -s1), axis=1), 1)  # last key is primary
+    fresh = np.ones(cand.shape, dtype=bool)
+    fresh[:, 1:] = cand[:, 1:] != cand[:, :-1]  # duplicates are adjacent after the sort
+    first_fresh = np.argsort(~fresh, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(cand, first_fresh, 1)
 
 
 # ---------------------------------------------------------------- ChunkZoom

@@ -385,3 +385,16 @@ def test_chunk_walk_batched_axes_and_column_normalise():
     batched = chunk_walk(P, y0, 0.9)
     single = np.stack([chunk_walk(P[i], y0[i], 0.9) for i in range(3)])
     assert np.allclose(batched, single, atol=1e-14)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_top_docs_equals_full_lexsort(seed):
+    rng = np.random.default_rng(seed)
+    q, n = 7, 60
+    scores = np.zeros((q, 1 + n))
+    scores[:, 1:] = np.where(rng.random((q, n)) < 0.3, rng.integers(0, 4, (q, n)) / 4, 0.0)  # many ties
+    cos = np.round(rng.random((q, n)), 1)  # ties in the tie-break too
+    for k in [1, 5, 10, 60]:
+        want = np.lexsort((-cos, -scores[:, 1:]), axis=1)[:, :k]
+        np.testing.assert_array_equal(top_docs(scores, n, k, tie_break=cos), want)
+        np.testing.assert_array_equal(top_docs(scores, n, k), np.lexsort((-scores[:, 1:],), axis=1)[:, :k])
