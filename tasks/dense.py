@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import faiss
 import numpy as np
 
-from tasks.embed import EmbedderParams, encode
+from tasks.embed import EmbedderParams, encode_queries
 from tasks.retrieve import Hits
 from tasks.store import ArtifactRef, Store, arrow_to_embeddings
 
@@ -41,12 +41,12 @@ class DenseRetriever:
         self.doc_ids, emb = load_embeddings(doc_embeddings, "doc_id")
         self.index = inner_product_index(emb)
         self.embedder = embedder
-        encode(["warm-up"], embedder, query=True)  # load the model outside the timed path
+        encode_queries(["warm-up"], embedder)  # load the model outside the timed path
 
     def search(self, questions: list[str], k: int) -> Hits:
         """Top-k passages by cosine similarity."""
         t0 = time.perf_counter()
-        q = encode(questions, self.embedder, query=True)
+        q = encode_queries(questions, self.embedder)
         t1 = time.perf_counter()
         scores, idx = self.index.search(q, min(k, self.index.ntotal))
         t2 = time.perf_counter()

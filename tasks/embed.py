@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -36,6 +36,7 @@ class EmbedderParams:
     # than plain ATen for short texts here (2.3 vs 8.8 ms/query at batch 256), yet ~1.7x faster for
     # passage batches: queries run without it unless this is true.
     query_onednn: bool = False
+    query_batch_size: int = 16  # online questions: small sub-batches are faster per query (4.3 vs 5.1 ms at 64)
 
 
 def model_path(model: str) -> str:
@@ -74,6 +75,11 @@ def encode(texts: list[str], params: EmbedderParams, progress: bool = False, que
         emb = enc.encode(texts, batch_size=params.batch_size, normalize_embeddings=True,
                          convert_to_numpy=True, show_progress_bar=progress and len(texts) > 2000)
     return np.ascontiguousarray(emb, dtype=np.float32)
+
+
+def encode_queries(texts: list[str], params: EmbedderParams) -> np.ndarray:
+    """Online questions (and other short query-side strings) → embeddings, in small sub-batches."""
+    return encode(texts, replace(params, batch_size=params.query_batch_size), query=True)
 
 
 def render_texts(frame: pd.DataFrame, template: str | None) -> list[str]:

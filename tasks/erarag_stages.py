@@ -39,7 +39,7 @@ import tasks.chunk as chunk_mod
 from tasks import erarag
 from tasks.chunk import ChunkParams
 from tasks.dense import load_embeddings
-from tasks.embed import EmbedderParams, encode
+from tasks.embed import EmbedderParams, encode, encode_queries
 from tasks.llm import LLMParams, check_empty_fraction, make_client
 from tasks.metrics import recall_at_k
 from tasks.retrieve import Hits
@@ -441,7 +441,7 @@ class EraRetriever:
         self.seen: dict[str, list[tuple[str, list[int]]]] = {v: [] for v in VIEWS}
         self.depth: list[int] = []
         self.context_summaries: list[float] = []
-        encode(["warm-up"], self.embedder, query=True)
+        encode_queries(["warm-up"], self.embedder)
 
     def _descendants(self, nodes: pd.DataFrame) -> None:
         """CSR map: summary row → its descendant leaf rows (all layers below)."""
@@ -483,7 +483,7 @@ class EraRetriever:
     def search(self, questions: list[str], k: int) -> Hits:
         """Alg. 2 context per query, and the document ranking of ``recall_view`` (at least k where possible)."""
         t = [time.perf_counter()]
-        q = encode(questions, self.embedder, query=True)
+        q = encode_queries(questions, self.embedder)
         t.append(time.perf_counter())
         sel = erarag.search(q, self.emb, self.tokens, self.layer, self.params)
         n = len(self.node_ids)

@@ -19,7 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from tasks import linearrag as lr
 from tasks.chunk import ChunkParams
 from tasks.dense import load_embeddings
-from tasks.embed import EmbedderParams, encode
+from tasks.embed import EmbedderParams, encode_queries
 from tasks.entities import coo_matrix
 from tasks.ner import NERParams, is_numeric_label, load_ner, normalize_entity
 from tasks.retrieve import Hits
@@ -116,7 +116,7 @@ class LinearRetriever:
         self.mention.data[:] = 1.0  # eq. (2): binary sentence-entity edges (appendix G.3)
         self.graph = lr.passage_entity_graph(self.contain, self.algo.edge_weighting)
         self.walk = lr.random_walk(self.graph, self.algo.ppr_dtype)
-        encode(["warm-up"], embedder)
+        encode_queries(["warm-up"], embedder)
         load_ner(ner.model)
         self.queries = self.fallbacks = self.seeds_total = self.active_total = 0
 
@@ -146,7 +146,7 @@ class LinearRetriever:
         names = query_entity_strings(questions, self.ner)
         t1 = time.perf_counter()
         q_idx, col, unseen = self.lookup(names)
-        emb = encode(questions + unseen, self.embedder)  # one call: questions and unseen entity strings
+        emb = encode_queries(questions + unseen, self.embedder)  # one call: questions and unseen entity strings
         q_emb = emb[:n_q]
         t2 = time.perf_counter()
         seeds = self.seed_activation(n_q, q_idx, col, emb[n_q:])

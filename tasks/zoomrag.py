@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from tasks import zoom
 from tasks.chunk import ChunkParams
 from tasks.dense import load_embeddings
-from tasks.embed import EmbedderParams, encode
+from tasks.embed import EmbedderParams, encode_queries
 from tasks.entities import coo_matrix, links_matrix, query_entity_links
 from tasks.ner import NERParams, load_ner
 from tasks.retrieve import Hits
@@ -102,7 +102,7 @@ class ZoomRetriever:
         self.vocab_index = dict(zip(vocab["entity"], vocab["entity_idx"]))
         self.max_words = int(min(params.max_entity_words, vocab["n_words"].to_numpy().max(initial=1)))
         self._load_chunks(data, index)
-        encode(["warm-up"], embedder, query=True)
+        encode_queries(["warm-up"], embedder)
         load_ner(ner.model)
         self.fallbacks = 0
 
@@ -123,7 +123,7 @@ class ZoomRetriever:
         t = [time.perf_counter()]
         links = query_entity_links(questions, self.vocab_index, self.max_words, self.ner)
         t.append(time.perf_counter())
-        q_emb = encode(questions, self.embedder, query=True)
+        q_emb = encode_queries(questions, self.embedder)
         t.append(time.perf_counter())
         cos = q_emb @ self.doc_emb.T
         query_doc = zoom.query_doc_weights(q_emb, self.doc_emb, self.walk.k_std, self.params.doc_block_rows)
@@ -165,7 +165,7 @@ class ZoomRetriever:
         import tracemalloc
 
         links = links_matrix(query_entity_links(questions, self.vocab_index, self.max_words, self.ner), self.m)
-        query_doc = zoom.query_doc_weights(encode(questions, self.embedder, query=True), self.doc_emb, self.walk.k_std,
+        query_doc = zoom.query_doc_weights(encode_queries(questions, self.embedder), self.doc_emb, self.walk.k_std,
                                            self.params.doc_block_rows)
         tracemalloc.start()
         zoom.doc_zoom(self.M, query_doc, links, self.walk)
