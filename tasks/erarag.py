@@ -478,15 +478,20 @@ def insert(h: Hierarchy, new_ids: Sequence, new_emb: np.ndarray, summarise: Summ
     return _grow(leaves, h, summarise, planes, params)
 
 
+def _kept(ids: np.ndarray, removed_ids: Sequence) -> np.ndarray:
+    """Mask of the stored leaves that stay; unknown ids to remove are an error."""
+    removed = {str(i) for i in removed_ids}
+    unknown = removed - set(ids)
+    if unknown:
+        raise KeyError(f"unknown leaf ids: {sorted(unknown)[:5]}")
+    return np.array([i not in removed for i in ids], dtype=bool)
+
+
 def delete(h: Hierarchy, removed_ids: Sequence, summarise: Summarise, planes: np.ndarray,
            params: EraRAGParams) -> tuple[Hierarchy, UpdateReport]:
     """Remove leaves and re-summarise only the affected segments and ancestors (extension of Alg. 3)."""
     old = _stored_leaves(h)
-    removed = {str(i) for i in removed_ids}
-    unknown = removed - set(old.ids)
-    if unknown:
-        raise KeyError(f"unknown leaf ids: {sorted(unknown)[:5]}")
-    keep = np.array([i not in removed for i in old.ids], dtype=bool)
+    keep = _kept(old.ids, removed_ids)
     leaves = _Layer(old.ids[keep], [t for t, k in zip(old.texts, keep) if k], old.emb[keep], old.codes[keep])
     return _grow(leaves, h, summarise, planes, params)
 
@@ -500,11 +505,7 @@ def replace_leaves(h: Hierarchy, removed_ids: Sequence, new_ids: Sequence, new_e
     leaf set), but each affected segment of the final graph costs one summarise call.
     """
     old = _stored_leaves(h)
-    removed = {str(i) for i in removed_ids}
-    unknown = removed - set(old.ids)
-    if unknown:
-        raise KeyError(f"unknown leaf ids: {sorted(unknown)[:5]}")
-    keep = np.array([i not in removed for i in old.ids], dtype=bool)
+    keep = _kept(old.ids, removed_ids)
     d = h.embeddings.shape[1]
     new = _leaf_layer(new_ids, np.asarray(new_emb, dtype=np.float32).reshape(len(new_ids), d), planes, new_texts)
     clash = set(old.ids[keep]) & set(new.ids)
