@@ -56,9 +56,3 @@ def retrieve_all(retriever: Retriever, questions: pd.DataFrame, k: int, batch_si
     hits_df = pd.DataFrame(hit_rows, columns=["qid", "rank", "doc_id", "score"])
     return hits_df, pd.DataFrame(lat_rows), traces
 
-
-def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Indices and values of the k best columns per row, best first (ties by lower index)."""
-    k = min(k, scores.shape[1])
-    idx = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-    return idx.astype(np.int64), np.take_along_axis(scores, idx, 1)

@@ -1,4 +1,4 @@
-"""Tests for ``tasks.metrics`` (recall@k, latency) and ``tasks.retrieve.top_k``."""
+"""Tests for ``tasks.metrics`` (recall@k, latency)."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,6 @@ import pandas as pd
 import pytest
 
 from tasks.metrics import latency_summary, recall_at_k
-from tasks.retrieve import top_k
 
 
 def _hits(rows: list[tuple[str, int, str]]) -> pd.DataFrame:
@@ -80,28 +79,3 @@ def test_latency_summary():
         {"mean": 3.0, "p50": 3.0, "p95": 3.9, "p99": 3.98})
     empty = latency_summary(pd.DataFrame({"ms": []}))
     assert set(empty) == {"mean", "p50", "p95", "p99"} and all(math.isnan(v) for v in empty.values())
-
-
-# ----------------------------------------------------------------------------- top_k
-
-@pytest.mark.parametrize("k", [1, 3, 10, 50])
-def test_top_k_matches_argsort_without_ties(k):
-    scores = np.random.default_rng(k).standard_normal((20, 17)).astype(np.float32)
-    idx, vals = top_k(scores, k)
-    ref = np.argsort(-scores, axis=1, kind="stable")[:, :min(k, 17)]
-    assert idx.dtype == np.int64 and idx.shape == ref.shape
-    np.testing.assert_array_equal(idx, ref)
-    np.testing.assert_array_equal(vals, np.take_along_axis(scores, ref, 1))
-
-
-@pytest.mark.parametrize("k", [1, 4, 9, 12])
-def test_top_k_with_ties(k):
-    scores = np.random.default_rng(k).integers(0, 4, size=(200, 12)).astype(np.float64)
-    idx, vals = top_k(scores, k)
-    ref_vals = -np.sort(-scores, axis=1)[:, :k]
-    np.testing.assert_array_equal(vals, ref_vals)                      # the k best values, best first
-    np.testing.assert_array_equal(np.take_along_axis(scores, idx, 1), vals)
-    assert all(len(set(row)) == k for row in idx.tolist())             # k distinct columns
-    for row_idx, row_vals in zip(idx, vals):                           # within a tie, lower index first
-        for a, b, va, vb in zip(row_idx, row_idx[1:], row_vals, row_vals[1:]):
-            assert va > vb or a < b
