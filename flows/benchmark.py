@@ -18,13 +18,12 @@ from typing import Any
 import hydra
 import numpy as np
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from prefect import flow
 
-from flows.config import Config, ConfigError, load_config, with_runner
-from flows.evaluate import print_last_line
+from flows.config import Config, ConfigError, load_config
 from flows.methods import METHODS
-from flows.pipeline import build_index, format_table, start_run
+from flows.pipeline import build_index, format_table, run_command, start_run
 from tasks.ingest import parse_questions, read_json_list
 from tasks.store import PeakRSS, Store
 
@@ -91,8 +90,7 @@ def benchmark_flow(cfg: dict) -> dict[str, Any]:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point."""
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    print_last_line("benchmark", with_runner(benchmark_flow, plain)(plain))
+    run_command(benchmark_flow, cfg, "benchmark")
 
 
 if __name__ == "__main__":

@@ -13,13 +13,13 @@ from typing import Any
 
 import hydra
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.config import Config, load_config, with_runner
+from flows.config import Config, load_config
 from flows.methods import METHODS
-from flows.pipeline import build_index, format_table, stage_split, start_run, write_json
+from flows.pipeline import build_index, format_table, run_command, stage_counts, stage_split, start_run, write_json
 from tasks.generate import build_reader_messages, contexts_for, generate
 from tasks.llm import make_client
 from tasks.metrics import latency_summary, recall_at_k, recall_by_type
@@ -71,7 +71,7 @@ def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
         "query_ms_mean": lat["mean"], "query_ms_p50": lat["p50"], "query_ms_p95": lat["p95"],
         "query_ms_p99": lat["p99"], "batch_size": conf.eval.batch_size,
         "retriever_load_seconds": round(result["load_seconds"], 3),
-        "stages_computed": int((split["status"] == "computed").sum()),
+        "stages_computed": stage_counts(split)["stages_computed"],
         "index_stage_seconds": split.groupby("stage", sort=False)["seconds"].sum().round(3).to_dict(),
         "index_peak_rss_mb": round(float(split["peak_rss_mb"].max() or 0.0), 1),
         "recall_by_type": recall_by_type(hits, gold, Store.read(data["questions"]), list(conf.eval.ks),
@@ -85,12 +85,6 @@ def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
     write_json(Path(run_dir) / "manifest.json", manifest)
     report(metrics, split)
     return metrics
-
-
-def print_last_line(prefix: str, payload: dict[str, Any]) -> None:
-    """Print ``prefix: {json}`` as the process's very last line (Prefect's shutdown chatter silenced)."""
-    logging.getLogger("prefect").setLevel(logging.WARNING)
-    print(f"{prefix}: " + json.dumps(payload, default=str), flush=True)
 
 
 def answer(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], hits: pd.DataFrame,
@@ -141,10 +135,7 @@ def hydra_run_dir() -> str:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float:
     """Hydra entry point: resolve the config and run the flow once."""
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    metrics = with_runner(evaluate_flow, plain)(plain, hydra_run_dir())
-    print_last_line("metrics", metrics)
-    return metrics.get("recall@5", 0.0)
+    return run_command(evaluate_flow, cfg, "metrics", hydra_run_dir()).get("recall@5", 0.0)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,11 @@ import sys
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from prefect import flow
 
-from flows.config import load_config, with_runner
-from flows.evaluate import print_last_line
-from flows.pipeline import build_index, format_table, stage_split, start_run
+from flows.config import load_config
+from flows.pipeline import build_index, format_table, run_command, stage_counts, stage_split, start_run
 
 
 @flow(name="index")
@@ -28,8 +27,7 @@ def index_flow(cfg: dict) -> dict[str, Any]:
     print(format_table(split.to_dict("records"), ["stage", "status", "rows", "rows_computed", "seconds",
                                                   "peak_rss_mb"]), flush=True)
     summary = {"method": conf.method.name, "dataset": ctx.dataset, "n_documents": data["documents"].rows,
-               "index_seconds": round(seconds, 3), "stages_computed": int((split["status"] == "computed").sum()),
-               "rows_computed": split.groupby("stage", sort=False)["rows_computed"].sum().astype(int).to_dict(),
+               "index_seconds": round(seconds, 3), **stage_counts(split),
                "artifacts": {k: v.path for k, v in index.items()}, "run_id": ctx.run_id}
     ctx.store.record_metrics(ctx.run_id, "index", conf.method.name, ctx.dataset, summary)
     return summary
@@ -38,8 +36,7 @@ def index_flow(cfg: dict) -> dict[str, Any]:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point."""
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    print_last_line("index", with_runner(index_flow, plain)(plain))
+    run_command(index_flow, cfg, "index")
 
 
 if __name__ == "__main__":

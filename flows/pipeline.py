@@ -86,6 +86,31 @@ def stage_split(store: Store, run_id: str) -> pd.DataFrame:
     return ev[["stage", "status", "rows", "rows_computed", "seconds", "peak_rss_mb"]]
 
 
+def stage_counts(split: pd.DataFrame) -> dict[str, Any]:
+    """How many index stages ran (not cached) and the rows each stage computed, for a summary line."""
+    return {"stages_computed": int((split["status"] == "computed").sum()),
+            "rows_computed": split.groupby("stage", sort=False)["rows_computed"].sum().astype(int).to_dict()}
+
+
+def print_last_line(prefix: str, payload: dict[str, Any]) -> None:
+    """Print ``prefix: {json}`` as the process's very last line (Prefect's shutdown chatter silenced)."""
+    logging.getLogger("prefect").setLevel(logging.WARNING)
+    print(f"{prefix}: " + json.dumps(payload, default=str), flush=True)
+
+
+def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any) -> dict[str, Any]:
+    """A Hydra entry point's body: resolve the config, run the flow with the configured task runner,
+    print the machine-readable last line."""
+    from omegaconf import OmegaConf
+
+    from flows.config import with_runner
+
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    result = with_runner(flow_fn, plain)(plain, *args)
+    print_last_line(prefix, result)
+    return result
+
+
 def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     """A plain fixed-width table."""
     cells = [[_fmt(r.get(c)) for c in columns] for r in rows]

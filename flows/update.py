@@ -16,14 +16,13 @@ from typing import Any, Callable
 
 import hydra
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from prefect import flow
 
 from flows import erarag
-from flows.config import load_config, with_runner
-from flows.evaluate import print_last_line
+from flows.config import load_config
 from flows.methods import METHODS
-from flows.pipeline import format_table, stage_split, start_run
+from flows.pipeline import format_table, run_command, stage_counts, stage_split, start_run
 from tasks.erarag_stages import update_summary
 from tasks.ingest import ingest
 from tasks.store import ArtifactRef, Store
@@ -32,10 +31,14 @@ from tasks.store import ArtifactRef, Store
 UPDATES: dict[str, tuple[Callable, Callable]] = {"erarag": (erarag.update, update_summary)}
 
 
-def document_diff(store: Store, dataset: str, documents: ArtifactRef) -> dict[str, int]:
-    """Documents added / removed against the previous ingest of this dataset (none: all added)."""
+def document_diff(store: Store, dataset: str, documents: ArtifactRef, run_id: str) -> dict[str, int]:
+    """Documents added / removed against the corpus this dataset had before this run (none: all added).
+
+    The previous state is the newest ``documents`` artifact not written by this run: an unchanged
+    corpus (ingest cached) compares with itself and reports 0 / 0.
+    """
     prev = store.query("SELECT path FROM stages WHERE stage = 'ingest' AND name = 'documents' AND dataset = ? "
-                       "AND fp <> ? ORDER BY created_at DESC", [dataset, documents.fp])
+                       "AND run_id <> ? ORDER BY created_at DESC", [dataset, run_id])
     now = set(Store.read(documents, ["doc_id"])["doc_id"])
     for path in prev["path"]:
         try:
@@ -67,11 +70,10 @@ def update_flow(cfg: dict) -> dict[str, Any]:
         print("\nper layer (layer l: the segments of layer l-1)")
         print(format_table(per_layer.to_dict("records"), list(per_layer.columns)), flush=True)
     else:  # the same code path as flows.index
-        summary.update(document_diff(ctx.store, ctx.dataset, data["documents"]), segments_total=None,
+        summary.update(document_diff(ctx.store, ctx.dataset, data["documents"], ctx.run_id), segments_total=None,
                        segments_resummarized=None, layers=None, full_build_seconds_estimate=None,
                        same_as="flows.index")
-    summary.update(seconds=round(seconds, 3), stages_computed=int((split["status"] == "computed").sum()),
-                   rows_computed=split.groupby("stage", sort=False)["rows_computed"].sum().astype(int).to_dict(),
+    summary.update(seconds=round(seconds, 3), **stage_counts(split),
                    artifacts={k: v.path for k, v in index.items()}, run_id=ctx.run_id)
     ctx.store.record_metrics(ctx.run_id, "update", name, ctx.dataset, summary)
     return summary
@@ -80,8 +82,7 @@ def update_flow(cfg: dict) -> dict[str, Any]:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point."""
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    print_last_line("update", with_runner(update_flow, plain)(plain))
+    run_command(update_flow, cfg, "update")
 
 
 if __name__ == "__main__":

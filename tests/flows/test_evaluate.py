@@ -96,3 +96,19 @@ def test_unknown_config_key_is_a_hydra_error(tmp_path):
                           f"artifacts_dir={tmp_path}"], cwd=root, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "no_such_key" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_update_of_a_non_erarag_method_reports_the_document_diff(tmp_path):
+    from flows.update import update_flow
+
+    corpus, questions = generate_sample(40, 8, seed=5)
+    data = tmp_path / "data"
+    base = ["method=bm25", "dataset=hipporag", "dataset.name=diff", f"data_dir={data}"]
+    write_hipporag(data / "diff", corpus[:30], questions)
+    first = update_flow(make_config(tmp_path, *base))
+    assert (first["added_docs"], first["removed_docs"]) == (30, 0)
+    same = update_flow(make_config(tmp_path, *base))
+    assert (same["added_docs"], same["removed_docs"], same["stages_computed"]) == (0, 0, 0)
+    write_hipporag(data / "diff", corpus[5:], questions)
+    moved = update_flow(make_config(tmp_path, *base))
+    assert (moved["added_docs"], moved["removed_docs"]) == (10, 5)
