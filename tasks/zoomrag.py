@@ -125,8 +125,8 @@ class ZoomRetriever:
         t.append(time.perf_counter())
         q_emb = encode_queries(questions, self.embedder)
         t.append(time.perf_counter())
-        cos = q_emb @ self.doc_emb.T
-        query_doc = zoom.query_doc_weights(q_emb, self.doc_emb, self.walk.k_std, self.params.doc_block_rows)
+        cos = q_emb @ self.doc_emb.T  # (q x n): the tie-break, and exp(cos) is A_doc->qry (eq. 2)
+        query_doc = zoom.sparsify_mean_std(np.exp(cos), self.walk.k_std)
         scores = zoom.doc_zoom(self.M, query_doc, links_matrix(links, self.m), self.walk)
         ranked = zoom.top_docs(scores, self.n, max(k, self.walk.top_k_docs), tie_break=cos)
         t.append(time.perf_counter())
