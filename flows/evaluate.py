@@ -22,6 +22,7 @@ from flows.methods import METHODS
 from flows.pipeline import build_index, format_table, run_command, stage_counts, stage_split, start_run, write_json
 from tasks.generate import build_reader_messages, contexts_for, generate
 from tasks.llm import make_client
+from tasks.llm_ner import QUERY_NER_STAGE
 from tasks.metrics import latency_summary, recall_at_k, recall_by_type
 from tasks.retrieve import retrieve_all
 from tasks.stage import RunContext
@@ -49,6 +50,9 @@ def retrieve(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index:
         Store.write_parquet(pd.DataFrame([{k: json.dumps(v, default=str) if isinstance(v, (list, dict)) else v
                                            for k, v in t.items()} for t in traces]), out / "trace.parquet")
     extra = getattr(retriever, "run_stats", dict)()
+    ner_client = getattr(getattr(retriever, "recogniser", None), "client", None)
+    if ner_client is not None:  # ner=llm: the questions' entity calls, in the ledger like the corpus's
+        ctx.store.record_ledger(ctx.run_id, QUERY_NER_STAGE, ner_client.ledger_summary(QUERY_NER_STAGE))
     return {"hits": str(out / "hits.parquet"), "latency": str(out / "latency.parquet"),
             "qids": questions["qid"].tolist(), "load_seconds": load_s, **extra}
 

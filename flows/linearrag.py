@@ -9,7 +9,7 @@ from tasks.chunk import chunk
 from tasks.embed import embed
 from tasks.entities import entity_graph
 from tasks.linearrag_stages import LinearParams, LinearRetriever, entity_texts
-from tasks.ner import ner
+from tasks.ner import QueryRecogniser, ner
 from tasks.stage import RunContext
 from tasks.store import ArtifactRef
 
@@ -19,7 +19,7 @@ __all__ = ["LinearParams", "index", "retriever"]
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
     """Index stages of ``method=linearrag``."""
     p, documents = cfg.method, data["documents"]
-    mentions = ner.submit(ctx, documents, "doc_id", cfg.ner)
+    mentions = ner.submit(ctx, documents, "doc_id", cfg.ner, cfg.llm)
     sentences = chunk(ctx, documents, p.sentences())["chunks"]
     passage_embeddings = embed(ctx, documents, "doc_id", cfg.embedder, use_template=True)["embeddings"]
     sentence_embeddings = embed(ctx, sentences, "chunk_id", cfg.embedder)["embeddings"]
@@ -33,4 +33,5 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
 
 def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> LinearRetriever:
     """Online side of ``method=linearrag``."""
-    return LinearRetriever(data, index, cfg.method, cfg.embedder, cfg.ner)
+    return LinearRetriever(data, index, cfg.method, cfg.embedder,
+                          QueryRecogniser(cfg.ner, cfg.llm, cfg.artifacts_dir))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from tasks.chunk import chunk
 from tasks.embed import embed
 from tasks.entities import entity_graph
-from tasks.ner import ner
+from tasks.ner import QueryRecogniser, ner
 from tasks.stage import RunContext
 from tasks.store import ArtifactRef
 from tasks.zoomrag import ZoomRAGParams, ZoomRetriever, doc_doc_graph, global_block
@@ -18,7 +18,7 @@ __all__ = ["ZoomRAGParams", "index", "retriever"]
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
     """Index stages of ``method=zoomrag``."""
     p, documents = cfg.method, data["documents"]
-    mentions = ner.submit(ctx, documents, "doc_id", cfg.ner)
+    mentions = ner.submit(ctx, documents, "doc_id", cfg.ner, cfg.llm)
     chunks = chunk(ctx, documents, p.chunking())["chunks"]
     doc_embeddings = embed(ctx, documents, "doc_id", cfg.embedder, use_template=True)["embeddings"]
     chunk_embeddings = embed(ctx, chunks, "chunk_id", cfg.embedder)["embeddings"]
@@ -31,4 +31,5 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
 
 def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> ZoomRetriever:
     """Online side of ``method=zoomrag``."""
-    return ZoomRetriever(data, index, cfg.method, cfg.embedder, cfg.ner)
+    return ZoomRetriever(data, index, cfg.method, cfg.embedder,
+                          QueryRecogniser(cfg.ner, cfg.llm, cfg.artifacts_dir))

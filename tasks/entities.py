@@ -14,7 +14,7 @@ import scipy.sparse as sp
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.ner import NERParams, load_ner, normalize_entity
+from tasks.ner import normalize_entity
 from tasks.stage import RunContext, input_fps, run_stage
 from tasks.store import ArtifactRef, Store, code_version
 
@@ -56,17 +56,16 @@ _WORD = re.compile(r"\w+")
 
 
 def query_entity_links(questions: list[str], vocab_index: dict[str, int], max_words: int,
-                       ner: NERParams | None) -> list[list[int]]:
+                       question_entities: list[list[str]] | None) -> list[list[int]]:
     """Entities a question contains: word n-grams of the normalised question found in the vocabulary,
-    plus the question's own NER mentions found there (ZoomRAG's indicator 'query contains entity')."""
+    plus the question's own NER mentions (normalised strings) found there (ZoomRAG's indicator
+    'query contains entity')."""
     found: list[list[int]] = []
-    docs = load_ner(ner.model).pipe(questions) if ner is not None else [None] * len(questions)
-    for q, doc in zip(questions, docs):
+    for q, names in zip(questions, question_entities or [[]] * len(questions)):
         words = normalize_entity(q).split()
         hits = {vocab_index[g] for n in range(1, max_words + 1) for i in range(len(words) - n + 1)
                 if (g := " ".join(words[i:i + n])) in vocab_index}
-        if doc is not None:
-            hits.update(vocab_index[e] for ent in doc.ents if (e := normalize_entity(ent.text)) in vocab_index)
+        hits.update(vocab_index[e] for e in names if e in vocab_index)
         found.append(sorted(hits))
     return found
 

@@ -21,7 +21,7 @@ from tasks.chunk import ChunkParams
 from tasks.dense import load_embeddings
 from tasks.embed import EmbedderParams, encode_queries
 from tasks.entities import coo_matrix
-from tasks.ner import NERParams, is_numeric_label, load_ner, normalize_entity
+from tasks.ner import QueryRecogniser
 from tasks.retrieve import Hits
 from tasks.stage import RunContext, input_fps, run_stage
 from tasks.store import ArtifactRef, Store, code_version
@@ -61,15 +61,6 @@ def entity_texts(ctx: RunContext, entities: ArtifactRef) -> dict[str, ArtifactRe
     return run_stage(ctx, "entity_texts", code_version(entity_texts.fn), {}, input_fps(entities=entities), compute)
 
 
-def query_entity_strings(questions: list[str], ner: NERParams) -> list[list[str]]:
-    """Normalised entity strings spaCy finds in each question (same filters as the corpus NER)."""
-    out = []
-    for doc in load_ner(ner.model).pipe(questions, batch_size=max(len(questions), 1)):
-        names = (normalize_entity(e.text) for e in doc.ents if ner.keep_numeric or not is_numeric_label(e.label_))
-        out.append(list(dict.fromkeys(n for n in names if len(n) >= ner.min_chars)))
-    return out
-
-
 def _dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``a @ b.T`` on torch's thread pool, the one the encoder has just used.
 
@@ -94,8 +85,8 @@ class LinearRetriever:
     """Online LinearRAG for a batch: query NER + encoding -> eq. (3) seeds -> bridging -> eq. (7) + PPR."""
 
     def __init__(self, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], params: LinearParams,
-                 embedder: EmbedderParams, ner: NERParams) -> None:
-        self.params, self.algo, self.embedder, self.ner = params, params.retrieval(), embedder, ner
+                 embedder: EmbedderParams, recogniser: QueryRecogniser) -> None:
+        self.params, self.algo, self.embedder, self.recogniser = params, params.retrieval(), embedder, recogniser
         self.doc_ids, self.passage_emb = load_embeddings(index["passage_embeddings"], "doc_id")
         sentence_ids, self.sentence_emb = load_embeddings(index["sentence_embeddings"], "chunk_id")
         chunks = Store.read(index["sentences"], ["chunk_id"])["chunk_id"].to_numpy(dtype=object)
@@ -117,7 +108,6 @@ class LinearRetriever:
         self.graph = lr.passage_entity_graph(self.contain, self.algo.edge_weighting)
         self.walk = lr.random_walk(self.graph, self.algo.ppr_dtype)
         encode_queries(["warm-up"], embedder)
-        load_ner(ner.model)
         self.queries = self.fallbacks = self.seeds_total = self.active_total = 0
 
     def lookup(self, names: list[list[str]]) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -143,7 +133,7 @@ class LinearRetriever:
         """Top-k passages by LinearRAG's PPR importance (dense order for queries with no linked entity)."""
         n_q = len(questions)
         t0 = time.perf_counter()
-        names = query_entity_strings(questions, self.ner)
+        names = self.recogniser.names(questions)
         t1 = time.perf_counter()
         q_idx, col, unseen = self.lookup(names)
         emb = encode_queries(questions + unseen, self.embedder)  # one call: questions and unseen entity strings
@@ -191,4 +181,4 @@ class LinearRetriever:
                 "active_entities_per_query": round(self.active_total / q, 3)}
 
 
-__all__ = ["LinearParams", "LinearRetriever", "entity_texts", "query_entity_strings"]
+__all__ = ["LinearParams", "LinearRetriever", "entity_texts"]

@@ -20,7 +20,7 @@ from tasks.chunk import ChunkParams
 from tasks.dense import load_embeddings
 from tasks.embed import EmbedderParams, encode_queries
 from tasks.entities import coo_matrix, links_matrix, query_entity_links
-from tasks.ner import NERParams, load_ner
+from tasks.ner import QueryRecogniser
 from tasks.retrieve import Hits
 from tasks.stage import RunContext, input_fps, run_stage
 from tasks.store import ArtifactRef, Store, code_version
@@ -90,8 +90,8 @@ class ZoomRetriever:
     """Online ZoomRAG: query NER + encoding → DocZoom over M → ChunkZoom over the top-K documents."""
 
     def __init__(self, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], params: ZoomRAGParams,
-                 embedder: EmbedderParams, ner: NERParams) -> None:
-        self.params, self.walk, self.embedder, self.ner = params, params.walk(), embedder, ner
+                 embedder: EmbedderParams, recogniser: QueryRecogniser) -> None:
+        self.params, self.walk, self.embedder, self.recogniser = params, params.walk(), embedder, recogniser
         self.doc_ids, self.doc_emb = load_embeddings(index["doc_embeddings"], "doc_id")
         meta = Store.read(index["M_meta"]).iloc[0]
         self.n, self.m = int(meta["n_docs"]), int(meta["n_entities"])
@@ -103,7 +103,6 @@ class ZoomRetriever:
         self.max_words = int(min(params.max_entity_words, vocab["n_words"].to_numpy().max(initial=1)))
         self._load_chunks(data, index)
         encode_queries(["warm-up"], embedder)
-        load_ner(ner.model)
         self.fallbacks = 0
 
     def _load_chunks(self, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef]) -> None:
@@ -118,10 +117,14 @@ class ZoomRetriever:
         self.chunk_entity = coo_matrix(Store.read(index["chunk_entity"]), (len(chunks), self.m))
         self.doc_chunk_count = np.bincount(self.chunk_doc, minlength=self.n)
 
+    def query_links(self, questions: list[str]) -> list[list[int]]:
+        """Vocabulary entities each question contains (n-gram matches and its NER mentions)."""
+        return query_entity_links(questions, self.vocab_index, self.max_words, self.recogniser.names(questions))
+
     def search(self, questions: list[str], k: int) -> Hits:
         """Rank documents by DocZoom (ties by cosine); ChunkZoom picks each query's evidence chunks."""
         t = [time.perf_counter()]
-        links = query_entity_links(questions, self.vocab_index, self.max_words, self.ner)
+        links = self.query_links(questions)
         t.append(time.perf_counter())
         q_emb = encode_queries(questions, self.embedder)
         t.append(time.perf_counter())
@@ -164,7 +167,7 @@ class ZoomRetriever:
         """Peak bytes allocated by the DocZoom walk alone for this batch (tracemalloc), and M's size."""
         import tracemalloc
 
-        links = links_matrix(query_entity_links(questions, self.vocab_index, self.max_words, self.ner), self.m)
+        links = links_matrix(self.query_links(questions), self.m)
         query_doc = zoom.query_doc_weights(encode_queries(questions, self.embedder), self.doc_emb, self.walk.k_std,
                                            self.params.doc_block_rows)
         tracemalloc.start()

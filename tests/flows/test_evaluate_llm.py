@@ -45,3 +45,24 @@ def test_dry_run_estimates_without_calling(tmp_path):
 def test_no_llm_skips_generation(tmp_path):
     out = evaluate_flow(make_config(tmp_path, *SMALL), str(tmp_path / "r"))
     assert "em" not in out and "recall@5" in out
+
+
+def test_llm_ner_builds_the_graph_and_links_queries(tmp_path):
+    """``ner=llm``: passages and questions go through the chat model; a re-run is free."""
+    small = ["dataset=sample", "dataset.n_passages=40", "dataset.n_questions=6", "eval.generate=false"]
+    with FakeLLMServer() as server:
+        llm = ["ner=llm", "llm=local", f"llm.base_url={server.base_url}"]
+        for method in ["zoomrag", "linearrag"]:
+            out = evaluate_flow(make_config(tmp_path, f"method={method}", *small, *llm), str(tmp_path / method))
+            assert out["recall@5"] > 0
+        store = Store(tmp_path / "artifacts")
+        mentions = Store.read(store.query("SELECT path FROM stages WHERE stage = 'ner' AND name = 'mentions'")["path"][0])
+        assert len(mentions) > 0 and set(mentions["label"]) <= {"ENTITY", "CARDINAL"}  # the LLM's spans, not spaCy's
+        docs = Store.read(store.query("SELECT path FROM stages WHERE name = 'documents'")["path"][0])
+        text = dict(zip(docs["doc_id"], docs["text"]))
+        assert all(text[d][a:b] == s for d, s, a, b in mentions[["doc_id", "surface", "start", "end"]].itertuples(index=False))
+        ledger = store.query("SELECT stage, sum(llm_calls) AS calls FROM llm_ledger GROUP BY stage ORDER BY stage")
+        assert ledger.set_index("stage")["calls"].to_dict() == {"ner": 40, "query_ner": 6}  # linearrag reused both
+        served = server.requests
+        evaluate_flow(make_config(tmp_path, "method=linearrag", *small, *llm), str(tmp_path / "again"))
+        assert server.requests == served  # passages and questions both come from the response cache

@@ -455,16 +455,6 @@ def test_exact_vocabulary_strings_link_with_similarity_one() -> None:
     np.testing.assert_allclose(seeds.toarray(), [[1, 0, 1], [0, 0, 0], [near_beatrice[0, 0], 1, 0]], rtol=1e-6)
 
 
-def test_query_entity_strings_are_normalised_and_skip_numbers() -> None:
-    from tasks.linearrag_stages import query_entity_strings
-    from tasks.ner import NERParams
-
-    out = query_entity_strings(["When did the Roman Empire conquer Gaul in 52 BC?", "what is it?"], NERParams())
-    assert len(out) == 2 and out[1] == []
-    assert all(s == normalize_entity(s) and s for s in out[0])
-    assert not any(ch.isdigit() for s in out[0] for ch in s)
-
-
 def test_prebuilt_random_walk_gives_the_same_ppr() -> None:
     _, adj, rng = _random_bipartite(3)
     reset = rng.random((3, adj.shape[0]))
