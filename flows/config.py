@@ -49,7 +49,7 @@ class EvalParams:
     context_passages: int = 5      # top passages given to the reader (methods with evidence chunks give those)
     max_context_tokens: int = 2000
     llm_judge: bool = False        # also score answers with the LLM as judge (GPT-Acc style)
-    llm_dry_run: bool = False      # only estimate the LLM calls/tokens generation would spend
+    llm_dry_run: bool = False      # only estimate the LLM calls/tokens of the index's LLM stage, else of generation
 
 
 @dataclass(frozen=True)

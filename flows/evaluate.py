@@ -19,9 +19,10 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.config import Config, load_config
 from flows.methods import METHODS
-from flows.pipeline import build_index, format_table, run_command, stage_counts, stage_split, start_run, write_json
+from flows.pipeline import (build_index, dry_run_stop, format_table, run_command, stage_counts, stage_split, start_run,
+                            write_json)
 from tasks.generate import build_reader_messages, contexts_for, generate
-from tasks.llm import make_client
+from tasks.llm import LLMDryRun, make_client
 from tasks.llm_ner import QUERY_NER_STAGE
 from tasks.metrics import latency_summary, recall_at_k, recall_by_type
 from tasks.retrieve import retrieve_all
@@ -62,7 +63,10 @@ def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
     """One evaluation run: ingest → method index → batched retrieval → recall@k and latency."""
     conf = load_config(cfg)
     ctx, manifest = start_run(conf, "evaluate")
-    data, index, index_seconds = build_index(ctx, conf)
+    try:
+        data, index, index_seconds = build_index(ctx, conf)
+    except LLMDryRun as stop:  # an LLM index stage estimated its cost; retrieval needs the index
+        return dry_run_stop(ctx, conf, stop)
     result = retrieve(ctx, conf, data, index, run_dir)
     hits, latency = Store.read(result["hits"]), Store.read(result["latency"])
     gold = Store.read(data["gold"])

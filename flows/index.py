@@ -14,7 +14,9 @@ from omegaconf import DictConfig
 from prefect import flow
 
 from flows.config import load_config
-from flows.pipeline import build_index, format_table, run_command, stage_counts, stage_split, start_run
+from flows.pipeline import (build_index, dry_run_stop, format_table, run_command, stage_counts, stage_split,
+                            start_run)
+from tasks.llm import LLMDryRun
 
 
 @flow(name="index")
@@ -22,7 +24,10 @@ def index_flow(cfg: dict) -> dict[str, Any]:
     """Ingest + the method's index stages."""
     conf = load_config(cfg)
     ctx, _ = start_run(conf, "index")
-    data, index, seconds = build_index(ctx, conf)
+    try:
+        data, index, seconds = build_index(ctx, conf)
+    except LLMDryRun as stop:
+        return dry_run_stop(ctx, conf, stop)
     split = stage_split(ctx.store, ctx.run_id)
     print(format_table(split.to_dict("records"), ["stage", "status", "rows", "rows_computed", "seconds",
                                                   "peak_rss_mb"]), flush=True)

@@ -15,6 +15,7 @@ import pandas as pd
 from flows.config import Config
 from flows.methods import METHODS
 from tasks.ingest import content_hash, dataset_label, ingest, raw_sources
+from tasks.llm import LLMDryRun
 from tasks.stage import RunContext
 from tasks.store import ArtifactRef, Store
 
@@ -59,7 +60,8 @@ def versions() -> dict[str, str]:
 
 def start_run(conf: Config, command: str) -> tuple[RunContext, dict[str, Any]]:
     """Create the run context and record the run manifest in the catalog."""
-    ctx = RunContext(str(Path(conf.artifacts_dir).resolve()), dataset_label(conf.dataset), run_id())
+    ctx = RunContext(str(Path(conf.artifacts_dir).resolve()), dataset_label(conf.dataset), run_id(),
+                     llm_dry_run=conf.eval.llm_dry_run)
     files, qpath = raw_sources(conf.dataset, conf.data_dir)
     manifest = {
         "command": command, "run_id": ctx.run_id, "git_sha": git_sha(), "dataset": ctx.dataset,
@@ -78,6 +80,15 @@ def build_index(ctx: RunContext, conf: Config) -> tuple[dict[str, ArtifactRef], 
     data = ingest(ctx, conf.dataset, conf.data_dir)
     index = METHODS[conf.method.name].index(ctx, data, conf)
     return data, index, time.perf_counter() - t0
+
+
+def dry_run_stop(ctx: RunContext, conf: Config, stop: LLMDryRun) -> dict[str, Any]:
+    """The result of a run stopped by ``eval.llm_dry_run`` at its first LLM index stage."""
+    log.info("llm dry run: index stage %s would make %s LLM calls (~%s prompt, <= %s completion tokens); "
+             "nothing was sent, that stage wrote nothing, and the run stops there",
+             stop.stage, stop.estimate["calls"], stop.estimate["prompt_tokens"], stop.estimate["completion_tokens"])
+    return {"method": conf.method.name, "dataset": ctx.dataset, "llm_dry_run": {stop.stage: stop.estimate},
+            "stopped_at": stop.stage, "run_id": ctx.run_id}
 
 
 def stage_split(store: Store, run_id: str) -> pd.DataFrame:

@@ -22,9 +22,10 @@ from prefect import flow
 from flows import erarag
 from flows.config import load_config
 from flows.methods import METHODS
-from flows.pipeline import format_table, run_command, stage_counts, stage_split, start_run
+from flows.pipeline import dry_run_stop, format_table, run_command, stage_counts, stage_split, start_run
 from tasks.erarag_stages import update_summary
 from tasks.ingest import ingest
+from tasks.llm import LLMDryRun
 from tasks.store import ArtifactRef, Store
 
 # methods whose update differs from their index DAG: name -> (update DAG, summary of what it did)
@@ -58,7 +59,10 @@ def update_flow(cfg: dict) -> dict[str, Any]:
     t0 = time.perf_counter()
     data = ingest(ctx, conf.dataset, conf.data_dir)
     dag, summarise = UPDATES.get(name, (METHODS[name].index, None))
-    index = dag(ctx, data, conf)
+    try:
+        index = dag(ctx, data, conf)
+    except LLMDryRun as stop:
+        return dry_run_stop(ctx, conf, stop)
     seconds = time.perf_counter() - t0
     split = stage_split(ctx.store, ctx.run_id)
     print(format_table(split.to_dict("records"), ["stage", "status", "rows", "rows_computed", "seconds",

@@ -40,7 +40,7 @@ from tasks import erarag
 from tasks.chunk import ChunkParams
 from tasks.dense import load_embeddings
 from tasks.embed import EmbedderParams, encode, encode_queries
-from tasks.llm import LLMParams, check_empty_fraction, make_client
+from tasks.llm import LLMDryRun, LLMParams, check_empty_fraction, make_client
 from tasks.metrics import recall_at_k
 from tasks.retrieve import Hits
 from tasks.stage import RunContext, input_fps, run_stage
@@ -187,6 +187,22 @@ def make_summariser(kind: str, params: EraParams, embedder: EmbedderParams, clie
     return summarise
 
 
+def dry_run_summariser(params: EraParams, embedder: EmbedderParams, client: Any,
+                       store: Store) -> tuple[erarag.Summarise, dict[str, int]]:
+    """A ``Summarise`` that adds what the LLM's summaries would cost to the returned (growing) estimate
+    and answers with extractive summaries of the same budget, so upper layers can be estimated too
+    (their prompts then quote stand-ins, so their cache hits are not counted)."""
+    stand_in = make_summariser("extractive", params, embedder, None, store)
+    total = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
+
+    def summarise(requests: list[erarag.SummaryRequest]) -> tuple[list[str], np.ndarray]:
+        msgs = [summary_messages(r.child_texts, params.summary_tokens) for r in requests]
+        for k, v in client.dry_run_estimate(msgs, 2 * params.summary_tokens, max_tokens=2 * params.summary_tokens).items():
+            total[k] += v
+        return stand_in(requests)
+    return summarise, total
+
+
 # ---------------------------------------------------------------- hierarchy artifact
 
 
@@ -277,6 +293,9 @@ def _compute_hierarchy(ctx: RunContext, leaves: ArtifactRef, leaf_embeddings: Ar
     P = load_planes(planes)
     client = make_client(llm, Path(ctx.artifacts_dir) / "llm_cache.duckdb") if kind == "llm" else None
     summarise = make_summariser(kind, params, embedder, client, store)
+    estimate: dict[str, int] | None = None
+    if client is not None and ctx.llm_dry_run:  # count the LLM's summaries, build with extractive stand-ins
+        summarise, estimate = dry_run_summariser(params, embedder, client, store)
     meta: dict[str, Any] = {"summariser": kind, "mode": "build", "base_fp": None, "planes_fp": planes.fp}
     if base is None:
         h, report = erarag.build(ids, emb, summarise, P, params, texts)
@@ -294,6 +313,8 @@ def _compute_hierarchy(ctx: RunContext, leaves: ArtifactRef, leaf_embeddings: Ar
                                           [t for t, a in zip(texts, add) if a])
         meta.update(mode="update", base_fp=base.fp, added_leaves=int(add.sum()), removed_leaves=len(removed),
                     added_docs=len(new_docs - old_docs), removed_docs=len(old_docs - new_docs))
+    if estimate is not None:
+        raise LLMDryRun(SUMMARY_STAGE, estimate)
     if client is not None:
         ledger = client.ledger_summary(SUMMARY_STAGE)
         store.record_ledger(ctx.run_id, SUMMARY_STAGE, ledger)

@@ -81,6 +81,18 @@ class ExtractionMostlyEmpty(LLMError):
     """Too many outputs of an extraction stage were empty or invalid."""
 
 
+class LLMDryRun(Exception):
+    """Raised by an index stage in dry-run mode instead of calling the LLM: what it would spend.
+
+    Nothing is written for that stage (the exception leaves ``compute`` before any write); the
+    flow catches it, reports ``estimate`` and stops.
+    """
+
+    def __init__(self, stage: str, estimate: dict[str, int]) -> None:
+        super().__init__(f"LLM dry run: stage {stage!r} would make {estimate}")
+        self.stage, self.estimate = stage, estimate
+
+
 # --------------------------------------------------------------------------
 # Config and results
 # --------------------------------------------------------------------------

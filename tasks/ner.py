@@ -166,6 +166,11 @@ def ner(ctx: RunContext, table: ArtifactRef, id_col: str, params: NERParams,
     def spans_of(texts: list[str]) -> pd.DataFrame:
         if client is None:
             return recognise(texts, params)
+        if ctx.llm_dry_run:
+            from tasks.llm import LLMDryRun
+
+            msgs = [llm_ner.ner_messages(t, params.keep_numeric) for t in texts]
+            raise LLMDryRun(llm_ner.NER_STAGE, client.dry_run_estimate(msgs, llm.max_tokens))
         return llm_ner.llm_recognise(client, texts, params.keep_numeric, params.max_empty_fraction).spans
 
     def compute_rows(missing: list[str]) -> pa.Table:

@@ -66,3 +66,22 @@ def test_llm_ner_builds_the_graph_and_links_queries(tmp_path):
         served = server.requests
         evaluate_flow(make_config(tmp_path, "method=linearrag", *small, *llm), str(tmp_path / "again"))
         assert server.requests == served  # passages and questions both come from the response cache
+
+
+def test_index_dry_run_estimates_the_llm_stage_and_writes_nothing(tmp_path):
+    """``eval.llm_dry_run``: the first LLM index stage reports its calls and tokens, sends nothing,
+    writes nothing; the LLM-free stages before it are built (and cached) as usual."""
+    small = ["dataset=sample", "dataset.n_passages=40", "dataset.n_questions=6", "eval.llm_dry_run=true"]
+    with FakeLLMServer() as server:
+        llm = ["llm=local", f"llm.base_url={server.base_url}"]
+        ner = evaluate_flow(make_config(tmp_path, "method=zoomrag", "ner=llm", *small, *llm), str(tmp_path / "a"))
+        era = evaluate_flow(make_config(tmp_path, "method=erarag", "method.summariser=llm", *small, *llm),
+                            str(tmp_path / "b"))
+        assert server.requests == 0
+    assert ner["stopped_at"] == "ner" and ner["llm_dry_run"]["ner"]["calls"] == 40
+    assert ner["llm_dry_run"]["ner"]["prompt_tokens"] > 40 * 50  # the instructions alone are ~50 tokens
+    est = era["llm_dry_run"][era["stopped_at"]]
+    assert est["calls"] > 0 and est["completion_tokens"] > 0
+    stages = set(Store(tmp_path / "artifacts").query("SELECT stage FROM stages")["stage"])
+    assert "ner" not in stages and "erarag_hierarchy" not in stages
+    assert {"chunk", "embed"} <= stages  # built before the LLM stage, no tokens needed
