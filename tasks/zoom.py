@@ -66,7 +66,8 @@ class ZoomParams:
     fine_stage: bool = True
     closed_form: bool = True
     coupled: bool = False
-    batch_size: int = 256
+    batch_size: int = 64  # queries advanced together per walk: the state memory bound (q x (N+1) floats)
+    walk_dtype: str = "float64"
     chunk_iterations: int = 50
 
 
@@ -207,34 +208,45 @@ def query_links(
 # ---------------------------------------------------------------- DocZoom walks
 
 
-def decoupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int = 5) -> np.ndarray:
+def decoupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int = 5,
+                   dtype: str | type = np.float64, out: np.ndarray | None = None) -> np.ndarray:
     """Algorithm-parallel restarted walk, ZoomRAG eqs. (3), (7)-(9): exact per-query walks on A_i.
 
     M is shared; each query keeps only its (N+1) state.  The column sum of node j in
     query i's graph is c_j + H_ij (eq. 7 denominator): c_j is shared, the H_ij term is a
-    sparse patch at H's non-zeros.  Returns (q, 1+N): [query node, docs, entities].
+    sparse patch at H's non-zeros.  Returns (q, 1+N): [query node, docs, entities], written
+    into ``out`` when given. ``dtype`` is the state's float type (M is used as is when it
+    already has it); at most two (N x q) state buffers are alive at once.
     """
-    M, H = sp.csr_array(M, dtype=np.float64), sp.csr_array(H, dtype=np.float64)
+    dtype = np.dtype(dtype)
+    M = M if isinstance(M, sp.csr_array) and M.dtype == dtype else sp.csr_array(M, dtype=dtype)
+    H = sp.csr_array(H, dtype=np.float64)
     H.sum_duplicates()
     H.eliminate_zeros()
     q, N = H.shape
-    col_sum = np.asarray(M.sum(axis=0)).ravel()
-    inv_col = np.divide(1.0, col_sum, out=np.zeros(N), where=col_sum > 0)
+    col_sum = np.asarray(M.sum(axis=0), dtype=np.float64).ravel()
+    inv_col = np.divide(1.0, col_sum, out=np.zeros(N), where=col_sum > 0).astype(dtype)
     hc = H.tocoo()
     qi, jj, hv = hc.row, hc.col, hc.data
-    inv_patch = 1.0 / (col_sum[jj] + hv)
-    h_tilde = hv / np.asarray(H.sum(axis=1)).ravel()[qi]  # query column of A_i, normalised (eq. 9 H~)
-    r_q, X = np.ones(q), np.zeros((N, q))  # r(0) = one-hot on the query node; X columns = queries
-    Z = np.empty_like(X)  # reused each step: the per-query state is X and Z only (+ M @ Z)
+    inv_patch = (1.0 / (col_sum[jj] + hv)).astype(dtype)
+    h_tilde = (hv / np.asarray(H.sum(axis=1)).ravel()[qi]).astype(dtype)  # query column of A_i (eq. 9 H~)
+    hv = hv.astype(dtype)
+    r_q, X = np.ones(q, dtype), np.zeros((N, q), dtype)  # r(0) = one-hot on the query node; X columns = queries
+    Z = np.empty_like(X)  # reused each step: the per-query state is X and Z only
     for _ in range(steps):
         np.multiply(X, inv_col[:, None], out=Z)  # z_ij of eq. (7), laid out (N x q)
         Z[jj, qi] = X[jj, qi] * inv_patch
         to_query = np.bincount(qi, weights=hv * Z[jj, qi], minlength=q)
+        del X  # M @ Z allocates the next state: free this one first
         X = M @ Z
         X[jj, qi] += h_tilde * r_q[qi]
-        r_q = (1.0 - alpha) * to_query + alpha
-        X *= 1.0 - alpha
-    return np.hstack([r_q[:, None], X.T])
+        r_q = ((1.0 - alpha) * to_query + alpha).astype(dtype)
+        X *= dtype.type(1.0 - alpha)
+    del Z
+    out = np.empty((q, 1 + N), dtype) if out is None else out
+    out[:, 0] = r_q
+    out[:, 1:] = X.T
+    return out
 
 
 def coupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int = 5) -> np.ndarray:
@@ -261,8 +273,9 @@ def doc_zoom(
 ) -> np.ndarray:
     """DocZoom scores (q, 1+n+m) for [query, docs, entities], ZoomRAG eqs. (3), (6)-(9).
 
-    Queries run batch_size at a time; the decoupled walk makes batching invisible.
-    params.coupled switches to the App. H joint-graph walk (interference within a batch).
+    The decoupled walk advances batch_size queries at a time (exact per-query walks, so batching
+    is invisible and only bounds the state memory). params.coupled switches to the App. H
+    joint-graph walk over the whole batch given (interference within it).
     """
     H, _ = query_links(
         query_doc,
@@ -271,12 +284,12 @@ def doc_zoom(
         use_query_entity=params.use_query_entity,
         rescale=params.rescale,
     )
-    walk = coupled_walk if params.coupled else decoupled_walk
-    if H.shape[0] <= params.batch_size:
-        return walk(M, H, params.alpha, params.steps)
-    out = np.empty((H.shape[0], 1 + H.shape[1]))
+    if params.coupled:
+        return coupled_walk(M, H, params.alpha, params.steps)  # one joint graph: the batch is the point
+    out = np.empty((H.shape[0], 1 + H.shape[1]), params.walk_dtype)
     for start in range(0, H.shape[0], params.batch_size):
-        out[start : start + params.batch_size] = walk(M, H[start : start + params.batch_size], params.alpha, params.steps)
+        stop = start + params.batch_size
+        decoupled_walk(M, H[start:stop], params.alpha, params.steps, params.walk_dtype, out[start:stop])
     return out
 
 

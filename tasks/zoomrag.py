@@ -96,7 +96,8 @@ class ZoomRetriever:
         meta = Store.read(index["M_meta"]).iloc[0]
         self.n, self.m = int(meta["n_docs"]), int(meta["n_entities"])
         self.scales = json.loads(meta["scales"])
-        self.M = coo_matrix(Store.read(index["M"]), (self.n + self.m, self.n + self.m))
+        M = coo_matrix(Store.read(index["M"]), (self.n + self.m, self.n + self.m))
+        self.M = M if M.dtype == np.dtype(params.walk_dtype) else sp.csr_array(M, dtype=params.walk_dtype)
         vocab = Store.read(index["entities"])
         self.entity_names = vocab["entity"].to_numpy()
         self.vocab_index = dict(zip(vocab["entity"], vocab["entity_idx"]))

@@ -188,6 +188,17 @@ def test_decoupled_batched_walk_equals_independent_explicit_walks(seed, steps):
     assert np.abs(got - ref).max() < 1e-6
 
 
+@pytest.mark.parametrize("batch_size", [1, 4, 64])
+def test_float32_walk_matches_float64_at_any_walk_batch(batch_size):
+    dd, de, qd, qe = random_problem(3, q=9)
+    M, _ = global_block(dd, de)
+    ref = doc_zoom(M, qd, qe, ZoomParams(batch_size=100))
+    got = doc_zoom(M, qd, qe, ZoomParams(batch_size=batch_size, walk_dtype="float32"))
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, atol=1e-6)
+    np.testing.assert_allclose(got.sum(axis=1), 1.0, atol=1e-5)  # the walk keeps its unit mass
+
+
 def test_coupled_walk_differs_from_decoupled():
     dd, de, qd, qe = random_problem(6, q=8)
     M, _ = global_block(dd, de)
