@@ -67,7 +67,7 @@ class ZoomParams:
     closed_form: bool = True
     coupled: bool = False
     batch_size: int = 64  # queries advanced together per walk: the state memory bound (q x (N+1) floats)
-    walk_dtype: str = "float64"
+    walk_dtype: str = "float32"
     chunk_iterations: int = 50
 
 

@@ -223,12 +223,15 @@ def test_coupled_walk_differs_from_decoupled():
 def test_doc_zoom_scores_nonnegative_and_sum_to_one(seed, alpha, steps, rescale):
     dd, de, qd, qe = random_problem(seed, connected=True)
     M, _ = global_block(dd, de, rescale=rescale)
-    scores = doc_zoom(M, qd, qe, ZoomParams(alpha=alpha, steps=steps, rescale=rescale))
+    exact = ZoomParams(alpha=alpha, steps=steps, rescale=rescale, walk_dtype="float64")
+    scores = doc_zoom(M, qd, qe, exact)
     assert scores.min() >= 0
     assert np.allclose(scores.sum(axis=1), 1.0, atol=1e-12)
+    single = doc_zoom(M, qd, qe, replace(exact, walk_dtype="float32"))  # the default state type
+    assert single.min() >= 0 and np.allclose(single.sum(axis=1), 1.0, atol=1e-5)
     # with dangling nodes mass can only leak, never appear
     dd, de, qd, qe = random_problem(seed, connected=False)
-    scores = doc_zoom(global_block(dd, de)[0], qd, qe, ZoomParams(alpha=alpha, steps=steps))
+    scores = doc_zoom(global_block(dd, de)[0], qd, qe, replace(exact, rescale="nonzero_mean"))
     assert scores.min() >= 0 and scores.sum(axis=1).max() <= 1.0 + 1e-12
 
 
