@@ -104,7 +104,8 @@ def load_onnx_encoder(model: str, max_seq_length: int, threads: int) -> OnnxEnco
     opts.inter_op_num_threads = 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     session = ort.InferenceSession(blob, opts, providers=["CPUExecutionProvider"])
-    out = OnnxEncoder(session, enc.tokenizer, names, enc.max_seq_length, enc.get_sentence_embedding_dimension())
+    out = OnnxEncoder(session, enc.tokenizer, names, enc.max_seq_length,
+                      getattr(enc, "get_embedding_dimension", enc.get_sentence_embedding_dimension)())
     eager = enc.encode(PROBE, normalize_embeddings=True, convert_to_numpy=True)
     diff = float(np.abs(out.encode(PROBE, 2) - eager).max())
     if diff > MAX_ABS_DIFF:
