@@ -103,6 +103,9 @@ def load_config(cfg: Mapping[str, Any]) -> Config:
     name = cfg["method"].get("name")
     if name not in METHODS:
         raise ConfigError(f"method.name must be one of {sorted(METHODS)}, got {name!r}")
+    if cfg["ner"].get("backend") == "llm" and cfg["llm"].get("provider") == "none":
+        raise ConfigError("ner=llm extracts entities with the chat model: add llm=local llm.base_url=... "
+                          "or llm=openai, or use ner=spacy")
     return Config(
         dataset=build(DATASET_KINDS[kind], "dataset", cfg["dataset"]),
         method=build(METHODS[name].params, "method", cfg["method"]),

@@ -86,3 +86,9 @@ def test_load_config_rejects_bad_groups():
     bad["runner"]["extra"] = 3
     with pytest.raises(ConfigError, match="runner"):
         load_config(bad)
+
+
+def test_llm_ner_without_an_llm_fails_before_any_stage_runs():
+    with pytest.raises(ConfigError, match="ner=llm .*llm=local"):
+        load_config(_compose(["ner=llm"]))
+    assert load_config(_compose(["ner=llm", "llm=local"])).ner.backend == "llm"
