@@ -89,10 +89,22 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON-serialisable in a fingerprint: {type(obj).__name__}")
 
 
+_LOADED_AT = time.time()  # the source files hashed below must not have changed since the code was imported
+
+
 def code_version(*modules: ModuleType | Callable) -> str:
-    """Hash of the source of the given modules/functions (editing an algorithm invalidates its stage)."""
+    """Hash of the source of the given modules/functions (editing an algorithm invalidates its stage).
+
+    The source is read from disk, so a file edited while a run is in progress would be hashed
+    as the new text (and, for a function, at its old line numbers) although the old code is
+    what runs: the run would store results under a wrong code version. That is refused.
+    """
     h = hashlib.sha256()
     for m in modules:
+        path = inspect.getsourcefile(m)
+        if path and os.path.getmtime(path) > _LOADED_AT:
+            raise StoreError(f"{path} changed on disk after this process imported it; its code version "
+                             f"cannot be trusted. Re-run the command so it loads the current code.")
         h.update(inspect.getsource(m).encode())
     return h.hexdigest()[:16]
 

@@ -305,3 +305,18 @@ def test_two_processes_share_one_catalog(tmp_path):
     per_run = store.query("SELECT run_id, count(*) AS n FROM stages GROUP BY run_id ORDER BY run_id")
     assert per_run.values.tolist() == [["p1", 20], ["p2", 20]]
     assert store.query('SELECT count(*) AS n FROM "out"')["n"].iloc[0] == 1  # the view is readable
+
+
+def test_code_version_refuses_a_source_file_edited_after_import(tmp_path, monkeypatch):
+    import importlib
+
+    (tmp_path / "algo_mod.py").write_text("def f(x):\n    return x + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("algo_mod")
+    before = time.time() - 60
+    os.utime(tmp_path / "algo_mod.py", (before, before))
+    assert len(code_version(mod.f)) == 16  # unchanged since import: fine
+    later = time.time() + 60  # edited while the run is in progress
+    os.utime(tmp_path / "algo_mod.py", (later, later))
+    with pytest.raises(StoreError, match="changed on disk"):
+        code_version(mod.f)
