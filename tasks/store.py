@@ -101,7 +101,7 @@ def code_version(*modules: ModuleType | Callable) -> str:
     """
     h = hashlib.sha256()
     for m in modules:
-        path = inspect.getsourcefile(m)
+        path = inspect.getsourcefile(inspect.unwrap(m))  # through functools wrappers (lru_cache)
         if path and os.path.getmtime(path) > _LOADED_AT:
             raise StoreError(f"{path} changed on disk after this process imported it; its code version "
                              f"cannot be trusted. Re-run the command so it loads the current code.")

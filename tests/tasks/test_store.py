@@ -310,7 +310,7 @@ def test_two_processes_share_one_catalog(tmp_path):
 def test_code_version_refuses_a_source_file_edited_after_import(tmp_path, monkeypatch):
     import importlib
 
-    (tmp_path / "algo_mod.py").write_text("def f(x):\n    return x + 1\n")
+    (tmp_path / "algo_mod.py").write_text("import functools\n\n\n@functools.lru_cache\ndef f(x):\n    return x + 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     mod = importlib.import_module("algo_mod")
     before = time.time() - 60
