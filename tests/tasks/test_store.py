@@ -313,7 +313,9 @@ def test_code_version_refuses_a_source_file_edited_after_import(tmp_path, monkey
     (tmp_path / "algo_mod.py").write_text("import functools\n\n\n@functools.lru_cache\ndef f(x):\n    return x + 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     mod = importlib.import_module("algo_mod")
-    before = time.time() - 60
+    import tasks.store
+
+    before = tasks.store._LOADED_AT - 60  # written before this process imported its code
     os.utime(tmp_path / "algo_mod.py", (before, before))
     assert len(code_version(mod.f)) == 16  # unchanged since import: fine
     later = time.time() + 60  # edited while the run is in progress
