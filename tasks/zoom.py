@@ -131,13 +131,6 @@ def doc_doc_block(doc_emb: np.ndarray, k_std: float = 3.0, block_rows: int = 102
     return exp_cos_sparsified(doc_emb, doc_emb, k_std, block_rows, skip_diagonal=True)
 
 
-def query_doc_weights(
-    query_emb: np.ndarray, doc_emb: np.ndarray, k_std: float = 3.0, block_rows: int = 1024
-) -> sp.csr_array:
-    """A_doc->qry(i, q) = exp(cos(q, p_i)), sparsified per query row (ZoomRAG eq. 2); (q x n)."""
-    return exp_cos_sparsified(query_emb, doc_emb, k_std, block_rows, skip_diagonal=False)
-
-
 # ---------------------------------------------------------------- global graph
 
 

@@ -96,8 +96,8 @@ class ZoomRetriever:
         meta = Store.read(index["M_meta"]).iloc[0]
         self.n, self.m = int(meta["n_docs"]), int(meta["n_entities"])
         self.scales = json.loads(meta["scales"])
-        M = coo_matrix(Store.read(index["M"]), (self.n + self.m, self.n + self.m))
-        self.M = M if M.dtype == np.dtype(params.walk_dtype) else sp.csr_array(M, dtype=params.walk_dtype)
+        self.M = coo_matrix(Store.read(index["M"]), (self.n + self.m, self.n + self.m)).astype(params.walk_dtype,
+                                                                                                copy=False)
         vocab = Store.read(index["entities"])
         self.entity_names = vocab["entity"].to_numpy()
         self.vocab_index = dict(zip(vocab["entity"], vocab["entity_idx"]))
@@ -122,6 +122,11 @@ class ZoomRetriever:
         """Vocabulary entities each question contains (n-gram matches and its NER mentions)."""
         return query_entity_links(questions, self.vocab_index, self.max_words, self.recogniser.names(questions))
 
+    def query_doc(self, q_emb: np.ndarray) -> tuple[np.ndarray, sp.csr_array]:
+        """(q x n) cosines (the tie-break) and A_doc->qry = exp(cos) kept above mean + k_std·std (eq. 2)."""
+        cos = q_emb @ self.doc_emb.T
+        return cos, zoom.sparsify_mean_std(np.exp(cos), self.walk.k_std)
+
     def search(self, questions: list[str], k: int) -> Hits:
         """Rank documents by DocZoom (ties by cosine); ChunkZoom picks each query's evidence chunks."""
         t = [time.perf_counter()]
@@ -129,8 +134,7 @@ class ZoomRetriever:
         t.append(time.perf_counter())
         q_emb = encode_queries(questions, self.embedder)
         t.append(time.perf_counter())
-        cos = q_emb @ self.doc_emb.T  # (q x n): the tie-break, and exp(cos) is A_doc->qry (eq. 2)
-        query_doc = zoom.sparsify_mean_std(np.exp(cos), self.walk.k_std)
+        cos, query_doc = self.query_doc(q_emb)
         scores = zoom.doc_zoom(self.M, query_doc, links_matrix(links, self.m), self.walk)
         ranked = zoom.top_docs(scores, self.n, max(k, self.walk.top_k_docs), tie_break=cos)
         t.append(time.perf_counter())
@@ -169,8 +173,7 @@ class ZoomRetriever:
         import tracemalloc
 
         links = links_matrix(self.query_links(questions), self.m)
-        query_doc = zoom.query_doc_weights(encode_queries(questions, self.embedder), self.doc_emb, self.walk.k_std,
-                                           self.params.doc_block_rows)
+        _, query_doc = self.query_doc(encode_queries(questions, self.embedder))
         tracemalloc.start()
         zoom.doc_zoom(self.M, query_doc, links, self.walk)
         peak = tracemalloc.get_traced_memory()[1]

@@ -35,7 +35,7 @@ def test_zoomrag_trace_keeps_evidence_chunks(tmp_path):
 def test_ablation_switches_change_results(tmp_path):
     base = ["method=zoomrag", "dataset.n_passages=80", "dataset.n_questions=16", "method.fine_stage=false"]
     full = evaluate_flow(make_config(tmp_path, *base), str(tmp_path / "a"))
-    t1 = evaluate_flow(make_config(tmp_path, *base, "method.steps=1"), str(tmp_path / "b"))
+    evaluate_flow(make_config(tmp_path, *base, "method.steps=1"), str(tmp_path / "b"))
     dense = evaluate_flow(make_config(tmp_path, "method=dense", *base[1:3]), str(tmp_path / "c"))
     # T = 1: the walk has not left the query's direct links yet, so the ranking is dense's
     assert pd.read_parquet(tmp_path / "b" / "hits.parquet")["doc_id"].tolist() == \

@@ -24,11 +24,11 @@ from tasks.zoom import (
     doc_doc_block,
     doc_zoom,
     doc_zoom_coupled,
+    exp_cos_sparsified,
     gather_chunks,
     global_block,
     keep_top_chunks,
     mean_std_mask,
-    query_doc_weights,
     query_links,
     sparsify_mean_std,
     top_docs,
@@ -124,12 +124,14 @@ def test_doc_doc_block_blocked_equals_dense(block_rows):
 
 
 def test_query_doc_weights_equals_dense():
+    """A_doc->qry both ways: blocked rows without the diagonal rule, and the retriever's one-shot form."""
     rng = np.random.default_rng(2)
     docs, queries = unit_rows(rng, 300, 16), unit_rows(rng, 9, 16)
     ref = dense_reference_sparsify(np.exp(queries @ docs.T), 3.0, skip_diagonal=False)
-    got = query_doc_weights(queries, docs, k_std=3.0, block_rows=4)
-    assert np.array_equal(got.toarray() != 0, ref != 0)
-    assert np.abs(got.toarray() - ref).max() < 1e-6
+    for got in (exp_cos_sparsified(queries, docs, 3.0, 4, skip_diagonal=False),
+                sparsify_mean_std(np.exp(queries @ docs.T), 3.0)):
+        assert np.array_equal(got.toarray() != 0, ref != 0)
+        assert np.abs(got.toarray() - ref).max() < 1e-6
 
 
 @pytest.mark.parametrize("rescale", ["nonzero_mean", "all_mean"])
@@ -256,7 +258,7 @@ def test_one_step_ranks_docs_as_dense_retrieval():
     de = sp.csr_array((rng.random((400, 50)) < 0.05).astype(float))
     qe = sp.csr_array((rng.random((6, 50)) < 0.1).astype(float))
     M, _ = global_block(doc_doc_block(docs), de)
-    qd = query_doc_weights(queries, docs)
+    qd = sparsify_mean_std(np.exp(queries @ docs.T), 3.0)
     params = ZoomParams(steps=1)
     scores = doc_zoom(M, qd, qe, params)
     H, _ = query_links(qd, qe)
