@@ -19,8 +19,8 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.config import Config, load_config
 from flows.methods import METHODS
-from flows.pipeline import (build_index, dry_run_stop, format_table, run_command, stage_counts, stage_split, start_run,
-                            write_json)
+from flows.pipeline import (build_index, dry_run_stop, format_table, run_command, stage_counts, stage_split,
+                            stage_table, start_run, write_json)
 from tasks.generate import build_reader_messages, contexts_for, generate
 from tasks.llm import LLMDryRun, make_client
 from tasks.llm_ner import QUERY_NER_STAGE
@@ -123,8 +123,7 @@ def answer(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], hits: pd
 def report(metrics: dict[str, Any], split: pd.DataFrame) -> None:
     """Print the readable tables, then the machine-readable last line."""
     print("\nindex stages (this run)")
-    print(format_table(split.to_dict("records"), ["stage", "status", "rows", "rows_computed", "seconds",
-                                                  "peak_rss_mb"]))
+    print(stage_table(split))
     keys = [k for k in metrics if k.startswith("recall@")] + ["query_ms_mean", "query_ms_p50", "query_ms_p95",
                                                               "index_seconds"]
     keys += [k for k in ["em", "f1", "contain_acc", "llm_acc", "prompt_tokens", "completion_tokens"] if k in metrics]

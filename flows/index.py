@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from prefect import flow
 
 from flows.config import load_config
-from flows.pipeline import (build_index, dry_run_stop, format_table, run_command, stage_counts, stage_split,
+from flows.pipeline import (build_index, dry_run_stop, run_command, stage_counts, stage_split, stage_table,
                             start_run)
 from tasks.llm import LLMDryRun
 
@@ -29,8 +29,7 @@ def index_flow(cfg: dict) -> dict[str, Any]:
     except LLMDryRun as stop:
         return dry_run_stop(ctx, conf, stop)
     split = stage_split(ctx.store, ctx.run_id)
-    print(format_table(split.to_dict("records"), ["stage", "status", "rows", "rows_computed", "seconds",
-                                                  "peak_rss_mb"]), flush=True)
+    print(stage_table(split), flush=True)
     summary = {"method": conf.method.name, "dataset": ctx.dataset, "n_documents": data["documents"].rows,
                "index_seconds": round(seconds, 3), **stage_counts(split),
                "artifacts": {k: v.path for k, v in index.items()}, "run_id": ctx.run_id}

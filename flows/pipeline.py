@@ -97,6 +97,11 @@ def stage_split(store: Store, run_id: str) -> pd.DataFrame:
     return ev[["stage", "status", "rows", "rows_computed", "seconds", "peak_rss_mb"]]
 
 
+def stage_table(split: pd.DataFrame) -> str:
+    """:func:`stage_split` as the readable table every command prints."""
+    return format_table(split.to_dict("records"), list(split.columns))
+
+
 def stage_counts(split: pd.DataFrame) -> dict[str, Any]:
     """How many index stages ran (not cached) and the rows each stage computed, for a summary line."""
     return {"stages_computed": int((split["status"] == "computed").sum()),

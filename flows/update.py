@@ -22,7 +22,8 @@ from prefect import flow
 from flows import erarag
 from flows.config import load_config
 from flows.methods import METHODS
-from flows.pipeline import dry_run_stop, format_table, run_command, stage_counts, stage_split, start_run
+from flows.pipeline import (dry_run_stop, format_table, run_command, stage_counts, stage_split, stage_table,
+                            start_run)
 from tasks.erarag_stages import update_summary
 from tasks.ingest import ingest
 from tasks.llm import LLMDryRun
@@ -65,8 +66,7 @@ def update_flow(cfg: dict) -> dict[str, Any]:
         return dry_run_stop(ctx, conf, stop)
     seconds = time.perf_counter() - t0
     split = stage_split(ctx.store, ctx.run_id)
-    print(format_table(split.to_dict("records"), ["stage", "status", "rows", "rows_computed", "seconds",
-                                                  "peak_rss_mb"]), flush=True)
+    print(stage_table(split), flush=True)
     summary: dict[str, Any] = {"method": name, "dataset": ctx.dataset, "n_documents": data["documents"].rows}
     if summarise is not None:
         summary.update(summarise(ctx.store, ctx.run_id, ctx.dataset, index))
