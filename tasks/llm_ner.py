@@ -1,6 +1,6 @@
 """LLM-based named-entity recognition (``ner=llm``): the same spans table as spaCy's, from a chat model.
 
-ZoomRAG's authors extracted entities with an LLM (paper section 4.1); HippoRAG and LinearRAG ask
+ZoomRAG's authors extracted entities with GPT-4o-mini (paper §5, set-up paragraph); HippoRAG and LinearRAG ask
 for a JSON list of named entities per passage. The model returns entity *strings*; spans are
 recovered by locating each string in the text (word-bounded, exact case first, then any case),
 because chunk mentions are assigned by character offsets. A string that does not occur in the
