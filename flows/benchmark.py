@@ -24,8 +24,8 @@ from prefect import flow
 from flows.config import Config, ConfigError, load_config
 from flows.methods import METHODS
 from flows.pipeline import build_index, format_table, run_command, start_run
-from tasks.ingest import parse_questions, read_json_list
-from tasks.store import PeakRSS, Store
+from tasks.core.ingest import parse_questions, read_json_list
+from tasks.core.store import PeakRSS, Store
 
 
 def benchmark_questions(conf: Config, questions: pd.DataFrame) -> list[str]:

@@ -1,9 +1,9 @@
 """BM25 baseline DAG: documents → bm25_index."""
 from __future__ import annotations
 
-from tasks.bm25 import BM25Params, BM25Retriever, bm25_index
-from tasks.stage import RunContext
-from tasks.store import ArtifactRef
+from tasks.core.stage import RunContext
+from tasks.core.store import ArtifactRef
+from tasks.methods.bm25 import BM25Params, BM25Retriever, bm25_index
 
 __all__ = ["BM25Params", "index", "retriever"]
 

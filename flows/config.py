@@ -5,9 +5,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from tasks.embed import EmbedderParams
-from tasks.ingest import DATASET_KINDS, DatasetParams
-from tasks.ner import NERParams
+from tasks.core.ingest import DATASET_KINDS, DatasetParams
+from tasks.text.embed import EmbedderParams
+from tasks.text.ner import NERParams
 
 
 class ConfigError(ValueError):
@@ -95,7 +95,7 @@ class Config:
 def load_config(cfg: Mapping[str, Any]) -> Config:
     """A resolved Hydra config (plain dict) → :class:`Config`."""
     from flows.methods import METHODS
-    from tasks.llm import LLMParams
+    from tasks.llm.client import LLMParams
 
     kind = cfg["dataset"].get("kind")
     if kind not in DATASET_KINDS:

@@ -1,10 +1,10 @@
 """Dense baseline DAG: documents → embed → (faiss inner-product index, built on load)."""
 from __future__ import annotations
 
-from tasks.dense import DenseParams, DenseRetriever
-from tasks.embed import embed
-from tasks.stage import RunContext
-from tasks.store import ArtifactRef
+from tasks.core.stage import RunContext
+from tasks.core.store import ArtifactRef
+from tasks.methods.dense import DenseParams, DenseRetriever
+from tasks.text.embed import embed
 
 __all__ = ["DenseParams", "index", "retriever"]
 

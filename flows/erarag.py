@@ -6,11 +6,17 @@ context; documents ranked by the leaves (default) or expanded view of the retrie
 """
 from __future__ import annotations
 
-from tasks.chunk import chunk
-from tasks.embed import embed
-from tasks.erarag_stages import EraParams, EraRetriever, hierarchy_stage, hyperplanes_stage, leaves_stage
-from tasks.stage import RunContext
-from tasks.store import ArtifactRef
+from tasks.core.stage import RunContext
+from tasks.core.store import ArtifactRef
+from tasks.methods.erarag.retriever import EraRetriever
+from tasks.methods.erarag.stages import (
+    EraParams,
+    hierarchy_stage,
+    hyperplanes_stage,
+    leaves_stage,
+)
+from tasks.text.chunk import chunk
+from tasks.text.embed import embed
 
 __all__ = ["EraParams", "index", "update", "retriever"]
 

@@ -19,15 +19,24 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.config import Config, load_config
 from flows.methods import METHODS
-from flows.pipeline import (build_index, dry_run_stop, format_table, run_command, stage_counts, stage_split,
-                            stage_table, start_run, write_json)
-from tasks.generate import build_reader_messages, contexts_for, generate
-from tasks.llm import LLMDryRun, make_client
-from tasks.llm_ner import QUERY_NER_STAGE
-from tasks.metrics import latency_summary, recall_at_k, recall_by_type
-from tasks.retrieve import retrieve_all
-from tasks.stage import RunContext
-from tasks.store import ArtifactRef, Store
+from flows.pipeline import (
+    build_index,
+    dry_run_stop,
+    format_table,
+    run_command,
+    stage_counts,
+    stage_split,
+    stage_table,
+    start_run,
+    write_json,
+)
+from tasks.core.stage import RunContext
+from tasks.core.store import ArtifactRef, Store
+from tasks.eval.metrics import latency_summary, recall_at_k, recall_by_type
+from tasks.eval.retrieve import retrieve_all
+from tasks.llm.client import LLMDryRun, make_client
+from tasks.llm.generate import build_reader_messages, contexts_for, generate
+from tasks.llm.ner import QUERY_NER_STAGE
 
 log = logging.getLogger("dagrag")
 

@@ -14,9 +14,16 @@ from omegaconf import DictConfig
 from prefect import flow
 
 from flows.config import load_config
-from flows.pipeline import (build_index, dry_run_stop, run_command, stage_counts, stage_split, stage_table,
-                            start_run)
-from tasks.llm import LLMDryRun
+from flows.pipeline import (
+    build_index,
+    dry_run_stop,
+    run_command,
+    stage_counts,
+    stage_split,
+    stage_table,
+    start_run,
+)
+from tasks.llm.client import LLMDryRun
 
 
 @flow(name="index")

@@ -5,13 +5,14 @@ passage-entity graph seeded by eq. (7). No edges link passages by their corpus p
 """
 from __future__ import annotations
 
-from tasks.chunk import chunk
-from tasks.embed import embed
-from tasks.entities import entity_graph
-from tasks.linearrag_stages import LinearParams, LinearRetriever, entity_texts
-from tasks.ner import QueryRecogniser, ner
-from tasks.stage import RunContext
-from tasks.store import ArtifactRef
+from tasks.core.stage import RunContext
+from tasks.core.store import ArtifactRef
+from tasks.methods.linearrag.retriever import LinearRetriever
+from tasks.methods.linearrag.stages import LinearParams, entity_texts
+from tasks.text.chunk import chunk
+from tasks.text.embed import embed
+from tasks.text.entities import entity_graph
+from tasks.text.ner import QueryRecogniser, ner
 
 __all__ = ["LinearParams", "index", "retriever"]
 

@@ -13,7 +13,7 @@ class Method:
 
     params: type
     index: Callable  # (ctx, data refs, cfg) -> {name: ArtifactRef}
-    retriever: Callable  # (data refs, index refs, cfg) -> tasks.retrieve.Retriever
+    retriever: Callable  # (data refs, index refs, cfg) -> tasks.eval.retrieve.Retriever
 
 
 METHODS: dict[str, Method] = {

@@ -14,10 +14,10 @@ import pandas as pd
 
 from flows.config import Config
 from flows.methods import METHODS
-from tasks.ingest import content_hash, dataset_label, ingest, raw_sources
-from tasks.llm import LLMDryRun
-from tasks.stage import RunContext
-from tasks.store import ArtifactRef, Store
+from tasks.core.ingest import content_hash, dataset_label, ingest, raw_sources
+from tasks.core.stage import RunContext
+from tasks.core.store import ArtifactRef, Store
+from tasks.llm.client import LLMDryRun
 
 log = logging.getLogger("dagrag")
 

@@ -22,12 +22,19 @@ from prefect import flow
 from flows import erarag
 from flows.config import load_config
 from flows.methods import METHODS
-from flows.pipeline import (dry_run_stop, format_table, run_command, stage_counts, stage_split, stage_table,
-                            start_run)
-from tasks.erarag_stages import update_summary
-from tasks.ingest import ingest
-from tasks.llm import LLMDryRun
-from tasks.store import ArtifactRef, Store
+from flows.pipeline import (
+    dry_run_stop,
+    format_table,
+    run_command,
+    stage_counts,
+    stage_split,
+    stage_table,
+    start_run,
+)
+from tasks.core.ingest import ingest
+from tasks.core.store import ArtifactRef, Store
+from tasks.llm.client import LLMDryRun
+from tasks.methods.erarag.stages import update_summary
 
 # methods whose update differs from their index DAG: name -> (update DAG, summary of what it did)
 UPDATES: dict[str, tuple[Callable, Callable]] = {"erarag": (erarag.update, update_summary)}

@@ -4,13 +4,18 @@ Online: DocZoom over M from each query node, then ChunkZoom over the chunks of t
 """
 from __future__ import annotations
 
-from tasks.chunk import chunk
-from tasks.embed import embed
-from tasks.entities import entity_graph
-from tasks.ner import QueryRecogniser, ner
-from tasks.stage import RunContext
-from tasks.store import ArtifactRef
-from tasks.zoomrag import ZoomRAGParams, ZoomRetriever, doc_doc_graph, global_block
+from tasks.core.stage import RunContext
+from tasks.core.store import ArtifactRef
+from tasks.methods.zoomrag.retriever import ZoomRetriever
+from tasks.methods.zoomrag.stages import (
+    ZoomRAGParams,
+    doc_doc_graph,
+    global_block,
+)
+from tasks.text.chunk import chunk
+from tasks.text.embed import embed
+from tasks.text.entities import entity_graph
+from tasks.text.ner import QueryRecogniser, ner
 
 __all__ = ["ZoomRAGParams", "index", "retriever"]
 

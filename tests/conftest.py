@@ -8,7 +8,7 @@ import pytest
 # stage tasks called via ``.fn`` log outside any flow run: nothing to send to an API
 os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
 
-from tasks.stage import RunContext  # noqa: E402
+from tasks.core.stage import RunContext  # noqa: E402
 
 
 @pytest.fixture

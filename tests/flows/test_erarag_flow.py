@@ -12,10 +12,10 @@ import pytest
 
 from flows.evaluate import evaluate_flow
 from flows.update import update_flow
-from tasks.erarag_stages import EraParams, read_meta
-from tasks.llm import LLMParams
-from tasks.sample import generate_sample
-from tasks.store import Store
+from tasks.core.sample import generate_sample
+from tasks.core.store import Store
+from tasks.llm.client import LLMParams
+from tasks.methods.erarag.stages import EraParams, read_meta
 from tests.flows.conftest import make_config
 from tests.llm_server import FakeLLMServer
 

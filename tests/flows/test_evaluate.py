@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from flows.evaluate import evaluate_flow
-from tasks.ingest import IngestError
-from tasks.sample import generate_sample
-from tasks.store import Store
+from tasks.core.ingest import IngestError
+from tasks.core.sample import generate_sample
+from tasks.core.store import Store
 from tests.flows.conftest import make_config
 
 SMALL_SAMPLE = ["dataset=sample", "dataset.n_passages=60", "dataset.n_questions=12"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pandas as pd
 
 from flows.evaluate import evaluate_flow
-from tasks.answer_metrics import aggregate
-from tasks.store import Store
+from tasks.core.store import Store
+from tasks.eval.answer_metrics import aggregate
 from tests.flows.conftest import make_config
 from tests.llm_server import FakeLLMServer
 

@@ -6,7 +6,7 @@ import json
 import pandas as pd
 
 from flows.evaluate import evaluate_flow
-from tasks.store import Store
+from tasks.core.store import Store
 from tests.flows.conftest import make_config
 
 SMALL = ["dataset.n_passages=60", "dataset.n_questions=12"]

@@ -1,0 +1,354 @@
+"""Ingestion: raw corpora and questions → canonical ``documents``, ``questions``, ``gold`` tables.
+
+Accepted inputs:
+- HippoRAG format (``corpus.json`` list of ``{title, text}``; optional ``questions.json`` in the
+  HotpotQA, 2WikiMultihopQA or MuSiQue shape),
+- a JSONL file of ``{title, text}`` records,
+- a folder of ``.txt`` / ``.md`` files (title = file stem),
+- the generated sample (``tasks.core.sample``).
+
+Bad input raises :class:`IngestError` naming file, record index and field, before anything is written.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.core.stage import RunContext, run_stage
+from tasks.core.store import ArtifactRef, code_version
+
+log = logging.getLogger("dagrag.ingest")
+
+
+class IngestError(ValueError):
+    """Malformed input data; the message names the file, the record and the field."""
+
+    def __init__(self, source: str, problem: str, index: int | None = None, field_name: str | None = None):
+        where = source + (f", record {index}" if index is not None else "") + (
+            f", field '{field_name}'" if field_name else "")
+        super().__init__(f"{where}: {problem}")
+
+
+@dataclass
+class IngestReport:
+    """What ingestion found besides the tables: duplicates and gold it could not resolve."""
+
+    n_records: int = 0
+    n_duplicate_records: int = 0
+    unmatched_gold: list[tuple[str, str]] = field(default_factory=list)
+    ambiguous_gold: list[tuple[str, str]] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """Counts and first examples, for logs and the run manifest."""
+        return {"records": self.n_records, "duplicate_records": self.n_duplicate_records,
+                "unmatched_gold": len(self.unmatched_gold), "unmatched_examples": self.unmatched_gold[:5],
+                "ambiguous_gold": len(self.ambiguous_gold), "ambiguous_examples": self.ambiguous_gold[:5]}
+
+
+def doc_id(title: str, text: str) -> str:
+    """Content-hash id of a passage (title and text together identify it)."""
+    return "doc-" + hashlib.sha1(f"{title}\x1f{text}".encode()).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------- reading files
+
+def read_json_list(path: Path) -> list[Any]:
+    """Parse a JSON file that must hold a list."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise IngestError(str(path), "file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise IngestError(str(path), f"not valid JSON ({err})") from None
+    if not isinstance(data, list):
+        raise IngestError(str(path), f"expected a JSON list of records, got {type(data).__name__}")
+    return data
+
+
+def read_jsonl(path: Path) -> list[Any]:
+    """Parse a JSONL file (one JSON object per non-empty line)."""
+    if not path.exists():
+        raise IngestError(str(path), "file not found")
+    records = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise IngestError(str(path), f"line {i + 1} is not valid JSON ({err})", index=len(records)) from None
+    return records
+
+
+def read_text_folder(path: Path) -> list[dict[str, str]]:
+    """A folder of .txt/.md files → records with title = file stem (sorted by relative path)."""
+    if not path.is_dir():
+        raise IngestError(str(path), "not a folder")
+    files = sorted(p for p in path.rglob("*") if p.suffix.lower() in {".txt", ".md"} and p.is_file())
+    return [{"title": p.stem, "text": p.read_text(encoding="utf-8").strip()} for p in files]
+
+
+# ----------------------------------------------------------------------------- canonical tables
+
+def _require(rec: Any, key: str, kind: type | tuple[type, ...], source: str, i: int) -> Any:
+    if not isinstance(rec, dict):
+        raise IngestError(source, f"expected an object, got {type(rec).__name__}", i)
+    if key not in rec:
+        raise IngestError(source, "missing", i, key)
+    if not isinstance(rec[key], kind):
+        names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise IngestError(source, f"expected {names}, got {type(rec[key]).__name__}", i, key)
+    return rec[key]
+
+
+def canonical_documents(records: list[Any], source: str, report: IngestReport) -> pd.DataFrame:
+    """Validate ``{title, text}`` records → ``documents(doc_id, title, text)``, duplicates removed."""
+    if not records:
+        raise IngestError(source, "the corpus is empty")
+    rows = []
+    for i, rec in enumerate(records):
+        title = _require(rec, "title", str, source, i)
+        text = _require(rec, "text", str, source, i)
+        if not (title.strip() or text.strip()):
+            raise IngestError(source, "both title and text are empty", i, "text")
+        rows.append((doc_id(title, text), title, text))
+    docs = pd.DataFrame(rows, columns=["doc_id", "title", "text"])
+    report.n_records = len(docs)
+    deduped = docs.drop_duplicates("doc_id", keep="first").reset_index(drop=True)
+    report.n_duplicate_records = len(docs) - len(deduped)
+    return deduped
+
+
+def shuffle_documents(docs: pd.DataFrame, seed: int | None) -> pd.DataFrame:
+    """Seeded permutation of corpus order (benchmark files list passages question by question)."""
+    if seed is None:
+        return docs
+    perm = np.random.default_rng(seed).permutation(len(docs))
+    return docs.iloc[perm].reset_index(drop=True)
+
+
+def _answers(rec: dict, source: str, i: int) -> list[str]:
+    answer = _require(rec, "answer", (str, int, float, bool), source, i)
+    aliases = rec.get("answer_aliases") or rec.get("aliases") or []
+    if not isinstance(aliases, list):
+        raise IngestError(source, "expected a list", i, "answer_aliases")
+    out = [str(answer)] + [str(a) for a in aliases]
+    return list(dict.fromkeys(out))
+
+
+def _gold_hotpot(rec: dict, source: str, i: int) -> list[tuple[str, str | None]]:
+    """(title, text-or-None) of the gold passages of a HotpotQA / 2Wiki record."""
+    facts = _require(rec, "supporting_facts", list, source, i)
+    context = rec.get("context") or []
+    texts = {}
+    for item in context:
+        if isinstance(item, list) and len(item) == 2 and isinstance(item[1], list):
+            texts[item[0]] = "".join(str(s) for s in item[1])
+    titles = []
+    for fact in facts:
+        if not (isinstance(fact, list) and fact and isinstance(fact[0], str)):
+            raise IngestError(source, "expected [title, sentence_index] pairs", i, "supporting_facts")
+        titles.append(fact[0])
+    return [(t, texts.get(t)) for t in dict.fromkeys(titles)]
+
+
+def _gold_musique(rec: dict, source: str, i: int) -> list[tuple[str, str | None]]:
+    """(title, text) of the supporting paragraphs of a MuSiQue record."""
+    paragraphs = _require(rec, "paragraphs", list, source, i)
+    out = []
+    for p in paragraphs:
+        if not isinstance(p, dict) or "title" not in p or "paragraph_text" not in p:
+            raise IngestError(source, "each paragraph needs title and paragraph_text", i, "paragraphs")
+        if p.get("is_supporting"):
+            out.append((p["title"], p["paragraph_text"]))
+    return out
+
+
+def _question_type(rec: dict) -> str:
+    """HotpotQA/2Wiki ``type`` (bridge, comparison, ...), MuSiQue's hop count from its id (``2hop__…``)."""
+    if isinstance(rec.get("type"), str):
+        return rec["type"]
+    qid = str(rec.get("id", ""))
+    return qid.split("__", 1)[0] if "__" in qid else "unknown"
+
+
+def parse_questions(records: list[Any], source: str) -> tuple[pd.DataFrame, list[tuple[str, list]]]:
+    """Questions in any of the three HippoRAG shapes → ``questions`` and per-question gold keys."""
+    rows, gold_keys = [], []
+    for i, rec in enumerate(records):
+        if not isinstance(rec, dict):
+            raise IngestError(source, f"expected an object, got {type(rec).__name__}", i)
+        qid = rec.get("_id", rec.get("id"))
+        if qid is None:
+            raise IngestError(source, "missing (expected '_id' or 'id')", i, "_id")
+        question = _require(rec, "question", str, source, i)
+        gold = _gold_musique(rec, source, i) if "paragraphs" in rec else _gold_hotpot(rec, source, i)
+        rows.append((str(qid), question, _answers(rec, source, i), _question_type(rec)))
+        gold_keys.append((str(qid), gold))
+    questions = pd.DataFrame(rows, columns=["qid", "question", "answers", "qtype"])
+    dup = questions["qid"].duplicated()
+    if dup.any():
+        raise IngestError(source, f"duplicate question id {questions.qid[dup].iloc[0]!r}",
+                          int(np.flatnonzero(dup.to_numpy())[0]), "_id")
+    return questions, gold_keys
+
+
+def match_gold(docs: pd.DataFrame, gold_keys: Iterable[tuple[str, list]], report: IngestReport) -> pd.DataFrame:
+    """Resolve (title, text) gold keys to doc ids: exact text first, else the title if unique."""
+    by_title: dict[str, list[int]] = {}
+    for pos, title in enumerate(docs["title"].tolist()):
+        by_title.setdefault(title, []).append(pos)
+    ids, texts = docs["doc_id"].tolist(), docs["text"].tolist()
+    rows = []
+    for qid, keys in gold_keys:
+        for title, text in keys:
+            cands = by_title.get(title, [])
+            exact = [p for p in cands if text is not None and texts[p].strip() == text.strip()]
+            chosen = exact or cands
+            if not chosen:
+                report.unmatched_gold.append((qid, title))
+            elif len(chosen) > 1:
+                report.ambiguous_gold.append((qid, title))
+            rows.extend((qid, ids[p]) for p in chosen)
+    return pd.DataFrame(rows, columns=["qid", "doc_id"]).drop_duplicates().reset_index(drop=True)
+
+
+# ----------------------------------------------------------------------------- dataset configs
+
+@dataclass(frozen=True)
+class SampleParams:
+    """``dataset=sample``: the generated fictional multi-hop corpus (``tasks.core.sample``)."""
+
+    kind: str = "sample"
+    name: str = "sample"
+    n_passages: int = 300
+    n_questions: int = 60
+    seed: int = 0
+    shuffle_seed: int | None = 0
+
+
+@dataclass(frozen=True)
+class HippoRAGParams:
+    """``dataset=hipporag``: ``<data_dir>/<name>/corpus.json`` (+ optional ``questions.json``)."""
+
+    kind: str = "hipporag"
+    name: str = "hotpotqa-100"
+    shuffle_seed: int | None = 0
+
+
+@dataclass(frozen=True)
+class UserCorpusParams:
+    """``dataset=jsonl`` / ``dataset=folder``: a user corpus, with an optional questions file."""
+
+    kind: str = "jsonl"
+    name: str = "corpus"
+    path: str = ""
+    questions: str | None = None
+    shuffle_seed: int | None = 0
+
+
+DatasetParams = SampleParams | HippoRAGParams | UserCorpusParams
+DATASET_KINDS: dict[str, type] = {"sample": SampleParams, "hipporag": HippoRAGParams,
+                                  "jsonl": UserCorpusParams, "folder": UserCorpusParams}
+
+
+def dataset_label(params: DatasetParams) -> str:
+    """Folder name of a dataset's artifacts."""
+    if isinstance(params, SampleParams):
+        return f"sample-{params.n_passages}-s{params.seed}"
+    return params.name
+
+
+def raw_sources(params: DatasetParams, data_dir: str) -> tuple[list[Path], Path | None]:
+    """The files a dataset is read from: (corpus files, questions file or None)."""
+    if isinstance(params, HippoRAGParams):
+        root = Path(data_dir) / params.name
+        if not (root / "corpus.json").exists():
+            raise IngestError(str(root / "corpus.json"), f"file not found (dataset.name={params.name!r}, "
+                              f"data_dir={data_dir!r}: expected DIR/NAME/corpus.json)")
+        q = root / "questions.json"
+        return [root / "corpus.json"], (q if q.exists() else None)
+    if isinstance(params, UserCorpusParams):
+        if not params.path:
+            raise IngestError(f"dataset={params.kind}", "set dataset.path to the corpus file or folder")
+        path = Path(params.path)
+        files = [path] if params.kind == "jsonl" else sorted(
+            p for p in path.rglob("*") if p.suffix.lower() in {".txt", ".md"} and p.is_file())
+        qpath = Path(params.questions) if params.questions else None
+        for p in ([path] if params.kind == "jsonl" else []) + ([qpath] if qpath else []):
+            if not p.is_file():  # before content_hash reads it: an IngestError, not an OSError
+                raise IngestError(str(p), "file not found")
+        return files, qpath
+    return [], None
+
+
+def load_dataset(params: DatasetParams, data_dir: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, IngestReport]:
+    """Read and validate a dataset → (documents, questions, gold, report); nothing is written."""
+    report = IngestReport()
+    if isinstance(params, SampleParams):
+        from tasks.core.sample import generate_sample
+
+        corpus, qrecs = generate_sample(params.n_passages, params.n_questions, params.seed)
+        source, qsource = "sample", "sample"
+    else:
+        files, qpath = raw_sources(params, data_dir)
+        if isinstance(params, HippoRAGParams):
+            corpus = read_json_list(files[0])
+        elif params.kind == "jsonl":
+            corpus = read_jsonl(files[0])
+        else:
+            corpus = read_text_folder(Path(params.path))
+        source = str(files[0]) if params.kind != "folder" else params.path
+        qrecs = (read_jsonl(qpath) if qpath and qpath.suffix == ".jsonl" else read_json_list(qpath)) if qpath else []
+        qsource = str(qpath)
+    docs = canonical_documents(corpus, source, report)
+    questions, gold_keys = parse_questions(qrecs, qsource)
+    gold = match_gold(docs, gold_keys, report)
+    return shuffle_documents(docs, params.shuffle_seed), questions, gold, report
+
+
+def content_hash(paths: list[Path]) -> str:
+    """Hash of the raw bytes of a dataset's files (the run manifest's dataset identity)."""
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+@task(name="ingest", cache_policy=NO_CACHE)
+def ingest(ctx: RunContext, params: DatasetParams, data_dir: str) -> dict[str, ArtifactRef]:
+    """Stage: canonical ``documents``, ``questions`` and ``gold`` tables of a dataset."""
+    files, qpath = raw_sources(params, data_dir)
+    raw = {"content": content_hash(files + ([qpath] if qpath else []))}
+    code = code_version(sys.modules[__name__], *([_sample_module()] if isinstance(params, SampleParams) else []))
+
+    def compute() -> tuple[dict[str, pd.DataFrame], int]:
+        docs, questions, gold, report = load_dataset(params, data_dir)
+        summary = report.summary()
+        if summary["unmatched_gold"] or summary["ambiguous_gold"]:
+            log.warning("gold passages: %d not found in the corpus (e.g. %s), %d matched several passages "
+                        "(e.g. %s)", summary["unmatched_gold"], summary["unmatched_examples"],
+                        summary["ambiguous_gold"], summary["ambiguous_examples"])
+        if summary["duplicate_records"]:
+            log.warning("corpus: %d duplicate (title, text) records kept once", summary["duplicate_records"])
+        report_df = pd.DataFrame([{"report": json.dumps(summary)}])
+        return {"documents": docs, "questions": questions, "gold": gold, "ingest_report": report_df}, len(docs)
+
+    return run_stage(ctx, "ingest", code, params, raw, compute)
+
+
+def _sample_module() -> ModuleType:
+    import tasks.core.sample
+
+    return tasks.core.sample

@@ -1,0 +1,130 @@
+"""How a cached stage runs: fingerprint → catalog lookup → compute → atomic write → catalog row.
+
+Two kinds of stage:
+- :func:`run_stage` — a whole-table stage (ingest, graphs, indexes). Same fingerprint → skipped.
+- :func:`run_row_stage` — a per-row stage (chunk, NER, embed). Rows are cached by a content key
+  under the stage's *param* fingerprint (code + config, not inputs), so a grown corpus computes
+  only its new rows and a shrunk one simply selects fewer.
+
+Prefect sees every stage as a task named ``stage[fp]``; the catalog, not Prefect's result store,
+decides what is skipped, because only the catalog knows whether the files still exist.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import pandas as pd
+import pyarrow as pa
+
+from tasks.core.store import ArtifactRef, PeakRSS, Store, fingerprint, short_hash
+
+log = logging.getLogger("dagrag")
+
+Output = pd.DataFrame | pa.Table | bytes
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every task needs to reach the store: small and picklable."""
+
+    artifacts_dir: str
+    dataset: str
+    run_id: str
+    llm_dry_run: bool = False  # LLM stages estimate their calls and raise tasks.llm.client.LLMDryRun instead
+
+    @property
+    def store(self) -> Store:
+        return Store(self.artifacts_dir)
+
+
+def params_dict(params: Any) -> Any:
+    """A config slice as plain JSON data (dataclasses become dicts)."""
+    return dataclasses.asdict(params) if dataclasses.is_dataclass(params) else params
+
+
+def input_fps(**refs: ArtifactRef | Mapping[str, ArtifactRef] | None) -> dict[str, str]:
+    """Flatten input references into ``{name: fp}`` for a fingerprint."""
+    out: dict[str, str] = {}
+    for key, ref in refs.items():
+        if ref is None:
+            continue
+        if isinstance(ref, ArtifactRef):
+            out[key] = ref.fp
+        else:
+            out.update({f"{key}.{k}": v.fp for k, v in ref.items()})
+    return out
+
+
+def run_stage(ctx: RunContext, stage: str, code: str, params: Any, inputs: Mapping[str, str],
+              compute: Callable[[], tuple[Mapping[str, Output], int]], ext: Mapping[str, str] | None = None,
+              ) -> dict[str, ArtifactRef]:
+    """Run ``compute`` unless a stage with the same fingerprint is in the catalog; return output refs.
+
+    ``compute`` returns ``({name: table-or-bytes}, rows_computed)``.
+    """
+    store = ctx.store
+    fp = fingerprint(stage, code, params_dict(params), inputs)
+    t0 = time.perf_counter()
+    hit = store.lookup(stage, fp)
+    if hit is not None:
+        rows = sum(r.rows for r in hit.values())
+        store.event(ctx.run_id, stage, fp, ctx.dataset, "cached", rows=rows, rows_computed=0,
+                    seconds=time.perf_counter() - t0, peak_rss_mb=0.0)
+        log.info("%-14s cached    [%s]", stage, fp)
+        return hit
+    with PeakRSS() as mem:
+        outputs, rows_computed = compute()
+        refs = _write_outputs(store, ctx.dataset, stage, fp, outputs, ext or {})
+    seconds = time.perf_counter() - t0
+    store.record(stage, fp, ctx.dataset, refs, input_fps=inputs, params=params_dict(params),
+                 rows_computed=rows_computed, seconds=seconds, peak_rss_mb=mem.mb, run_id=ctx.run_id)
+    rows = sum(r.rows for r in refs.values())
+    store.event(ctx.run_id, stage, fp, ctx.dataset, "computed", rows=rows, rows_computed=rows_computed,
+                seconds=seconds, peak_rss_mb=mem.mb)
+    log.info("%-14s computed  [%s] %d rows (%d new) in %.2f s, peak %.0f MB",
+             stage, fp, rows, rows_computed, seconds, mem.mb)
+    return refs
+
+
+def _write_outputs(store: Store, dataset: str, stage: str, fp: str, outputs: Mapping[str, Output],
+                   ext: Mapping[str, str]) -> dict[str, ArtifactRef]:
+    refs = {}
+    for name, value in outputs.items():
+        path = store.path_for(dataset, stage, name, fp, ext.get(name, "parquet"))
+        if isinstance(value, bytes):
+            store.write_bytes(value, path)
+            rows = 1
+        else:
+            rows = store.write_parquet(value, path)
+        refs[name] = ArtifactRef(name, str(path), fp, rows)
+    return refs
+
+
+def run_row_stage(ctx: RunContext, stage: str, code: str, params: Any, row_params: Any,
+                  inputs: Mapping[str, str], keys: pd.Series, compute_rows: Callable[[list[str]], pa.Table | pd.DataFrame],
+                  key: str, assemble: Callable[[pa.Table], Mapping[str, Output]]) -> dict[str, ArtifactRef]:
+    """A per-row stage: compute rows only for keys missing from the row cache, then assemble outputs.
+
+    ``row_params`` is what changes a row's value: the params that matter (a model name, not a batch
+    size) and the code version of the functions computing a row (not of the whole module, so an
+    edit elsewhere in it keeps the cache): it names the row cache. ``keys`` are the content keys of the current input rows; ``compute_rows(missing_keys)`` returns
+    rows (with a ``key`` column) for exactly those; ``assemble(cached_rows_for_all_keys)`` builds the
+    stage outputs for this input (in input order).
+    """
+    store = ctx.store
+    param_fp = short_hash({"stage": stage, "params": params_dict(row_params)})
+
+    def compute() -> tuple[Mapping[str, Output], int]:
+        wanted = list(dict.fromkeys(keys.tolist()))
+        done = store.cached_keys(stage, param_fp, key)
+        missing = [k for k in wanted if k not in done]
+        if missing:
+            store.append_rows(stage, param_fp, compute_rows(missing))
+        rows = store.read_rows(stage, param_fp, key, wanted) if wanted else None
+        return assemble(rows), len(missing)
+
+    return run_stage(ctx, stage, code, params, {**inputs, "_rows": param_fp}, compute)

@@ -1,0 +1,96 @@
+"""QA answer metrics: SQuAD-style EM / token F1, containment accuracy, LLM judge.
+
+Normalisation (SQuAD convention): lower-case, drop punctuation, drop the
+articles a/an/the, collapse whitespace. Every metric takes a list of gold
+aliases and scores the best-matching alias.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from tasks.llm.client import LLMClient
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = frozenset(string.punctuation)
+_SPECIAL = frozenset({"yes", "no", "noanswer"})
+
+
+def normalize_answer(text: str | None) -> str:
+    """Lower-case, strip punctuation and articles, collapse whitespace."""
+    s = (text or "").lower()
+    s = "".join(ch for ch in s if ch not in _PUNCT)
+    s = _ARTICLES.sub(" ", s)
+    return " ".join(s.split())
+
+
+def exact_match(pred: str | None, answers: Sequence[str]) -> bool:
+    """True when the normalised prediction equals any normalised alias."""
+    p = normalize_answer(pred)
+    return any(p == normalize_answer(a) for a in answers)
+
+
+def _token_f1(pred_norm: str, gold_norm: str) -> float:
+    """Token-overlap F1 of two normalised strings (yes/no/noanswer must match exactly)."""
+    if (pred_norm in _SPECIAL or gold_norm in _SPECIAL) and pred_norm != gold_norm:
+        return 0.0
+    p_toks, g_toks = pred_norm.split(), gold_norm.split()
+    common = sum((Counter(p_toks) & Counter(g_toks)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(p_toks), common / len(g_toks)
+    return 2 * precision * recall / (precision + recall)
+
+
+def f1(pred: str | None, answers: Sequence[str]) -> float:
+    """Max token F1 over aliases (in [0, 1])."""
+    p = normalize_answer(pred)
+    return max((_token_f1(p, normalize_answer(a)) for a in answers), default=0.0)
+
+
+def contain_acc(pred: str | None, answers: Sequence[str]) -> bool:
+    """True when any non-empty normalised alias is a substring of the normalised prediction."""
+    p = normalize_answer(pred)
+    return any((g := normalize_answer(a)) and g in p for a in answers)
+
+
+def aggregate(preds: Sequence[str | None], answers_list: Sequence[Sequence[str]]) -> dict[str, float]:
+    """Mean EM, F1 and containment accuracy, in percent (0.0 for no questions)."""
+    if len(preds) != len(answers_list):
+        raise ValueError(f"{len(preds)} predictions vs {len(answers_list)} answer lists")
+    n = len(preds)
+    if n == 0:
+        return {"em": 0.0, "f1": 0.0, "contain_acc": 0.0}
+    pairs = list(zip(preds, answers_list))
+    return {"em": 100.0 * sum(exact_match(p, a) for p, a in pairs) / n,
+            "f1": 100.0 * sum(f1(p, a) for p, a in pairs) / n,
+            "contain_acc": 100.0 * sum(contain_acc(p, a) for p, a in pairs) / n}
+
+
+JUDGE_SCHEMA: dict = {"type": "object", "required": ["correct"],
+                      "properties": {"correct": {"type": "boolean"}}}
+
+
+def judge_messages(question: str, pred: str, answers: Sequence[str]) -> list[dict[str, str]]:
+    """Prompt asking a model whether ``pred`` answers ``question`` like the gold aliases."""
+    gold = "; ".join(answers)
+    return [
+        {"role": "system", "content": "You grade short answers to questions. Be strict about "
+                                      "facts and lenient about wording. Reply with JSON only."},
+        {"role": "user", "content": f"Question: {question}\nGold answer(s): {gold}\n"
+                                    f"Predicted answer: {pred}\n\nDoes the predicted answer mean the "
+                                    f"same as a gold answer? Reply as JSON: {{\"correct\": true}} or "
+                                    f"{{\"correct\": false}}."},
+    ]
+
+
+def llm_judge(client: "LLMClient", questions: Sequence[str], preds: Sequence[str | None],
+              answers: Sequence[Sequence[str]], stage: str = "llm_judge") -> list[bool]:
+    """LLM-as-judge correctness per question (invalid judge replies count as False)."""
+    msgs = [judge_messages(q, p or "", a) for q, p, a in zip(questions, preds, answers, strict=True)]
+    verdicts = client.chat_json(msgs, JUDGE_SCHEMA, stage=stage)
+    return [bool(v and v.get("correct") is True) for v in verdicts]

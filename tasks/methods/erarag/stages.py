@@ -1,0 +1,430 @@
+"""EraRAG stages (leaves, stored hyperplanes, the hierarchy) and the online retriever.
+
+The algorithms live in :mod:`tasks.methods.erarag.algorithm`; this module stores and loads their inputs and outputs.
+
+* Leaves are token-window chunks (``tasks.text.chunk``, unit ``window``) carrying their document's title;
+  they are embedded like passages (``embedder.doc_template``), so a passage shorter than the window
+  is embedded exactly as ``method=dense`` embeds it.
+* The hyperplanes are a stage of their own whose fingerprint depends only on (n, seed, dim): every
+  build and every later update of any corpus hashes with exactly these stored bytes (section III-E).
+* The hierarchy stage writes every layer's nodes (parent links, LSH codes, embeddings, the document
+  of each leaf) and a one-row ``meta`` table: which summariser made the summaries (``extractive`` or
+  ``llm``, never switched silently), whether the graph was built (Alg. 1) or updated (Alg. 3) and
+  from which stored graph, and the per-layer count of re-summarised segments.
+* An update computes the hierarchy of the current corpus under the same fingerprint a full build
+  would have, starting from the latest stored hierarchy of the same dataset and config slice (same
+  hyperplanes, chunking, embedder, structure, summariser and code version). Old files are never
+  touched, the new ones are written atomically and the catalog row comes last, so a crash leaves
+  the previous hierarchy as it was.
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+import tasks.text.chunk as chunk_mod
+from tasks.core.stage import RunContext, input_fps, run_stage
+from tasks.core.store import (
+    ArtifactRef,
+    Store,
+    arrow_to_embeddings,
+    code_version,
+    embeddings_to_arrow,
+    fingerprint,
+    short_hash,
+    text_key,
+)
+from tasks.llm.client import LLMDryRun, LLMParams, check_empty_fraction, make_client
+from tasks.methods.dense import load_embeddings
+from tasks.methods.erarag import algorithm as erarag
+from tasks.text.chunk import ChunkParams
+from tasks.text.embed import EmbedderParams, encode
+
+log = logging.getLogger("dagrag.erarag")
+
+HIERARCHY = "erarag_hierarchy"
+SUMMARY_STAGE = "erarag_summary"  # LLM ledger stage of the summaries
+TEXT_EMB = "erarag_text_emb"  # row cache of summary / sentence embeddings, by text content
+VIEWS = ("leaves", "expanded")
+SUMMARISERS = ("auto", "extractive", "llm")
+
+
+@dataclass(frozen=True)
+class EraParams(erarag.EraRAGParams):
+    """``method=erarag``: the algorithm's settings plus chunking, summariser choice and recall view."""
+
+    name: str = "erarag"
+    window_tokens: int = 1200  # official chunk size (whitespace tokens here)
+    overlap_tokens: int = 100
+    summariser: str = "auto"  # auto = llm when llm.provider != none, else extractive
+    extractive_rank: str = "lead"  # lead: leads first (no sentence encoding) | centroid: nearest the centroid
+    recall_view: str = "leaves"  # leaves | expanded: how a retrieved summary node maps to documents
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.recall_view not in VIEWS:
+            raise ValueError(f"recall_view must be one of {VIEWS}, got {self.recall_view!r}")
+        if self.summariser not in SUMMARISERS:
+            raise ValueError(f"summariser must be one of {SUMMARISERS}, got {self.summariser!r}")
+        if self.extractive_rank not in {"centroid", "lead"}:
+            raise ValueError("extractive_rank must be centroid or lead")
+
+    def chunking(self) -> ChunkParams:
+        """Token windows; a passage shorter than the window stays whole."""
+        return ChunkParams(unit="window", window_tokens=self.window_tokens, overlap_tokens=self.overlap_tokens)
+
+    def resolved_summariser(self, llm: LLMParams) -> str:
+        """``extractive`` or ``llm``; ``llm`` without a configured LLM is an error, not a fallback."""
+        if self.summariser == "llm" and llm.provider == "none":
+            raise ValueError("method.summariser=llm needs an LLM (llm=local or llm=openai); "
+                             "use method.summariser=extractive or auto")
+        if self.summariser == "auto":
+            return "llm" if llm.provider != "none" else "extractive"
+        return self.summariser
+
+
+# ---------------------------------------------------------------- leaves and hyperplanes
+
+
+def leaf_texts(table: pd.DataFrame) -> list[str]:
+    """A leaf node's text: ``title: chunk text`` (what the reader and the summariser see)."""
+    return [f"{t}: {x}" if t else x for t, x in zip(table["title"].tolist(), table["text"].tolist())]
+
+
+@task(name="erarag_leaves", cache_policy=NO_CACHE)
+def leaves_stage(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef) -> dict[str, ArtifactRef]:
+    """Stage: ``leaves(chunk_id, doc_id, title, text)`` = window chunks with their document's title."""
+    def compute() -> tuple[dict[str, pd.DataFrame], int]:
+        c = Store.read(chunks, ["chunk_id", "doc_id", "text"])
+        titles = Store.read(documents, ["doc_id", "title"]).drop_duplicates("doc_id").set_index("doc_id")["title"]
+        c.insert(2, "title", titles.reindex(c["doc_id"]).fillna("").to_numpy())
+        return {"leaves": c}, len(c)
+
+    return run_stage(ctx, "erarag_leaves", code_version(leaves_stage.fn), {}, input_fps(documents=documents,
+                     chunks=chunks), compute)
+
+
+def embedding_dim(ref: ArtifactRef) -> int:
+    """Width of an ``embeddings`` artifact, read from its Parquet schema."""
+    return pq.read_schema(ref.path).field("emb").type.list_size
+
+
+@task(name="erarag_hyperplanes", cache_policy=NO_CACHE)
+def hyperplanes_stage(ctx: RunContext, embeddings: ArtifactRef, params: EraParams) -> dict[str, ArtifactRef]:
+    """Stage: the (n, d) hyperplane normals as ``.npy`` bytes, Alg. 1 line 3; no corpus input, so
+    every later build or update with the same (n, seed, d) reuses exactly these bytes."""
+    slice_ = {"n_hyperplanes": params.n_hyperplanes, "seed": params.seed, "dim": embedding_dim(embeddings)}
+
+    def compute() -> tuple[dict[str, bytes], int]:
+        buf = io.BytesIO()
+        np.save(buf, erarag.hyperplanes(slice_["dim"], params.n_hyperplanes, params.seed), allow_pickle=False)
+        return {"hyperplanes": buf.getvalue()}, params.n_hyperplanes
+
+    return run_stage(ctx, "erarag_hyperplanes", code_version(erarag.hyperplanes), slice_, {}, compute,
+                     ext={"hyperplanes": "npy"})
+
+
+def load_planes(ref: ArtifactRef | str) -> np.ndarray:
+    """The stored hyperplane matrix."""
+    return np.load(ref.path if isinstance(ref, ArtifactRef) else ref, allow_pickle=False)
+
+
+# ---------------------------------------------------------------- summarisers
+
+
+def cached_encode(store: Store, texts: list[str], embedder: EmbedderParams) -> np.ndarray:
+    """Encode texts through a content-keyed row cache: a text is embedded once per model."""
+    if not texts:
+        return encode([], embedder)
+    keys = [text_key(t) for t in texts]
+    fp = short_hash({"stage": TEXT_EMB, "model": embedder.model, "max_seq_length": embedder.max_seq_length})
+    wanted = list(dict.fromkeys(keys))
+    done = store.cached_keys(TEXT_EMB, fp, "key")
+    missing = [k for k in wanted if k not in done]
+    if missing:
+        by_key = dict(zip(keys, texts))
+        emb = encode([by_key[k] for k in missing], embedder)
+        store.append_rows(TEXT_EMB, fp, pa.table({"key": missing, "emb": embeddings_to_arrow(emb)}))
+    rows = store.read_rows(TEXT_EMB, fp, "key", wanted)
+    pos = {k: i for i, k in enumerate(rows.column("key").to_pylist())}
+    return arrow_to_embeddings(rows.column("emb"))[[pos[k] for k in keys]]
+
+
+def summary_messages(child_texts: tuple[str, ...], words: int) -> list[dict[str, str]]:
+    """Chat prompt asking for one summary paragraph of a segment (Alg. 1 line 13)."""
+    body = "\n\n".join(f"Passage {i + 1}: {t}" for i, t in enumerate(child_texts))
+    return [{"role": "system", "content": "You condense groups of related passages into short summaries "
+                                          "that are used as entries of a search index."},
+            {"role": "user", "content": f"Summarise the passages below in one paragraph of about {words} words. "
+                                        "Keep the specific names, places, dates and numbers they mention and "
+                                        "write only what the passages support.\n\n" + body}]
+
+
+def make_summariser(kind: str, params: EraParams, embedder: EmbedderParams, client: Any,
+                    store: Store) -> erarag.Summarise:
+    """The ``Summarise`` callback: extractive (no model calls but the encoder) or the LLM's summaries;
+    summaries are embedded with the leaves' encoder."""
+    def embed(texts: list[str]) -> np.ndarray:
+        return cached_encode(store, texts, embedder)
+
+    if kind == "extractive":
+        return erarag.extractive_summariser(params.summary_tokens, embed=embed, split=chunk_mod.split_sentences,
+                                            embed_sentences=params.extractive_rank == "centroid")
+
+    def summarise(requests: list[erarag.SummaryRequest]) -> tuple[list[str], np.ndarray]:
+        msgs = [summary_messages(r.child_texts, params.summary_tokens) for r in requests]
+        replies = client.chat_many(msgs, stage=SUMMARY_STAGE, max_tokens=2 * params.summary_tokens)
+        texts = [r.text.strip() for r in replies]
+        check_empty_fraction(texts, 0.05, SUMMARY_STAGE)
+        return texts, embed(texts)
+    return summarise
+
+
+def dry_run_summariser(params: EraParams, embedder: EmbedderParams, client: Any,
+                       store: Store) -> tuple[erarag.Summarise, dict[str, int]]:
+    """A ``Summarise`` that adds what the LLM's summaries would cost to the returned (growing) estimate
+    and answers with extractive summaries of the same budget, so upper layers can be estimated too
+    (their prompts then quote stand-ins, so their cache hits are not counted)."""
+    stand_in = make_summariser("extractive", params, embedder, None, store)
+    total = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
+
+    def summarise(requests: list[erarag.SummaryRequest]) -> tuple[list[str], np.ndarray]:
+        msgs = [summary_messages(r.child_texts, params.summary_tokens) for r in requests]
+        for k, v in client.dry_run_estimate(msgs, 2 * params.summary_tokens, max_tokens=2 * params.summary_tokens).items():
+            total[k] += v
+        return stand_in(requests)
+    return summarise, total
+
+
+# ---------------------------------------------------------------- hierarchy artifact
+
+
+def nodes_table(h: erarag.Hierarchy, doc_of_leaf: dict[str, str]) -> pa.Table:
+    """Every layer's nodes with parent links, codes, the document of each leaf, and embeddings."""
+    n = h.nodes
+    layer = n["layer"].to_numpy()
+    doc = [doc_of_leaf[i] if l == 0 else None for i, l in zip(n["node_id"].tolist(), layer)]
+    return pa.table({
+        "node_id": pa.array(n["node_id"].tolist(), pa.string()),
+        "layer": pa.array(layer, pa.int64()),
+        "text": pa.array(n["text"].tolist(), pa.string()),
+        "parent_id": pa.array([None if pd.isna(p) else p for p in n["parent_id"].tolist()], pa.string()),
+        "code": pa.array(n["code"].to_numpy(dtype=np.uint64), pa.uint64()),
+        "n_children": pa.array(n["n_children"].to_numpy(), pa.int64()),
+        "doc_id": pa.array(doc, pa.string()),
+        "emb": embeddings_to_arrow(h.embeddings) if len(n) else pa.array([], pa.list_(pa.float32(), 1)),
+    })
+
+
+def load_hierarchy(path: ArtifactRef | str) -> tuple[erarag.Hierarchy, pd.Series]:
+    """(Hierarchy, doc_id per node: a leaf's document, None for summaries) of a stored ``nodes`` table."""
+    t = Store.read_arrow(path)
+    emb = arrow_to_embeddings(t.column("emb"))
+    df = t.drop_columns(["emb"]).to_pandas()
+    nodes = df[erarag.NODE_COLUMNS].copy()
+    nodes["parent_id"] = nodes["parent_id"].astype(object).where(nodes["parent_id"].notna(), None)
+    return erarag.Hierarchy(nodes, emb), df["doc_id"]
+
+
+def hierarchy_code() -> str:
+    """Code version of everything that decides the hierarchy artifact's content."""
+    return code_version(erarag, chunk_mod.sentence_spans, chunk_mod.split_sentences, cached_encode,
+                        summary_messages, make_summariser, nodes_table, load_hierarchy, load_planes,
+                        hierarchy_slice, leaf_texts, _compute_hierarchy)
+
+
+def hierarchy_slice(params: EraParams, kind: str, llm: LLMParams, embedder: EmbedderParams) -> dict:
+    """Config slice of the hierarchy: what a stored graph must share to be a base for an update."""
+    s: dict[str, Any] = {
+        "structure": {k: getattr(params, k) for k in ["n_hyperplanes", "seed", "segment_min", "segment_avg",
+                                                      "segment_max", "max_layers", "stop_nodes", "summary_tokens"]},
+        "chunking": {"window_tokens": params.window_tokens, "overlap_tokens": params.overlap_tokens},
+        "embedder": {"model": embedder.model, "max_seq_length": embedder.max_seq_length,
+                     "doc_template": embedder.doc_template},
+        "summariser": kind,
+    }
+    if kind == "extractive":
+        s["extractive_rank"] = params.extractive_rank
+    else:  # not base_url / concurrency / timeouts: they do not change a reply
+        s["llm"] = {"provider": llm.provider, "model": llm.model, "temperature": llm.temperature, "seed": llm.seed}
+    return s
+
+
+@dataclass(frozen=True)
+class Base:
+    """A stored hierarchy an update starts from."""
+
+    fp: str
+    nodes_path: str
+
+
+def find_base(store: Store, dataset: str, slice_: dict, planes_fp: str, current_fp: str) -> Optional[Base]:
+    """Latest stored hierarchy of ``dataset`` with the same config slice and hyperplanes whose files exist."""
+    rows = store.query("SELECT fp, path, params, input_fps FROM stages WHERE stage = ? AND name = 'nodes' "
+                       "AND dataset = ? ORDER BY created_at DESC", [HIERARCHY, dataset])
+    want = json.loads(json.dumps(slice_))
+    for r in rows.itertuples():
+        if r.fp == current_fp or json.loads(r.params) != want or json.loads(r.input_fps).get("planes") != planes_fp:
+            continue
+        if Path(r.path).exists():
+            return Base(r.fp, r.path)
+    return None
+
+
+def _compute_hierarchy(ctx: RunContext, leaves: ArtifactRef, leaf_embeddings: ArtifactRef, planes: ArtifactRef,
+                       params: EraParams, kind: str, llm: LLMParams, embedder: EmbedderParams,
+                       base: Optional[Base]) -> tuple[dict[str, pa.Table | pd.DataFrame], int]:
+    """Alg. 1 from scratch, or Alg. 3 from ``base``: only segments whose membership changed are summarised."""
+    t0 = time.perf_counter()
+    store = ctx.store
+    table = Store.read(leaves, ["chunk_id", "doc_id", "title", "text"])
+    ids, emb = load_embeddings(leaf_embeddings, "chunk_id")
+    if not np.array_equal(ids, table["chunk_id"].to_numpy(dtype=object)):
+        raise RuntimeError("leaf embeddings are not aligned with the leaves table; delete the artifacts")
+    texts = leaf_texts(table)
+    doc_of = dict(zip(table["chunk_id"].tolist(), table["doc_id"].tolist()))
+    P = load_planes(planes)
+    client = make_client(llm, Path(ctx.artifacts_dir) / "llm_cache.duckdb") if kind == "llm" else None
+    summarise = make_summariser(kind, params, embedder, client, store)
+    estimate: dict[str, int] | None = None
+    if client is not None and ctx.llm_dry_run:  # count the LLM's summaries, build with extractive stand-ins
+        summarise, estimate = dry_run_summariser(params, embedder, client, store)
+    meta: dict[str, Any] = {"summariser": kind, "mode": "build", "base_fp": None, "planes_fp": planes.fp}
+    if base is None:
+        h, report = erarag.build(ids, emb, summarise, P, params, texts)
+        meta.update(added_leaves=len(ids), removed_leaves=0, added_docs=int(table["doc_id"].nunique()),
+                    removed_docs=0)
+    else:
+        old, old_doc = load_hierarchy(base.nodes_path)
+        is_leaf = old.nodes["layer"].to_numpy() == 0
+        old_ids = set(old.nodes["node_id"].to_numpy()[is_leaf])
+        old_docs, new_docs = set(old_doc[is_leaf]), set(table["doc_id"])
+        now = set(ids)
+        add = np.array([i not in old_ids for i in ids], dtype=bool)
+        removed = sorted(old_ids - now)
+        h, report = erarag.replace_leaves(old, removed, ids[add], emb[add], summarise, P, params,
+                                          [t for t, a in zip(texts, add) if a])
+        meta.update(mode="update", base_fp=base.fp, added_leaves=int(add.sum()), removed_leaves=len(removed),
+                    added_docs=len(new_docs - old_docs), removed_docs=len(old_docs - new_docs))
+    if estimate is not None:
+        raise LLMDryRun(SUMMARY_STAGE, estimate)
+    if client is not None:
+        ledger = client.ledger_summary(SUMMARY_STAGE)
+        store.record_ledger(ctx.run_id, SUMMARY_STAGE, ledger)
+        meta["llm"] = {k: ledger[k] for k in ["llm_calls", "llm_cache_hits", "prompt_tokens", "completion_tokens"]}
+    meta.update(n_leaves=len(ids), n_layers=h.n_layers, layers=report.layers.to_dict("records"),
+                segments_total=report.segments_total, segments_resummarized=report.resummarised,
+                seconds=round(time.perf_counter() - t0, 3))
+    log.info("erarag hierarchy (%s, %s summaries): %d layers, %d of %d segments summarised",
+             meta["mode"], kind, h.n_layers, report.resummarised, report.segments_total)
+    meta_df = pd.DataFrame([{"meta": json.dumps(meta, default=int)}])
+    return {"nodes": nodes_table(h, doc_of), "meta": meta_df}, report.resummarised
+
+
+@task(name="erarag_hierarchy", cache_policy=NO_CACHE)
+def hierarchy_stage(ctx: RunContext, leaves: ArtifactRef, leaf_embeddings: ArtifactRef, planes: ArtifactRef,
+                    params: EraParams, llm: LLMParams, embedder: EmbedderParams,
+                    incremental: bool = False) -> dict[str, ArtifactRef]:
+    """Stage: the EraRAG graph of the current leaves. ``incremental`` (``flows.update``) starts from the
+    latest stored graph with the same slice; the fingerprint is that of a full build either way."""
+    kind = params.resolved_summariser(llm)
+    code = hierarchy_code()
+    slice_ = {**hierarchy_slice(params, kind, llm, embedder), "code": code}  # a base must come from this code
+    inputs = input_fps(leaves=leaves, embeddings=leaf_embeddings, planes=planes)
+
+    def compute() -> tuple[dict[str, pa.Table | pd.DataFrame], int]:
+        base = None
+        if incremental:
+            base = find_base(ctx.store, ctx.dataset, slice_, planes.fp, fingerprint(HIERARCHY, code, slice_, inputs))
+            if base is None:
+                log.info("erarag update: no stored hierarchy of %s with this config; building from scratch",
+                         ctx.dataset)
+        return _compute_hierarchy(ctx, leaves, leaf_embeddings, planes, params, kind, llm, embedder, base)
+
+    return run_stage(ctx, HIERARCHY, code, slice_, inputs, compute)
+
+
+def read_meta(ref: ArtifactRef | str) -> dict:
+    """The ``meta`` row of a hierarchy artifact as a dict."""
+    return json.loads(Store.read(ref)["meta"].iloc[0])
+
+
+# ---------------------------------------------------------------- update report
+
+
+INDEX_STAGES = ("ingest", "chunk", "erarag_leaves", "embed", "erarag_hyperplanes", HIERARCHY)
+
+
+def full_build_seconds(store: Store, dataset: str, slice_params: str,
+                       n_leaves: int) -> tuple[Optional[float], Optional[str]]:
+    """Seconds the catalog recorded for the latest full build (Alg. 1) of this dataset and slice, summed
+    over its index stages and scaled linearly to ``n_leaves``; (None, None) when there is none."""
+    ev = store.query("SELECT run_id, stage, fp, status, seconds, created_at FROM stage_events WHERE dataset = ?",
+                     [dataset])
+    metas = store.query("SELECT fp, path, params FROM stages WHERE stage = ? AND name = 'meta' AND dataset = ?",
+                        [HIERARCHY, dataset])
+    want = json.loads(slice_params)
+    builds = []
+    for r in metas.itertuples():
+        if json.loads(r.params) == want and Path(r.path).exists():
+            m = read_meta(r.path)
+            if m["mode"] == "build":
+                builds.append((r.fp, m["n_leaves"]))
+    hier = ev[(ev["stage"] == HIERARCHY) & (ev["status"] == "computed")]
+    hier = hier[hier["fp"].isin([fp for fp, _ in builds])].sort_values("created_at")
+    if hier.empty:
+        return None, None
+    last = hier.iloc[-1]
+    run = ev[(ev["run_id"] == last["run_id"]) & (ev["status"] == "computed") & ev["stage"].isin(INDEX_STAGES)]
+    n_then = dict(builds)[last["fp"]]
+    return float(run["seconds"].sum()) * n_leaves / max(n_then, 1), str(last["run_id"])
+
+
+def update_summary(store: Store, run_id: str, dataset: str, index: dict[str, ArtifactRef]) -> dict[str, Any]:
+    """What an EraRAG update did: documents added / removed, segments re-summarised per layer, LLM tokens."""
+    ev = store.events(run_id)
+    status = ev.loc[ev["stage"] == HIERARCHY, "status"]
+    meta = read_meta(index["meta"])
+    computed = not status.empty and (status == "computed").any()
+    nodes = Store.read(index["nodes"], ["layer"])["layer"]
+    per_layer = pd.DataFrame(meta["layers"])
+    if not computed:  # this corpus's graph was already stored: nothing recomputed
+        per_layer[["segments_resummarised", "nodes_added", "nodes_removed"]] = 0
+    seg_total = int((nodes > 0).sum())
+    params = store.query("SELECT params FROM stages WHERE stage = ? AND fp = ? AND name = 'meta'",
+                         [HIERARCHY, index["meta"].fp])["params"].iloc[0]
+    n_leaves = int((nodes == 0).sum())
+    estimate, build_run = full_build_seconds(store, dataset, params, n_leaves)
+    llm = meta.get("llm") if computed else None
+    return {
+        "mode": meta["mode"] if computed else "cached",
+        "summariser": meta["summariser"],
+        "base_fp": meta["base_fp"] if computed else index["nodes"].fp,
+        "added_docs": meta["added_docs"] if computed else 0,
+        "removed_docs": meta["removed_docs"] if computed else 0,
+        "added_leaves": meta["added_leaves"] if computed else 0,
+        "removed_leaves": meta["removed_leaves"] if computed else 0,
+        "segments_total": seg_total,
+        "segments_resummarized": int(per_layer["segments_resummarised"].sum()),
+        "layers": int(nodes.max()) + 1 if len(nodes) else 0,
+        "per_layer": per_layer.to_dict("records"),
+        "hierarchy_seconds": meta["seconds"] if computed else 0.0,
+        "full_build_seconds_estimate": None if estimate is None else round(estimate, 3),
+        "full_build_run_id": build_run,
+        "llm_prompt_tokens": (llm or {}).get("prompt_tokens", 0),
+        "llm_completion_tokens": (llm or {}).get("completion_tokens", 0),
+        "llm_calls": (llm or {}).get("llm_calls", 0),
+        "hyperplanes": index["hyperplanes"].path,
+    }

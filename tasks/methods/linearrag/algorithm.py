@@ -1,0 +1,503 @@
+"""LinearRAG retrieval, pure layer: Tri-Graph, semantic bridging, global importance PPR.
+
+Paper: LinearRAG (``shared/papers/001_f7294848ce654359.txt``), section 3 and appendices
+D, E.2, G. Everything here is numpy / scipy.sparse in, arrays out: no I/O, no models.
+
+Shapes used throughout (Q queries, P passages, S sentences, E entities, d embedding dim):
+embeddings are float arrays ``(n, d)``, L2-normalised so a dot product is a cosine;
+``contain`` C is a ``(P, E)`` csr of occurrence counts N; ``mention`` M is a ``(S, E)``
+binary csr; activations are ``(Q, E)`` csr float32.
+
+Entity normalisation and the numeric-label filter are not here: the single source is
+``tasks.text.ner`` (``normalize_entity``, ``is_numeric_label``), shared with every graph method.
+
+Readings of spots the paper leaves open (the PDF conversion garbles little here, but
+several quantities are only named in prose):
+
+* eq. (3): a query entity links to its arg-max corpus entity with weight = cosine; two
+  query entities hitting one corpus entity keep the max; links with non-positive
+  similarity or below ``min_similarity`` are dropped (a zero/negative weight carries no
+  mass in eq. (7) or the PPR reset).
+* eq. (5) + "Dynamic pruning" (section 3.2.1): per iteration t, only the frontier (seeds
+  at t = 1, afterwards the entities *newly* activated at t - 1) with score >= delta
+  propagates; a reached entity is kept only if its score >= delta; the loop stops when
+  no new entity passes delta. ``max_iterations`` counts activation tiers including the
+  seeds: Table 10 (appendix E.6) shows tiers "Iter 0..2" with the 2Wiki default 3, so at
+  most ``max_iterations - 1`` propagation steps run.
+* ``top_k_sentence`` (not named in the paper; the authors' released configuration): each
+  frontier entity propagates only through its k sentences most relevant to the query
+  (sigma_q of eq. (4)) that this query has not traversed yet -- the sparse M of eq. (5)
+  restricted per (query, entity). Without the "not traversed yet" rule a newly reached
+  entity's best sentence is usually the one it was reached through, and k = 1 could
+  never take a second hop (the Table 10 chain would stop at "Frederick Barbarossa").
+* eq. (7): N_{e,p} = occurrences of e in p (counts in C); L_e = "hierarchical level" of e
+  = its activation tier (seeds 1, entities first reached at step t get t + 1); W_p =
+  ``passage_node_weight``, one scalar for all passage nodes; sim(q, p) is min-max
+  normalised over the passages per query, so lambda does not depend on the embedder's
+  cosine range.
+* lambda of eq. (7) is ``passage_ratio``, and W_p is ``passage_node_weight``: the
+  authors' released code multiplies the min-max sim(q, p) by ``passage_ratio`` and the
+  whole passage score by ``passage_node_weight``; it has no third coefficient, so a
+  separate ``lam`` next to ``passage_ratio`` would be a misreading. Defaults are their
+  run.py's (``passage_ratio`` 2, ``top_k_sentence`` 3); appendix E.2's "lambda = 0.05" is
+  the value their per-dataset script sets for HotpotQA / 2Wiki (with ``top_k_sentence``
+  1). With 0.05 the dense term is 40 times smaller, and passages that no active entity
+  reaches keep an almost-zero reset, which costs recall at depth 10.
+* eq. (6): ``damping`` d is the probability of following an edge (networkx's ``alpha``);
+  the reset is the per-query normalised personalization; dangling nodes jump according
+  to the personalization, as networkx does. The passage-entity graph is undirected; its
+  edges are "based on occurrence" (section 3.2.2): ``edge_weighting`` "share" weighs
+  (p, e) by N_{e,p} / sum_e' N_{e',p} (default), "count" by N_{e,p}, "indicator" by
+  eq. (1)'s C > 0.
+* Only passage-entity edges: nothing links passages by their position in the corpus.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+import numpy as np
+import scipy.sparse as sp
+
+
+@dataclass(frozen=True)
+class LinearRAGParams:
+    """LinearRAG retrieval parameters; field names equal the config keys."""
+
+    max_iterations: int = 3  # activation tiers incl. seeds (Table 10)
+    iteration_threshold: float = 0.4  # delta of dynamic pruning (section 3.2.1)
+    top_k_sentence: int = 3  # sentences per frontier entity and step
+    passage_ratio: float = 2.0  # lambda of eq. (7): weight of min-max sim(q, p) in the passage reset
+    passage_node_weight: float = 0.05  # W_p of eq. (7)
+    damping: float = 0.5  # eq. (6) d, probability of following an edge
+    edge_weighting: str = "share"  # passage-entity edges: share | count | indicator (section 3.2.2)
+    top_k: int = 5  # passages retrieved
+    min_similarity: float = 0.0  # floor on eq. (3) links; 0.0 = no floor
+    ppr_tol: float = 1e-6  # per-query L1 change that stops the power iteration
+    ppr_max_iter: int = 100
+    ppr_dtype: str = "float32"  # float32 halves the memory traffic; its noise floor is ~1e-7 (L1)
+
+
+# ----------------------------------------------------------- Tri-Graph (eqs. (1)-(2))
+
+def build_tri_graph(
+    sentence_passage: np.ndarray,
+    mention_sentence: np.ndarray,
+    mention_entity: np.ndarray,
+    n_passages: int,
+    n_sentences: int,
+    n_entities: int,
+) -> tuple[sp.csr_array, sp.csr_array]:
+    """Contain matrix C (passage x entity counts) and mention matrix M, LinearRAG eqs. (1)-(2).
+
+    ``sentence_passage[s]`` is the passage of sentence s; each mention row
+    (``mention_sentence[i]``, ``mention_entity[i]``) is one occurrence of an entity in a
+    sentence. C[p, e] = N_{e,p}, the number of such occurrences in p's sentences (eq. (1)'s
+    indicator is C > 0; the counts feed eq. (7)); M is the binary indicator of eq. (2)
+    (binary sentence-entity edges, appendix G.3).
+    """
+    sentence_passage = np.asarray(sentence_passage, dtype=np.int64)
+    rows = np.asarray(mention_sentence, dtype=np.int64)
+    cols = np.asarray(mention_entity, dtype=np.int64)
+    if rows.shape != cols.shape or sentence_passage.shape != (n_sentences,):
+        raise ValueError("mention arrays must align and sentence_passage must have n_sentences rows")
+    ones = np.ones(rows.shape[0], dtype=np.float32)
+    contain = sp.coo_array((ones, (sentence_passage[rows], cols)), shape=(n_passages, n_entities)).tocsr()
+    mention = sp.coo_array((ones, (rows, cols)), shape=(n_sentences, n_entities)).tocsr()
+    contain.sum_duplicates()
+    mention.sum_duplicates()
+    mention.data[:] = 1.0
+    return contain, mention
+
+
+def passage_entity_graph(contain: sp.sparray, weighting: str = "indicator") -> sp.csr_array:
+    """Symmetric adjacency of the passage-entity bipartite graph, nodes = P passages then E entities (section 3.2.2).
+
+    ``weighting``: "indicator" (default; eq. (1)'s C > 0, so eq. (6)'s deg counts links),
+    "count" (N_{e,p}) or "share" (N_{e,p} / sum_e N_{e,p}) -- the last two are readings of
+    "edges ... based on occurrence" (section 3.2.2), offered for ablations.
+    """
+    edges = sp.csr_array(contain).astype(np.float64, copy=True)
+    edges.eliminate_zeros()
+    if weighting == "indicator":
+        edges.data[:] = 1.0
+    elif weighting == "share":
+        edges = sp.diags_array(1.0 / np.maximum(np.asarray(edges.sum(axis=1)).ravel(), 1e-300)) @ edges
+    elif weighting != "count":
+        raise ValueError(f"unknown weighting {weighting!r}")
+    return sp.block_array([[None, edges], [edges.T, None]], format="csr")
+
+
+# ------------------------------------------------------ entity activation (eqs. (3)-(5))
+
+QueryEntities = Union[Sequence[np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+def flatten_query_entities(per_query: Sequence[np.ndarray], dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Stack ragged per-query entity embeddings into (query index per row, (n, dim) matrix)."""
+    blocks = [np.asarray(b, dtype=np.float32).reshape(-1, dim) for b in per_query]
+    q_idx = np.repeat(np.arange(len(blocks)), [b.shape[0] for b in blocks])
+    emb = np.concatenate(blocks, axis=0) if blocks else np.zeros((0, dim), np.float32)
+    return q_idx.astype(np.int64), emb
+
+
+def _max_by_cell(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: tuple[int, int]) -> sp.csr_array:
+    """Sparse matrix keeping the max (not the sum) of duplicate (row, col) entries."""
+    order = np.lexsort((cols, rows))
+    rows, cols, vals = rows[order], cols[order], vals[order]
+    first = np.r_[True, (rows[1:] != rows[:-1]) | (cols[1:] != cols[:-1])] if rows.size else np.zeros(0, bool)
+    starts = np.flatnonzero(first)
+    best = np.maximum.reduceat(vals, starts) if starts.size else vals[:0]
+    return sp.csr_array((best, (rows[starts], cols[starts])), shape=shape)
+
+
+def initial_activation(
+    query_entities: QueryEntities,
+    entity_emb: np.ndarray,
+    min_similarity: float = 0.0,
+    n_queries: int | None = None,
+    block_rows: int = 2048,
+) -> sp.csr_array:
+    """Initial entity activation a_q for a batch of queries (Q x E), LinearRAG eq. (3).
+
+    ``query_entities``: either a list (one ``(k_q, d)`` array per query, k_q may be 0) or
+    ``(q_idx, emb)`` with ``q_idx`` the query of each row of ``emb`` (then pass
+    ``n_queries``). Each query entity links to its most similar corpus entity with weight
+    = cosine; links with similarity <= 0 or < ``min_similarity`` are dropped; duplicate
+    links of one query keep the max.
+    """
+    entity_emb = np.asarray(entity_emb, dtype=np.float32).reshape(-1, np.shape(entity_emb)[-1])
+    if isinstance(query_entities, tuple):
+        if n_queries is None:
+            raise ValueError("n_queries is required with the (q_idx, emb) form")
+        q_idx, emb = np.asarray(query_entities[0], np.int64), np.asarray(query_entities[1], np.float32)
+    else:
+        n_queries = len(query_entities)
+        q_idx, emb = flatten_query_entities(query_entities, entity_emb.shape[1])
+    if entity_emb.shape[0] == 0:
+        return sp.csr_array((n_queries, 0), dtype=np.float32)
+    best = np.zeros(len(q_idx), dtype=np.int64)
+    sim = np.zeros(len(q_idx), dtype=np.float32)
+    for lo in range(0, len(q_idx), block_rows):  # blocks bound the (rows x E) similarity memory
+        block = emb[lo:lo + block_rows] @ entity_emb.T
+        best[lo:lo + block_rows] = block.argmax(axis=1)
+        sim[lo:lo + block_rows] = block[np.arange(block.shape[0]), best[lo:lo + block_rows]]
+    return _links(q_idx, best, sim, n_queries, entity_emb.shape[0], min_similarity)
+
+
+def _links(q_idx: np.ndarray, best: np.ndarray, sim: np.ndarray, n_queries: int, n_entities: int,
+           min_similarity: float) -> sp.csr_array:
+    """Eq. (3) links (query, arg-max entity, cosine) -> a_q, dropping sim <= 0 or < the floor, max per cell."""
+    keep = (sim > 0) & (sim >= min_similarity)
+    return _max_by_cell(q_idx[keep], best[keep], sim[keep], (n_queries, n_entities))
+
+
+def activation_from_similarity(
+    q_idx: np.ndarray, similarity: np.ndarray, n_queries: int, min_similarity: float = 0.0,
+) -> sp.csr_array:
+    """:func:`initial_activation` from a precomputed (rows x E) query-entity cosine matrix.
+
+    For callers that compute the similarities elsewhere (e.g. on the encoder's own thread
+    pool); ``q_idx`` is the query of each row.
+    """
+    similarity = np.asarray(similarity)
+    n_e = similarity.shape[1]
+    if n_e == 0 or similarity.shape[0] == 0:
+        return sp.csr_array((n_queries, n_e), dtype=np.float32)
+    best = similarity.argmax(axis=1)
+    sim = similarity[np.arange(similarity.shape[0]), best].astype(np.float32)
+    return _links(np.asarray(q_idx, np.int64), best.astype(np.int64), sim, n_queries, n_e, min_similarity)
+
+
+def query_sentence_relevance(query_emb: np.ndarray, sentence_emb: np.ndarray) -> np.ndarray:
+    """Query-sentence relevance distribution sigma_q = sim(q, s) for a batch (Q x S), LinearRAG eq. (4)."""
+    return np.asarray(query_emb, dtype=np.float32) @ np.asarray(sentence_emb, dtype=np.float32).T
+
+
+@dataclass(frozen=True)
+class Bridging:
+    """Result of semantic bridging for a batch of Q queries over E entities.
+
+    ``activation``: (Q, E) csr float32, final a_q. ``level``: (Q, E) csr, same pattern,
+    the tier L_e of each active entity (seeds 1, first reached at step t -> t + 1).
+    ``trace``: one ``(q_idx, e_idx)`` pair of int arrays per propagation step that ran,
+    the entities newly activated at that step (the last one is empty if pruning stopped it).
+    """
+
+    activation: sp.csr_array
+    level: sp.csr_array
+    trace: list[tuple[np.ndarray, np.ndarray]]
+
+    def new_counts(self, n_steps: int) -> np.ndarray:
+        """Newly activated entities per query and step, (Q, n_steps) int, zero-padded."""
+        counts = np.zeros((self.activation.shape[0], n_steps), dtype=np.int64)
+        for t, (q, _) in enumerate(self.trace[:n_steps]):
+            counts[:, t] = np.bincount(q, minlength=counts.shape[0])
+        return counts
+
+
+def _frontier_paths(
+    frontier: sp.coo_array, relevance: np.ndarray, entity_sentence: sp.csr_array,
+    traversed: np.ndarray, top_k_sentence: int | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(query, sentence, a_e * sigma_{q,s}) of every path a frontier entity takes this step, eq. (5)."""
+    fq, fe, fa = frontier.row.astype(np.int64), frontier.col.astype(np.int64), frontier.data
+    starts, lengths = entity_sentence.indptr[fe], entity_sentence.indptr[fe + 1] - entity_sentence.indptr[fe]
+    path = np.repeat(np.arange(fe.size), lengths)
+    offset = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    q, s = fq[path], entity_sentence.indices[np.repeat(starts, lengths) + offset].astype(np.int64)
+    fresh = ~traversed[q, s]
+    path, q, s = path[fresh], q[fresh], s[fresh]
+    sigma = relevance[q, s].astype(np.float64)
+    if top_k_sentence is not None and top_k_sentence > 0:
+        order = np.lexsort((s, -sigma, path))  # per frontier entity, most relevant sentence first
+        grouped = path[order]
+        first = np.r_[True, grouped[1:] != grouped[:-1]] if grouped.size else np.zeros(0, bool)
+        rank = np.arange(grouped.size) - np.maximum.accumulate(np.where(first, np.arange(grouped.size), 0))
+        keep = order[rank < top_k_sentence]
+        path, q, s, sigma = path[keep], q[keep], s[keep], sigma[keep]
+    return q, s, fa[path] * sigma
+
+
+def _prune(reached: sp.csr_array, threshold: float) -> sp.csr_array:
+    """Keep only activations >= delta (and > 0), LinearRAG section 3.2.1 dynamic pruning."""
+    reached = reached.tocoo()
+    keep = (reached.data >= threshold) & (reached.data > 0)
+    return sp.csr_array((reached.data[keep], (reached.row[keep], reached.col[keep])), shape=reached.shape)
+
+
+def semantic_bridging(
+    seed_activation: sp.sparray,
+    relevance: np.ndarray,
+    mention: sp.sparray,
+    iteration_threshold: float = 0.4,
+    max_iterations: int = 3,
+    top_k_sentence: int | None = 3,
+) -> Bridging:
+    """Semantic bridging with dynamic pruning for a batch of queries, LinearRAG eqs. (4)-(5).
+
+    ``seed_activation``: (Q, E) a^0 from eq. (3); ``relevance``: (Q, S) sigma from eq. (4);
+    ``mention``: (S, E) M. Each step computes M^T(sigma (.) M a) over the frontier's
+    top-k untraversed sentences (rows = queries, so the whole batch is two sparse
+    products), prunes below delta, and takes MAX with the previous activation. Taken
+    literally, eq. (5) sums over paths, and M^T M has a diagonal: a frontier entity also
+    collects sum_s sigma_s a_e over its chosen sentences (kept, as written).
+    """
+    n_q, n_e = seed_activation.shape
+    act = sp.csr_array(seed_activation).astype(np.float64, copy=True)
+    act.eliminate_zeros()
+    seeds = act.tocoo()
+    levels = [(seeds.row, seeds.col, np.ones(seeds.nnz))]
+    entity_sentence = sp.csr_array(mention.T, dtype=np.float64)
+    mention = sp.csr_array(mention, dtype=np.float64)
+    traversed = np.zeros(relevance.shape, dtype=bool)
+    frontier, trace = _prune(act, iteration_threshold).tocoo(), []
+    for step in range(1, max_iterations):
+        if frontier.nnz == 0:
+            break
+        q, s, weight = _frontier_paths(frontier, relevance, entity_sentence, traversed, top_k_sentence)
+        traversed[q, s] = True
+        message = sp.coo_array((weight, (q, s)), shape=relevance.shape).tocsr()  # sigma (.) (M a)
+        reached = _prune(message @ mention, iteration_threshold).tocoo()  # M^T(...), pruned
+        old = act.tocoo()
+        is_new = ~np.isin(reached.row.astype(np.int64) * n_e + reached.col, old.row.astype(np.int64) * n_e + old.col)
+        frontier = sp.coo_array((reached.data[is_new], (reached.row[is_new], reached.col[is_new])), shape=(n_q, n_e))
+        trace.append((frontier.row.astype(np.int64), frontier.col.astype(np.int64)))
+        levels.append((frontier.row, frontier.col, np.full(frontier.nnz, step + 1.0)))
+        act = act.maximum(reached.tocsr())  # eq. (5) MAX
+    rows, cols, vals = (np.concatenate(parts) for parts in zip(*levels))
+    level = sp.csr_array((vals, (rows, cols)), shape=(n_q, n_e))
+    return Bridging(act.astype(np.float32), level, trace)
+
+
+# ----------------------------------------------------- passage retrieval (eqs. (6)-(7))
+
+def _minmax_rows(x: np.ndarray) -> np.ndarray:
+    """Rescale each row to [0, 1]; constant rows become 0."""
+    lo, hi = x.min(axis=1, keepdims=True), x.max(axis=1, keepdims=True)
+    span = np.where(hi > lo, hi - lo, 1.0)
+    return (x - lo) / span
+
+
+def passage_initial_scores(
+    passage_similarity: np.ndarray,
+    activation: sp.sparray,
+    level: sp.sparray,
+    contain: sp.sparray,
+    passage_ratio: float = 2.0,
+    passage_node_weight: float = 0.05,
+) -> np.ndarray:
+    """Initial importance of passage nodes for a batch (Q x P), LinearRAG eq. (7).
+
+    I(p) = (lambda * sim(q, p) + ln(1 + sum_e a_e ln(1 + N_{e,p}) / L_e)) * W_p, with
+    ``passage_similarity`` (Q, P) cosines (min-max normalised per query here),
+    ``activation`` / ``level`` the (Q, E) a_q and L_e of :class:`Bridging`, and
+    ``contain`` the (P, E) counts N; lambda = ``passage_ratio``, W_p = ``passage_node_weight``.
+    """
+    act = sp.csr_array(activation, dtype=np.float64)
+    inv_level = sp.csr_array(level, dtype=np.float64).power(-1)
+    log_counts = sp.csr_array(contain, dtype=np.float64).log1p()
+    entity_bonus = (act.multiply(inv_level) @ log_counts.T).toarray()
+    dense = _minmax_rows(np.asarray(passage_similarity, dtype=np.float64))
+    return (passage_ratio * dense + np.log1p(entity_bonus)) * passage_node_weight
+
+
+@dataclass(frozen=True)
+class RandomWalk:
+    """The walk of eq. (6) over a graph: ``matrix`` (n, n) column-stochastic transitions
+    (``matrix[j, i]`` = P(i -> j); the columns of ``dangling`` nodes, which have no edge, are 0)."""
+
+    matrix: sp.csr_array
+    dangling: np.ndarray
+
+
+def random_walk(adj: sp.sparray, dtype: str | type = np.float64) -> RandomWalk:
+    """Transition matrix of the weighted adjacency ``adj`` (``adj[i, j]`` = weight of i -> j), built once per graph."""
+    adj = sp.csr_array(adj, dtype=np.float64)
+    out_weight = np.asarray(adj.sum(axis=1)).ravel()
+    inv_out = np.divide(1.0, out_weight, out=np.zeros_like(out_weight), where=out_weight != 0)
+    matrix = (sp.diags_array(inv_out) @ adj).T.tocsr().astype(dtype)
+    return RandomWalk(matrix, np.flatnonzero(out_weight == 0))
+
+
+def personalized_pagerank(
+    adj: sp.sparray | RandomWalk,
+    personalization: np.ndarray,
+    damping: float = 0.5,
+    tol: float = 1e-8,
+    max_iter: int = 100,
+    dtype: str | type = np.float64,
+) -> np.ndarray:
+    """Personalized PageRank for a batch of reset vectors (Q x n), LinearRAG eq. (6).
+
+    ``adj``: (n, n) weighted adjacency, ``adj[i, j]`` = weight of edge i -> j (symmetric for
+    the undirected passage-entity graph), or its prebuilt :func:`random_walk`.
+    ``personalization``: (Q, n) non-negative reset mass, normalised per row here (an
+    all-zero row gives an all-zero result). ``damping`` is the probability of following an
+    edge (networkx's ``alpha``); dangling nodes jump by the personalization (networkx's
+    default). Stops when every query's L1 change in one iteration is < tol (checked every
+    fourth iteration). ``dtype`` is the iteration's float type (the reset is normalised in
+    float64 first); float32 cannot reach tol below ~1e-7.
+    """
+    walk = adj if isinstance(adj, RandomWalk) else random_walk(adj, dtype)
+    dangling, walk = walk.dangling, walk.matrix.astype(dtype, copy=False)
+    reset = np.clip(np.asarray(personalization, dtype=np.float64), 0.0, None)
+    total = reset.sum(axis=1)
+    result = np.zeros_like(reset)
+    live = np.flatnonzero(total > 0)  # an all-zero reset row stays all zero, no iteration needed
+    if live.size == 0:
+        return result
+    reset = np.ascontiguousarray((reset[live] / total[live, None]).T, dtype=dtype)  # (n, Q'): a column per query
+    scores, jump = reset.copy(), np.empty_like(reset)
+    for it in range(max_iter):
+        previous = scores
+        scores = walk @ previous
+        scores *= reset.dtype.type(damping)
+        # teleport (1 - d) plus the dangling mass d * sum(previous[dangling]) jump by the personalization
+        coef = (1.0 - damping) + damping * previous[dangling].sum(axis=0, dtype=np.float64)
+        np.multiply(reset, coef.astype(reset.dtype), out=jump)
+        scores += jump
+        if (it % 4 == 3 or it == max_iter - 1) and np.abs(scores - previous).sum(axis=0).max() < tol:
+            break
+    result[live] = scores.T
+    return result
+
+
+def rank_passages(scores: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k passage indices and scores per query, best first, ties by lower index."""
+    k = min(top_k, scores.shape[1])
+    if k <= 0:
+        return np.zeros((scores.shape[0], 0), np.int64), np.zeros((scores.shape[0], 0), scores.dtype)
+    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    cut = np.take_along_axis(scores, part, 1).min(axis=1, keepdims=True)
+    # candidates tied with the k-th score may sit outside the partition: take them all, then order
+    rows, cols = np.nonzero(scores >= cut)
+    order = np.lexsort((cols, -scores[rows, cols], rows))
+    rows, cols = rows[order], cols[order]
+    rank = np.arange(rows.size) - np.searchsorted(rows, rows)
+    keep = rank < k
+    ranked = np.zeros((scores.shape[0], k), np.int64)
+    ranked[rows[keep], rank[keep]] = cols[keep]
+    return ranked, np.take_along_axis(scores, ranked, axis=1)
+
+
+# ----------------------------------------------------------------------- orchestrator
+
+@dataclass(frozen=True)
+class Retrieval:
+    """Ranked passages for a batch: ``ranked`` / ``scores`` (Q, top_k); ``fallback`` (Q,) bool
+    marks queries with no linked entity, ranked by dense sim(q, p) (appendix G.4)."""
+
+    ranked: np.ndarray
+    scores: np.ndarray
+    fallback: np.ndarray
+    bridging: Bridging
+
+
+def activate_entities(
+    query_emb: np.ndarray,
+    seeds: sp.sparray,
+    sentence_emb: np.ndarray,
+    mention: sp.sparray,
+    params: LinearRAGParams = LinearRAGParams(),
+) -> Bridging:
+    """First stage (section 3.2.1): eq. (4) relevance, then eq. (5) bridging from the eq. (3) ``seeds``."""
+    return semantic_bridging(
+        seeds, query_sentence_relevance(query_emb, sentence_emb), mention,
+        params.iteration_threshold, params.max_iterations, params.top_k_sentence,
+    )
+
+
+def global_importance(
+    passage_similarity: np.ndarray,
+    bridging: Bridging,
+    contain: sp.sparray,
+    graph: sp.sparray | RandomWalk,
+    params: LinearRAGParams = LinearRAGParams(),
+) -> np.ndarray:
+    """Second stage (section 3.2.2): PPR scores of the P passages (Q x P).
+
+    Reset = [eq. (7) I(p) on passages, a_q on entities]; ``graph`` is
+    :func:`passage_entity_graph` (passages first) or its :func:`random_walk`. A query with
+    no active entity is ranked by ``passage_similarity`` itself (appendix G.4).
+    """
+    passage_reset = passage_initial_scores(
+        passage_similarity, bridging.activation, bridging.level, contain,
+        params.passage_ratio, params.passage_node_weight,
+    )
+    reset = np.hstack([passage_reset, bridging.activation.toarray()])
+    importance = personalized_pagerank(graph, reset, params.damping, params.ppr_tol, params.ppr_max_iter,
+                                       params.ppr_dtype)
+    fallback = np.diff(sp.csr_array(bridging.activation).indptr) == 0
+    n_p = passage_similarity.shape[1]
+    return np.where(fallback[:, None], passage_similarity, importance[:, :n_p])
+
+
+def linearrag_retrieve(
+    query_emb: np.ndarray,
+    query_entities: QueryEntities,
+    passage_emb: np.ndarray,
+    sentence_emb: np.ndarray,
+    entity_emb: np.ndarray,
+    contain: sp.sparray,
+    mention: sp.sparray,
+    params: LinearRAGParams = LinearRAGParams(),
+    graph: sp.sparray | None = None,
+    top_k: int | None = None,
+) -> Retrieval:
+    """Two-stage LinearRAG retrieval for a batch of queries, LinearRAG section 3.2 (eqs. (3)-(7)).
+
+    Activation (eq. 3) -> bridging (eqs. 4-5) -> passage initial scores (eq. 7) -> PPR
+    (eq. 6) on the passage-entity graph with reset = [I(p) on passages, a_q on entities]
+    -> the ``top_k`` (default ``params.top_k``) passages by PPR score. Queries without a
+    linked entity fall back to dense ranking (appendix G.4). ``graph`` may pass a prebuilt
+    :func:`passage_entity_graph`. Memory is O(Q * (S + P + E)); split large query sets.
+    """
+    n_q = np.asarray(query_emb).shape[0]
+    seeds = initial_activation(query_entities, entity_emb, params.min_similarity, n_queries=n_q)
+    bridging = activate_entities(query_emb, seeds, sentence_emb, mention, params)
+    passage_similarity = np.asarray(query_emb, np.float32) @ np.asarray(passage_emb, np.float32).T
+    graph = passage_entity_graph(contain, params.edge_weighting) if graph is None else graph
+    scores = global_importance(passage_similarity, bridging, contain, graph, params)
+    ranked, top_scores = rank_passages(scores, params.top_k if top_k is None else top_k)
+    return Retrieval(ranked, top_scores, np.diff(seeds.indptr) == 0, bridging)

@@ -1,0 +1,82 @@
+"""ZoomRAG stages (shared global block ``M``) and the online retriever (DocZoom → ChunkZoom).
+
+The algorithms live in :mod:`tasks.methods.zoomrag.algorithm`; this module stores and loads their inputs.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.core.stage import RunContext, input_fps, run_stage
+from tasks.core.store import ArtifactRef, Store, code_version
+from tasks.methods.dense import load_embeddings
+from tasks.methods.zoomrag import algorithm as zoom
+from tasks.text.chunk import ChunkParams
+from tasks.text.entities import coo_matrix
+
+
+@dataclass(frozen=True)
+class ZoomRAGParams(zoom.ZoomParams):
+    """``method=zoomrag``: the paper's walk settings plus how documents are cut into chunks."""
+
+    name: str = "zoomrag"
+    top_k: int = 10
+    chunk_unit: str = "sentence"  # §3.2: chunks are sentence-level units, ordered within their document
+    max_entity_words: int = 6
+    doc_block_rows: int = 1024
+    chunk_group_size: int = 32  # ChunkZoom local problems solved together (similar sizes grouped)
+
+    def walk(self) -> zoom.ZoomParams:
+        """The slice :mod:`tasks.methods.zoomrag.algorithm` takes."""
+        fields = zoom.ZoomParams.__dataclass_fields__
+        return zoom.ZoomParams(**{k: v for k, v in asdict(self).items() if k in fields})
+
+    def chunking(self) -> ChunkParams:
+        """How documents are cut into chunks for ChunkZoom."""
+        return ChunkParams(unit=self.chunk_unit)
+
+
+def to_coo(matrix: sp.sparray) -> pd.DataFrame:
+    """csr → COO table ``(row, col, value)``."""
+    c = sp.coo_array(matrix)
+    return pd.DataFrame({"row": c.row.astype(np.int64), "col": c.col.astype(np.int64), "value": c.data})
+
+
+@task(name="doc_doc_graph", cache_policy=NO_CACHE)
+def doc_doc_graph(ctx: RunContext, doc_embeddings: ArtifactRef, params: ZoomRAGParams) -> dict[str, ArtifactRef]:
+    """Stage: A_doc→doc = exp(cos), row-sparsified at mean + k·std (eq. 2), built in row blocks."""
+    slice_ = {"k_std": params.k_std}
+
+    def compute() -> tuple[dict[str, pd.DataFrame], int]:
+        _, emb = load_embeddings(doc_embeddings, "doc_id")
+        block = zoom.doc_doc_block(emb, params.k_std, params.doc_block_rows)
+        return {"doc_doc": to_coo(block)}, block.nnz
+
+    return run_stage(ctx, "doc_doc_graph", code_version(sys.modules[__name__], zoom), slice_,
+                     input_fps(doc_embeddings=doc_embeddings), compute)
+
+
+@task(name="global_block", cache_policy=NO_CACHE)
+def global_block(ctx: RunContext, doc_doc: ArtifactRef, doc_entity: ArtifactRef, entities: ArtifactRef,
+                 n_docs: int, params: ZoomRAGParams) -> dict[str, ArtifactRef]:
+    """Stage: the shared matrix M over documents + entities (eqs. 1, 2, 6), blocks rescaled (§3.2)."""
+    slice_ = {"use_entities": params.use_entities, "use_doc_doc": params.use_doc_doc, "rescale": params.rescale}
+
+    def compute() -> tuple[dict[str, pd.DataFrame], int]:
+        m = entities.rows
+        M, scales = zoom.global_block(coo_matrix(Store.read(doc_doc), (n_docs, n_docs)),
+                                      coo_matrix(Store.read(doc_entity), (n_docs, m)),
+                                      use_entities=params.use_entities, use_doc_doc=params.use_doc_doc,
+                                      rescale=params.rescale)
+        meta = pd.DataFrame([{"n_docs": n_docs, "n_entities": m, "scales": json.dumps(scales)}])
+        return {"M": to_coo(M), "M_meta": meta}, M.nnz
+
+    return run_stage(ctx, "global_block", code_version(sys.modules[__name__], zoom), slice_,
+                     input_fps(doc_doc=doc_doc, doc_entity=doc_entity, entities=entities), compute)

@@ -1,0 +1,95 @@
+"""The entity layer shared by the graph methods: vocabulary, incidence matrices, query linking.
+
+Entities are normalised NER strings (``tasks.text.ner.normalize_entity``); a node per distinct string.
+Incidence counts come from the index's own mentions (never from substring counting).
+"""
+from __future__ import annotations
+
+import re
+import sys
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.core.stage import RunContext, input_fps, run_stage
+from tasks.core.store import ArtifactRef, Store, code_version
+from tasks.text.ner import normalize_entity
+
+
+def entity_vocabulary(mentions: pd.DataFrame) -> pd.DataFrame:
+    """``entities(entity_idx, entity, n_words)`` sorted by string (stable across corpus order)."""
+    names = np.sort(mentions["entity"].unique())
+    return pd.DataFrame({"entity_idx": np.arange(len(names), dtype=np.int64), "entity": names,
+                         "n_words": [len(n.split()) for n in names]})
+
+
+def incidence(mentions: pd.DataFrame, id_col: str, row_ids: list[str], vocab: pd.DataFrame) -> pd.DataFrame:
+    """COO ``(row, col, value)``: how often entity ``col`` is mentioned in row ``row`` (row = position in ``row_ids``)."""
+    row_of = pd.Series(np.arange(len(row_ids), dtype=np.int64), index=pd.Index(row_ids))
+    col_of = pd.Series(vocab["entity_idx"].to_numpy(), index=pd.Index(vocab["entity"]))
+    m = mentions[mentions[id_col].isin(row_of.index) & mentions["entity"].isin(col_of.index)]
+    pairs = pd.DataFrame({"row": row_of.loc[m[id_col]].to_numpy(), "col": col_of.loc[m["entity"]].to_numpy()})
+    counts = pairs.groupby(["row", "col"]).size().rename("value").reset_index()
+    return counts.astype({"row": "int64", "col": "int64", "value": "float64"})
+
+
+def chunk_mentions(doc_mentions: pd.DataFrame, chunks: pd.DataFrame) -> pd.DataFrame:
+    """Document mentions → chunk mentions, by character offsets (a mention belongs to the chunk holding its start)."""
+    c = chunks[["chunk_id", "doc_id", "start", "end"]].astype({"start": "int64", "end": "int64"}).sort_values("start")
+    m = doc_mentions.astype({"start": "int64", "end": "int64"}).sort_values("start")
+    joined = pd.merge_asof(m, c.rename(columns={"start": "c_start", "end": "c_end"}), left_on="start",
+                           right_on="c_start", by="doc_id", direction="backward")
+    joined = joined[joined["chunk_id"].notna() & (joined["start"] < joined["c_end"])]
+    return joined[["chunk_id", "surface", "label", "start", "end", "entity"]].reset_index(drop=True)
+
+
+def coo_matrix(table: pd.DataFrame, shape: tuple[int, int]) -> sp.csr_array:
+    """A stored COO table → csr_array."""
+    return sp.csr_array((table["value"].to_numpy(np.float64), (table["row"].to_numpy(), table["col"].to_numpy())),
+                        shape=shape)
+
+
+_WORD = re.compile(r"\w+")
+
+
+def query_entity_links(questions: list[str], vocab_index: dict[str, int], max_words: int,
+                       question_entities: list[list[str]] | None) -> list[list[int]]:
+    """Entities a question contains: word n-grams of the normalised question found in the vocabulary,
+    plus the question's own NER mentions (normalised strings) found there (ZoomRAG's indicator
+    'query contains entity')."""
+    found: list[list[int]] = []
+    for q, names in zip(questions, question_entities or [[]] * len(questions)):
+        words = normalize_entity(q).split()
+        hits = {vocab_index[g] for n in range(1, max_words + 1) for i in range(len(words) - n + 1)
+                if (g := " ".join(words[i:i + n])) in vocab_index}
+        hits.update(vocab_index[e] for e in names if e in vocab_index)
+        found.append(sorted(hits))
+    return found
+
+
+def links_matrix(links: list[list[int]], n_cols: int) -> sp.csr_array:
+    """Per-query entity lists → (q × m) 0/1 csr_array."""
+    rows = np.repeat(np.arange(len(links)), [len(x) for x in links])
+    cols = np.fromiter((c for x in links for c in x), dtype=np.int64, count=len(rows))
+    return sp.csr_array((np.ones(len(rows)), (rows, cols)), shape=(len(links), n_cols))
+
+
+@task(name="entity_graph", cache_policy=NO_CACHE)
+def entity_graph(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef | None,
+                 doc_mentions: ArtifactRef) -> dict[str, ArtifactRef]:
+    """Stage: entity vocabulary and doc–entity (and chunk–entity) incidence, as COO tables."""
+    def compute() -> tuple[dict[str, pd.DataFrame], int]:
+        doc_ids = Store.read(documents, ["doc_id"])["doc_id"].tolist()
+        mentions = Store.read(doc_mentions)
+        vocab = entity_vocabulary(mentions)
+        out = {"entities": vocab, "doc_entity": incidence(mentions, "doc_id", doc_ids, vocab)}
+        if chunks is not None:
+            ch = Store.read(chunks, ["chunk_id", "doc_id", "start", "end"])
+            out["chunk_entity"] = incidence(chunk_mentions(mentions, ch), "chunk_id", ch["chunk_id"].tolist(), vocab)
+        return out, len(vocab)
+
+    return run_stage(ctx, "entity_graph", code_version(sys.modules[__name__]), {},
+                     input_fps(documents=documents, chunks=chunks, mentions=doc_mentions), compute)

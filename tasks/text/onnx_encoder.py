@@ -1,0 +1,114 @@
+"""Online query encoding with ONNX Runtime: the same sentence-transformers weights, exported once per process.
+
+On this 2-core box ONNX Runtime runs MiniLM on short questions about 1.35x faster than PyTorch eager
+(3.3 vs 4.5 ms per question at batch 256, sub-batches of 16), with embeddings equal to 2e-7. Only
+the query path uses it: stored passage embeddings always come from ``tasks.text.embed.encode``.
+
+The export happens in memory (no file, nothing downloaded) when the first query batch arrives,
+and is checked against the PyTorch encoder on probe strings. A model whose pipeline is not
+transformer → mean pooling → normalisation, or whose export does not match, is refused with an
+error that names ``embedder.query_runtime=torch``; it never silently falls back.
+"""
+from __future__ import annotations
+
+import functools
+import io
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+PROBE = ["Who directed the film that won the award in 1994?", "Paris", "the United States of America",
+         "Which river flows through the capital of the country where the composer was born, and how long is it?"]
+MAX_ABS_DIFF = 1e-4  # exported vs eager embeddings, unit vectors
+
+
+class OnnxExportError(RuntimeError):
+    """The encoder cannot be run by ONNX Runtime faithfully."""
+
+
+@dataclass(frozen=True)
+class OnnxEncoder:
+    """An ONNX Runtime session over the transformer plus the tokenizer and pooling of the original model."""
+
+    session: Any
+    tokenizer: Any
+    input_names: tuple[str, ...]
+    max_length: int
+    dim: int
+
+    def encode(self, texts: list[str], batch_size: int) -> np.ndarray:
+        """Mean-pooled, L2-normalised float32 embeddings, sub-batched by length like sentence-transformers."""
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        for start in range(0, len(texts), batch_size):
+            idx = order[start:start + batch_size]
+            tok = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True,
+                                 max_length=self.max_length, return_tensors="np")
+            hidden = self.session.run(None, {n: tok[n].astype(np.int64) for n in self.input_names})[0]
+            mask = tok["attention_mask"][..., None].astype(np.float32)
+            pooled = (hidden * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
+            out[idx] = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+        return out
+
+
+def _check_pipeline(enc: Any) -> None:
+    """Transformer → mean Pooling → Normalize, the structure :meth:`OnnxEncoder.encode` reproduces."""
+    names = [type(m).__name__ for m in enc]
+    pooling = enc[1] if len(names) > 1 else None
+    mode = (pooling.get_config_dict().get("pooling_mode") if hasattr(pooling, "get_config_dict")  # ST >= 5
+            else pooling.get_pooling_mode_str() if hasattr(pooling, "get_pooling_mode_str") else None)
+    if names[:1] != ["Transformer"] or mode != "mean" or "Normalize" not in names[2:]:
+        raise OnnxExportError(f"embedder.query_runtime=onnxruntime supports transformer + mean pooling + "
+                              f"normalise models; this one is {names} (pooling {mode!r}). Set "
+                              f"embedder.query_runtime=torch.")
+
+
+def _export(model: Any, tokenizer: Any) -> tuple[bytes, tuple[str, ...]]:
+    """The transformer as ONNX bytes (dynamic batch and sequence axes) and its input names."""
+    import torch
+
+    sample = tokenizer(PROBE[:2], padding=True, return_tensors="pt")
+    names = tuple(n for n in ("input_ids", "attention_mask", "token_type_ids") if n in sample)
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args: Any) -> Any:
+            return self.inner(**dict(zip(names, args))).last_hidden_state
+
+    buf = io.BytesIO()
+    axes = {n: {0: "batch", 1: "seq"} for n in (*names, "hidden")}
+    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(LastHidden(model.eval()), tuple(sample[n] for n in names), buf, input_names=list(names),
+                          output_names=["hidden"], dynamic_axes=axes, opset_version=17, dynamo=False)
+    return buf.getvalue(), names
+
+
+@functools.lru_cache(maxsize=2)
+def load_onnx_encoder(model: str, max_seq_length: int, threads: int) -> OnnxEncoder:
+    """Export ``model``'s transformer once per process and check it against the eager encoder."""
+    import onnxruntime as ort
+
+    from tasks.text.embed import load_encoder
+
+    enc = load_encoder(model, max_seq_length, "cpu")
+    _check_pipeline(enc)
+    blob, names = _export(enc[0].auto_model, enc.tokenizer)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(blob, opts, providers=["CPUExecutionProvider"])
+    out = OnnxEncoder(session, enc.tokenizer, names, enc.max_seq_length,
+                      getattr(enc, "get_embedding_dimension", enc.get_sentence_embedding_dimension)())
+    eager = enc.encode(PROBE, normalize_embeddings=True, convert_to_numpy=True)
+    diff = float(np.abs(out.encode(PROBE, 2) - eager).max())
+    if diff > MAX_ABS_DIFF:
+        raise OnnxExportError(f"the ONNX export of {model!r} differs from the PyTorch encoder by {diff:.2g} "
+                              f"(> {MAX_ABS_DIFF}); set embedder.query_runtime=torch")
+    return out

@@ -1,0 +1,332 @@
+"""Tests for ``tasks.core.store`` and ``tasks.core.stage``: atomic writes, the catalog, row caches, kills, concurrency."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+import tasks.core.store as store_mod
+from tasks.core.stage import RunContext, input_fps, run_stage
+from tasks.core.store import (
+    ArtifactRef,
+    Store,
+    StoreError,
+    arrow_to_embeddings,
+    code_version,
+    embeddings_to_arrow,
+    fingerprint,
+    text_key,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _frame(values) -> pd.DataFrame:
+    return pd.DataFrame({"x": list(values)})
+
+
+def _stage_rows(store: Store, stage: str) -> pd.DataFrame:
+    return store.query("SELECT name, fp, path, rows, rows_computed FROM stages WHERE stage = ?", [stage])
+
+
+# ----------------------------------------------------------------------------- atomic writes
+
+def test_write_parquet_round_trip_and_no_temp_left(tmp_path):
+    path = tmp_path / "a" / "b" / "out.parquet"
+    assert Store.write_parquet(_frame([3, 1, 2]), path) == 3
+    assert Store.read(path)["x"].tolist() == [3, 1, 2]
+    assert Store.write_parquet(pa.table({"x": [7]}), path) == 1  # overwrite in place
+    assert Store.read(path)["x"].tolist() == [7]
+    assert [p.name for p in path.parent.iterdir()] == ["out.parquet"]
+
+
+def test_failed_write_leaves_no_file_at_final_path(tmp_path, monkeypatch):
+    real = store_mod.pq.write_table
+
+    def broken(table, where, *a, **k):
+        real(table.slice(0, 1), where, *a, **k)  # something reaches the temp file ...
+        raise OSError("disk full")                # ... then the write fails
+
+    monkeypatch.setattr(store_mod.pq, "write_table", broken)
+    path = tmp_path / "s" / "out.parquet"
+    with pytest.raises(OSError, match="disk full"):
+        Store.write_parquet(_frame(range(5)), path)
+    assert not path.exists()
+
+    # through a stage: no catalog row, so the next run computes and writes the whole table
+    ctx = RunContext(str(tmp_path / "art"), "ds", "run1")
+    with pytest.raises(OSError):
+        run_stage(ctx, "s", "c", {}, {}, lambda: ({"out": _frame(range(5))}, 5))
+    assert _stage_rows(ctx.store, "s").empty
+    monkeypatch.setattr(store_mod.pq, "write_table", real)
+    refs = run_stage(ctx, "s", "c", {}, {}, lambda: ({"out": _frame(range(5))}, 5))
+    assert Store.read(refs["out"])["x"].tolist() == list(range(5))
+    assert ctx.store.events("run1")["status"].tolist() == ["computed"]
+
+
+def test_second_output_failing_leaves_stage_untrusted(tmp_path, monkeypatch):
+    ctx = RunContext(str(tmp_path / "art"), "ds", "run1")
+    real = Store.write_parquet
+
+    def fail_on_b(table, path):
+        if path.name.startswith("b-"):
+            raise OSError("boom")
+        return real(table, path)
+
+    monkeypatch.setattr(Store, "write_parquet", staticmethod(fail_on_b))
+    compute = lambda: ({"a": _frame([1]), "b": _frame([2])}, 2)  # noqa: E731
+    with pytest.raises(OSError):
+        run_stage(ctx, "two", "c", {}, {}, compute)
+    assert len(list(Path(ctx.artifacts_dir).rglob("a-*.parquet"))) == 1  # written, but not recorded
+    monkeypatch.setattr(Store, "write_parquet", staticmethod(real))
+    refs = run_stage(ctx, "two", "c", {}, {}, compute)
+    assert set(refs) == {"a", "b"} and Store.read(refs["b"])["x"].tolist() == [2]
+    assert ctx.store.events("run1")["status"].tolist() == ["computed"]
+
+
+def test_write_bytes_atomic(tmp_path):
+    path = tmp_path / "x" / "blob.bin"
+    Store.write_bytes(b"abc", path)
+    assert path.read_bytes() == b"abc" and [p.name for p in path.parent.iterdir()] == ["blob.bin"]
+
+
+# ----------------------------------------------------------------------------- catalog records
+
+def test_record_lookup_round_trip_and_deleted_file(tmp_path):
+    store = Store(tmp_path)
+    assert store.lookup("st", "fp1") is None
+    p1, p2 = store.path_for("ds", "st", "one", "fp1"), store.path_for("ds", "st", "two", "fp1")
+    refs = {"one": ArtifactRef("one", str(p1), "fp1", store.write_parquet(_frame([1, 2]), p1)),
+            "two": ArtifactRef("two", str(p2), "fp1", store.write_parquet(_frame([3]), p2))}
+    store.record("st", "fp1", "ds", refs, input_fps={"in": "abc"}, params={"k": 1}, rows_computed=2,
+                 seconds=0.1, peak_rss_mb=1.0, run_id="r")
+    assert store.lookup("st", "fp1") == refs
+    assert store.lookup("st", "fp2") is None and store.lookup("other", "fp1") is None
+    assert store.query('SELECT count(*) AS n FROM "one"')["n"].iloc[0] == 2  # the artifact's view
+    # recording the same fingerprint again replaces its rows
+    store.record("st", "fp1", "ds", refs, input_fps={}, params={}, rows_computed=0, seconds=0.0,
+                 peak_rss_mb=0.0, run_id="r2")
+    assert len(_stage_rows(store, "st")) == 2
+    p2.unlink()
+    assert store.lookup("st", "fp1") is None  # one missing file: the whole stage is untrusted
+
+
+def test_run_stage_caches_and_recomputes_when_file_deleted(ctx):
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"out": _frame([1, 2, 3]), "blob": b"xyz"}, 3
+
+    def run(p):
+        return run_stage(ctx, "s", "code", {"p": p}, {"in": "f0"}, compute, ext={"blob": "bin"})
+
+    refs = run(1)
+    assert refs["blob"].path.endswith(".bin") and Path(refs["blob"].path).read_bytes() == b"xyz"
+    assert refs["out"].rows == 3 and refs["blob"].rows == 1
+    assert run(1) == refs
+    assert len(calls) == 1
+    run(2)  # other params: computed
+    assert len(calls) == 2
+    Path(refs["out"].path).unlink()
+    again = run(1)
+    assert len(calls) == 3 and again == refs and Store.read(again["out"])["x"].tolist() == [1, 2, 3]
+    assert ctx.store.events("run1")["status"].tolist() == ["computed", "cached", "computed", "computed"]
+
+
+# ----------------------------------------------------------------------------- fingerprints and keys
+
+def _version_a():
+    return 1
+
+
+def _version_b():
+    return 2
+
+
+def test_fingerprint_changes_with_params_inputs_and_code():
+    base = fingerprint("s", "c1", {"a": 1, "b": [1, 2]}, {"x": "f1", "y": "f2"})
+    assert base == fingerprint("s", "c1", {"b": [1, 2], "a": 1}, {"y": "f2", "x": "f1"})  # key order irrelevant
+    others = [fingerprint("t", "c1", {"a": 1, "b": [1, 2]}, {"x": "f1", "y": "f2"}),
+              fingerprint("s", "c2", {"a": 1, "b": [1, 2]}, {"x": "f1", "y": "f2"}),
+              fingerprint("s", "c1", {"a": 2, "b": [1, 2]}, {"x": "f1", "y": "f2"}),
+              fingerprint("s", "c1", {"a": 1, "b": [2, 1]}, {"x": "f1", "y": "f2"}),
+              fingerprint("s", "c1", {"a": 1, "b": [1, 2]}, {"x": "f1", "y": "f3"}),
+              fingerprint("s", "c1", {"a": 1, "b": [1, 2]}, {"x": "f1"})]
+    assert len({base, *others}) == 7
+    assert code_version(_version_a) == code_version(_version_a) != code_version(_version_b)
+    assert code_version(_version_a, _version_b) != code_version(_version_b, _version_a)
+    assert input_fps(a=ArtifactRef("n", "p", "fa", 1), b=None,
+                     c={"k": ArtifactRef("n", "p", "fc", 1)}) == {"a": "fa", "c.k": "fc"}
+    assert text_key("abc") == text_key("abc") != text_key("abd")
+
+
+# ----------------------------------------------------------------------------- arrays in Parquet
+
+def test_embeddings_round_trip(tmp_path):
+    m = np.random.default_rng(0).standard_normal((7, 5))
+    col = embeddings_to_arrow(m)
+    assert col.type.list_size == 5 and len(col) == 7
+    path = tmp_path / "e.parquet"
+    Store.write_parquet(pa.table({"id": list("abcdefg"), "v": col}), path)
+    back = arrow_to_embeddings(Store.read_arrow(path).column("v"))
+    assert back.dtype == np.float32 and back.shape == (7, 5)
+    np.testing.assert_array_equal(back, m.astype(np.float32))
+    chunked = pa.chunked_array([embeddings_to_arrow(m[:3]), embeddings_to_arrow(m[3:])])
+    np.testing.assert_array_equal(arrow_to_embeddings(chunked), m.astype(np.float32))
+    empty = arrow_to_embeddings(pa.chunked_array([], type=col.type))
+    assert empty.shape == (0, 5)
+
+
+# ----------------------------------------------------------------------------- row caches
+
+def test_row_cache_append_read_keys(tmp_path):
+    store = Store(tmp_path)
+    with pytest.raises(StoreError):
+        store.read_rows("st", "p", "key", ["a"])
+    assert store.cached_keys("st", "p", "key") == set()
+    store.append_rows("st", "p", pd.DataFrame({"key": ["a", "b", "b"], "v": [1, 2, 3]}))
+    store.append_rows("st", "p", pd.DataFrame({"key": ["c"], "v": [4]}))
+    assert store.cached_keys("st", "p", "key") == {"a", "b", "c"}
+    assert store.cached_keys("st", "other", "key") == set()
+    got = store.read_rows("st", "p", "key", ["b", "c", "zz"]).to_pandas()
+    assert sorted(zip(got["key"], got["v"])) == [("b", 2), ("b", 3), ("c", 4)]  # every row of a key
+    # a key computed again in another part: one copy of its rows survives, not both
+    store.append_rows("st", "p", pd.DataFrame({"key": ["b", "b"], "v": [20, 30]}))
+    got = store.read_rows("st", "p", "key", ["a", "b"]).to_pandas()
+    assert got["key"].tolist().count("a") == 1
+    assert sorted(got.loc[got["key"] == "b", "v"]) in ([2, 3], [20, 30])
+
+
+# ----------------------------------------------------------------------------- a killed run
+
+_KILLED = """
+import pathlib, sys, time
+import pandas as pd
+from tasks.core.stage import RunContext, run_stage
+from tasks.core.store import Store
+
+art, marker, mode = sys.argv[1:4]
+
+def compute():
+    if mode == "compute":
+        pathlib.Path(marker).touch()
+        time.sleep(30)
+    return {"out": pd.DataFrame({"x": [-1]})}, 1  # a wrong value: must never be trusted later
+
+if mode == "record":  # die after the file is in place, before the catalog row
+    def stuck(self, *args, **kwargs):
+        pathlib.Path(marker).touch()
+        time.sleep(30)
+    Store.record = stuck
+
+run_stage(RunContext(art, "ds", "killed"), "slow", "code-v1", {"p": 1}, {"in": "abc"}, compute)
+"""
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"subprocess exited early: {proc.communicate()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("subprocess never reached the marker")
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("mode", ["compute", "record"])
+def test_killed_stage_is_recomputed(tmp_path, mode):
+    art, marker = tmp_path / "art", tmp_path / "marker"
+    script = tmp_path / "killed.py"
+    script.write_text(textwrap.dedent(_KILLED))
+    proc = subprocess.Popen([sys.executable, str(script), str(art), str(marker), mode], cwd=REPO, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _wait_for(marker, proc)
+    time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+
+    ctx = RunContext(str(art), "ds", "again")
+    refs = run_stage(ctx, "slow", "code-v1", {"p": 1}, {"in": "abc"}, lambda: ({"out": _frame([1, 2, 3])}, 3))
+    assert ctx.store.events("again")["status"].tolist() == ["computed"]
+    assert Store.read(refs["out"])["x"].tolist() == [1, 2, 3]
+    rows = _stage_rows(ctx.store, "slow")
+    assert rows["path"].tolist() == [refs["out"].path] and rows["rows"].tolist() == [3]
+    assert ctx.store.events("killed").empty
+    finals = sorted(p for p in art.rglob("*.parquet") if not p.name.startswith("."))
+    assert finals == [Path(refs["out"].path)]
+    # and now it is trusted
+    assert run_stage(ctx, "slow", "code-v1", {"p": 1}, {"in": "abc"}, lambda: ({"out": _frame([0])}, 1)) == refs
+
+
+# ----------------------------------------------------------------------------- two processes, one catalog
+
+_WRITER = """
+import pathlib, sys, time
+import pandas as pd
+from tasks.core.store import ArtifactRef, Store
+
+root, tag, n, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), pathlib.Path(sys.argv[4])
+store = Store(root)
+while not go.exists():
+    time.sleep(0.01)
+for i in range(n):
+    fp = f"{tag}-{i:03d}"
+    path = store.path_for("ds", "conc", "out", fp)
+    rows = store.write_parquet(pd.DataFrame({"tag": [tag], "i": [i]}), path)
+    store.record("conc", fp, "ds", {"out": ArtifactRef("out", str(path), fp, rows)}, input_fps={},
+                 params={"i": i}, rows_computed=rows, seconds=0.0, peak_rss_mb=0.0, run_id=tag)
+"""
+
+
+def test_two_processes_share_one_catalog(tmp_path):
+    art, go = tmp_path / "art", tmp_path / "go"
+    script = tmp_path / "writer.py"
+    script.write_text(textwrap.dedent(_WRITER))
+    procs = [subprocess.Popen([sys.executable, str(script), str(art), tag, "20", str(go)], cwd=REPO, env=_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for tag in ("p1", "p2")]
+    time.sleep(0.5)
+    go.touch()
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode()[-2000:]
+    store = Store(art)
+    rows = _stage_rows(store, "conc")
+    assert len(rows) == 40 and rows["fp"].is_unique
+    assert sorted(rows["fp"]) == sorted(f"{t}-{i:03d}" for t in ("p1", "p2") for i in range(20))
+    assert all(store.lookup("conc", fp) is not None for fp in rows["fp"])
+    per_run = store.query("SELECT run_id, count(*) AS n FROM stages GROUP BY run_id ORDER BY run_id")
+    assert per_run.values.tolist() == [["p1", 20], ["p2", 20]]
+    assert store.query('SELECT count(*) AS n FROM "out"')["n"].iloc[0] == 1  # the view is readable
+
+
+def test_code_version_refuses_a_source_file_edited_after_import(tmp_path, monkeypatch):
+    import importlib
+
+    (tmp_path / "algo_mod.py").write_text("import functools\n\n\n@functools.lru_cache\ndef f(x):\n    return x + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("algo_mod")
+    import tasks.core.store
+
+    before = tasks.core.store._LOADED_AT - 60  # written before this process imported its code
+    os.utime(tmp_path / "algo_mod.py", (before, before))
+    assert len(code_version(mod.f)) == 16  # unchanged since import: fine
+    later = time.time() + 60  # edited while the run is in progress
+    os.utime(tmp_path / "algo_mod.py", (later, later))
+    with pytest.raises(StoreError, match="changed on disk"):
+        code_version(mod.f)

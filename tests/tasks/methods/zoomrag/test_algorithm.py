@@ -1,0 +1,415 @@
+"""Tests for tasks/methods/zoomrag/algorithm.py: oracles (explicit per-query graphs, dense references, many
+iterations) and properties (mass, non-negativity, relabelling) of ZoomRAG's two walks."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tasks.methods.zoomrag.algorithm import (
+    ZoomParams,
+    chunk_chunk_block,
+    chunk_walk,
+    chunk_zoom,
+    chunk_zoom_batch,
+    column_normalise,
+    coupled_walk,
+    decoupled_walk,
+    doc_doc_block,
+    doc_zoom,
+    doc_zoom_coupled,
+    exp_cos_sparsified,
+    gather_chunks,
+    global_block,
+    keep_top_chunks,
+    mean_std_mask,
+    query_links,
+    sparsify_mean_std,
+    top_docs,
+)
+
+# ---------------------------------------------------------------- fixtures / references
+
+
+def unit_rows(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
+    x = rng.normal(size=(n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def random_problem(seed: int, n: int = 30, m: int = 20, q: int = 7, connected: bool = False):
+    """Random shared M and query rows H; `connected` gives every node of every A_i an edge."""
+    rng = np.random.default_rng(seed)
+    dd = sp.random_array((n, n), density=0.15, rng=rng, format="csr") * 3
+    dd.setdiag(0)
+    de = (sp.random_array((n, m), density=0.12, rng=rng, format="csr") != 0).astype(float)
+    if connected:
+        de = de.tolil()
+        de[np.arange(n), rng.integers(0, m, n)] = 1.0  # every doc has an entity
+        de[rng.integers(0, n, m), np.arange(m)] = 1.0  # every entity is in a doc
+    qd = sp.random_array((q, n), density=0.2, rng=rng, format="csr") * 2
+    qe = (sp.random_array((q, m), density=0.15, rng=rng, format="csr") != 0).astype(float)
+    if connected:
+        qd = qd.tolil()
+        qd[np.arange(q), rng.integers(0, n, q)] = 1.5  # every query has a doc
+    return sp.csr_array(dd), sp.csr_array(de), sp.csr_array(qd), sp.csr_array(qe)
+
+
+def explicit_walk(M: np.ndarray, h: np.ndarray, alpha: float, steps: int) -> np.ndarray:
+    """One query's (N+1)-node graph A_i of eq. (6), column-normalised, iterated by eq. (3)."""
+    N = M.shape[0]
+    A = np.zeros((N + 1, N + 1))
+    A[0, 1:], A[1:, 0], A[1:, 1:] = h, h, M
+    s = A.sum(axis=0)
+    P = np.divide(A, s, out=np.zeros_like(A), where=s > 0)
+    r0 = np.zeros(N + 1)
+    r0[0] = 1.0
+    r = r0.copy()
+    for _ in range(steps):
+        r = (1 - alpha) * P @ r + alpha * r0
+    return r
+
+
+def dense_reference_sparsify(S: np.ndarray, k_std: float, skip_diagonal: bool) -> np.ndarray:
+    """Row by row: keep entries strictly above mean + k*std of the row's (off-diagonal) entries."""
+    out = np.zeros_like(S, dtype=np.float64)
+    for i, row in enumerate(S):
+        cols = [j for j in range(len(row)) if not (skip_diagonal and j == i)]
+        vals = row[cols].astype(np.float64)
+        thr = vals.mean() + k_std * vals.std()
+        for j in cols:
+            if row[j] > thr:
+                out[i, j] = row[j]
+    return out
+
+
+# ---------------------------------------------------------------- sparsification / blocks
+
+
+def test_mean_std_mask_keeps_exactly_entries_above_threshold():
+    rng = np.random.default_rng(0)
+    S = rng.normal(size=(40, 200))
+    S[np.arange(40), rng.integers(0, 200, 40)] += 10.0  # one clear outlier per row
+    mask = mean_std_mask(S, 3.0)
+    thr = S.mean(axis=1, keepdims=True) + 3.0 * S.std(axis=1, keepdims=True)
+    assert np.array_equal(mask, S > thr)
+    assert mask.sum(axis=1).min() >= 1
+    kept = sparsify_mean_std(S, 3.0)
+    assert np.array_equal(kept.toarray() != 0, S > thr)
+    assert np.allclose(kept.toarray()[mask], S[mask])
+
+
+def test_mean_std_mask_ignores_nan_and_keeps_nothing_on_constant_rows():
+    S = np.array([[1.0, 1.0, 1.0, 1.0], [np.nan, 0.0, 0.0, 100.0]])
+    mask = mean_std_mask(S, 1.0)
+    assert not mask[0].any()  # nothing strictly above mean + k*0
+    assert mask[1].tolist() == [False, False, False, True]
+
+
+@pytest.mark.parametrize("block_rows", [1, 7, 50, 64])
+def test_doc_doc_block_blocked_equals_dense(block_rows):
+    emb = unit_rows(np.random.default_rng(1), 50, 8)
+    ref = dense_reference_sparsify(np.exp(emb @ emb.T), 3.0, skip_diagonal=True)
+    got = doc_doc_block(emb, k_std=3.0, block_rows=block_rows)
+    assert got.shape == (50, 50)
+    assert np.array_equal(got.toarray() != 0, ref != 0)
+    assert np.abs(got.toarray() - ref).max() < 1e-6
+    assert np.all(got.diagonal() == 0)
+
+
+def test_query_doc_weights_equals_dense():
+    """A_doc->qry both ways: blocked rows without the diagonal rule, and the retriever's one-shot form."""
+    rng = np.random.default_rng(2)
+    docs, queries = unit_rows(rng, 300, 16), unit_rows(rng, 9, 16)
+    ref = dense_reference_sparsify(np.exp(queries @ docs.T), 3.0, skip_diagonal=False)
+    for got in (exp_cos_sparsified(queries, docs, 3.0, 4, skip_diagonal=False),
+                sparsify_mean_std(np.exp(queries @ docs.T), 3.0)):
+        assert np.array_equal(got.toarray() != 0, ref != 0)
+        assert np.abs(got.toarray() - ref).max() < 1e-6
+
+
+@pytest.mark.parametrize("rescale", ["nonzero_mean", "all_mean"])
+def test_global_block_rescales_each_block_to_average_one(rescale):
+    dd, de, _, _ = random_problem(3)
+    n, m = de.shape
+    M, factors = global_block(dd, de, rescale=rescale)
+    M = M.toarray()
+    blocks = {"doc_doc": M[:n, :n], "doc_entity": M[:n, n:]}
+    for name, block in blocks.items():
+        avg = block[block != 0].mean() if rescale == "nonzero_mean" else block.mean()
+        assert avg == pytest.approx(1.0), name
+        assert factors[name] > 0
+    assert np.array_equal(M[n:, :n], M[:n, n:].T)
+    assert not M[n:, n:].any()
+
+
+def test_global_block_switches_zero_their_blocks():
+    dd, de, _, _ = random_problem(4)
+    n = dd.shape[0]
+    M = global_block(dd, de, use_doc_doc=False)[0].toarray()
+    assert not M[:n, :n].any() and M[:n, n:].any()
+    M = global_block(dd, de, use_entities=False)[0].toarray()
+    assert M[:n, :n].any() and not M[:n, n:].any() and not M[n:, :n].any()
+
+
+@pytest.mark.parametrize("rescale", ["nonzero_mean", "all_mean"])
+def test_query_links_rescale_each_query_block(rescale):
+    _, _, qd, qe = random_problem(5)
+    n = qd.shape[1]
+    H = query_links(qd, qe, rescale=rescale)[0].toarray()
+    for row in H:
+        for block in (row[:n], row[n:]):
+            if block.any():
+                avg = block[block != 0].mean() if rescale == "nonzero_mean" else block.mean()
+                assert avg == pytest.approx(1.0)
+    assert not query_links(qd, qe, use_query_entity=False)[0].toarray()[:, n:].any()
+
+
+# ---------------------------------------------------------------- DocZoom
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("steps", [1, 5, 12])
+def test_decoupled_batched_walk_equals_independent_explicit_walks(seed, steps):
+    dd, de, qd, qe = random_problem(seed, q=9)
+    qd = qd.tolil()
+    qd[0, :] = 0  # a query linked to entities only
+    params = ZoomParams(steps=steps, alpha=0.8, batch_size=4)
+    M, _ = global_block(dd, de)
+    H, _ = query_links(qd, qe)
+    got = doc_zoom(M, sp.csr_array(qd), qe, params)
+    Md = M.toarray()
+    ref = np.stack([explicit_walk(Md, h, params.alpha, steps) for h in H.toarray()])
+    assert got.shape == (9, 1 + M.shape[0])
+    assert np.abs(got - ref).max() < 1e-6
+
+
+@pytest.mark.parametrize("batch_size", [1, 4, 64])
+def test_float32_walk_matches_float64_at_any_walk_batch(batch_size):
+    dd, de, qd, qe = random_problem(3, q=9)
+    M, _ = global_block(dd, de)
+    ref = doc_zoom(M, qd, qe, ZoomParams(batch_size=100))
+    got = doc_zoom(M, qd, qe, ZoomParams(batch_size=batch_size, walk_dtype="float32"))
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, atol=1e-6)
+    np.testing.assert_allclose(got.sum(axis=1), 1.0, atol=1e-5)  # the walk keeps its unit mass
+
+
+def test_coupled_walk_differs_from_decoupled():
+    dd, de, qd, qe = random_problem(6, q=8)
+    M, _ = global_block(dd, de)
+    H, _ = query_links(qd, qe)
+    dec = decoupled_walk(M, H, 0.8, 5)
+    cou = coupled_walk(M, H, 0.8, 5)
+    assert cou.shape == dec.shape
+    assert np.abs(cou - dec).max() > 1e-3
+    # a single query alone in the joint graph has nobody to interfere with
+    assert np.allclose(coupled_walk(M, H[:1], 0.8, 5), dec[:1], atol=1e-12)
+    params = ZoomParams()
+    assert np.allclose(doc_zoom_coupled(M, qd, qe, params), doc_zoom(M, qd, qe, replace(params, coupled=True)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    alpha=st.floats(0.05, 0.95),
+    steps=st.integers(0, 8),
+    rescale=st.sampled_from(["nonzero_mean", "all_mean"]),
+)
+def test_doc_zoom_scores_nonnegative_and_sum_to_one(seed, alpha, steps, rescale):
+    dd, de, qd, qe = random_problem(seed, connected=True)
+    M, _ = global_block(dd, de, rescale=rescale)
+    exact = ZoomParams(alpha=alpha, steps=steps, rescale=rescale, walk_dtype="float64")
+    scores = doc_zoom(M, qd, qe, exact)
+    assert scores.min() >= 0
+    assert np.allclose(scores.sum(axis=1), 1.0, atol=1e-12)
+    single = doc_zoom(M, qd, qe, replace(exact, walk_dtype="float32"))  # the default state type
+    assert single.min() >= 0 and np.allclose(single.sum(axis=1), 1.0, atol=1e-5)
+    # with dangling nodes mass can only leak, never appear
+    dd, de, qd, qe = random_problem(seed, connected=False)
+    scores = doc_zoom(global_block(dd, de)[0], qd, qe, replace(exact, rescale="nonzero_mean"))
+    assert scores.min() >= 0 and scores.sum(axis=1).max() <= 1.0 + 1e-12
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), coupled=st.booleans())
+def test_relabelling_nodes_permutes_scores(seed, coupled):
+    dd, de, qd, qe = random_problem(seed)
+    M, _ = global_block(dd, de)
+    H, _ = query_links(qd, qe)
+    perm = np.random.default_rng(seed).permutation(M.shape[0])
+    walk = coupled_walk if coupled else decoupled_walk
+    base = walk(M, H, 0.8, 5)
+    moved = walk(M[perm][:, perm], H[:, perm], 0.8, 5)
+    assert np.allclose(moved[:, 0], base[:, 0], atol=1e-12)
+    assert np.allclose(moved[:, 1:], base[:, 1:][:, perm], atol=1e-12)
+
+
+def test_one_step_ranks_docs_as_dense_retrieval():
+    """T=1: r(1) = (1-alpha) H~ + alpha e_q, so doc scores are proportional to the kept exp(cos)."""
+    rng = np.random.default_rng(7)
+    docs, queries = unit_rows(rng, 400, 16), unit_rows(rng, 6, 16)
+    de = sp.csr_array((rng.random((400, 50)) < 0.05).astype(float))
+    qe = sp.csr_array((rng.random((6, 50)) < 0.1).astype(float))
+    M, _ = global_block(doc_doc_block(docs), de)
+    qd = sparsify_mean_std(np.exp(queries @ docs.T), 3.0)
+    params = ZoomParams(steps=1)
+    scores = doc_zoom(M, qd, qe, params)
+    H, _ = query_links(qd, qe)
+    Hd = H.toarray()
+    assert np.allclose(scores[:, 1:], (1 - params.alpha) * Hd / Hd.sum(axis=1, keepdims=True))
+    cos = queries @ docs.T
+    for i in range(6):
+        kept = qd[[i]].indices
+        by_walk = kept[np.argsort(-scores[i, 1 + kept], kind="stable")]
+        assert np.array_equal(by_walk, kept[np.argsort(-cos[i, kept], kind="stable")])
+        assert set(kept) == set(np.argsort(-cos[i])[: len(kept)])  # kept = dense top-|kept|
+    # breaking the zero-score ties by dense similarity reproduces the dense top-k exactly
+    ranked = top_docs(scores, 400, 10, tie_break=cos)
+    assert np.array_equal(ranked, np.argsort(-cos, axis=1, kind="stable")[:, :10])
+
+
+# ---------------------------------------------------------------- ChunkZoom
+
+
+def local_problem(seed: int, l: int = 12, h: int = 6, d: int = 8):
+    rng = np.random.default_rng(seed)
+    emb = unit_rows(rng, l, d)
+    doc = np.sort(rng.integers(0, 3, l))
+    pos = np.concatenate([np.arange((doc == k).sum()) for k in range(3)])
+    ce = (rng.random((l, h)) < 0.3).astype(float)
+    ce[rng.integers(0, l, h), np.arange(h)] = 1.0  # every entity sits in some chunk
+    return emb, doc, pos, ce, rng.random(h)
+
+
+def reference_local_graph(emb, doc, pos, ce, sigma, omega):
+    """Eq. (4) written out entry by entry, blocks rescaled so their non-zeros average 1."""
+    l, h = ce.shape
+    T, S = np.zeros((l, l)), np.zeros((l, l))
+    for i in range(l):
+        for j in range(l):
+            if i != j:
+                S[i, j] = math.exp(float(emb[i] @ emb[j]))
+                if doc[i] == doc[j]:
+                    T[i, j] = math.exp(-((pos[i] - pos[j]) ** 2) / (2 * sigma**2))
+    nm = lambda a: a / np.where(a.sum(0) > 0, a.sum(0), 1.0)  # noqa: E731
+    cc = omega * nm(T) + (1 - omega) * nm(S)
+    cc = cc / cc[cc != 0].mean()
+    return np.block([[cc, ce], [ce.T, np.zeros((h, h))]])
+
+
+def test_chunk_zoom_matches_entrywise_reference():
+    emb, doc, pos, ce, y_ent = local_problem(8)
+    params = ZoomParams(sigma=1.5, omega=0.3)
+    B = reference_local_graph(emb, doc, pos, ce, params.sigma, params.omega)
+    P = B / B.sum(axis=0)
+    y0 = np.concatenate([np.zeros(len(doc)), y_ent])
+    ref = params.beta * np.linalg.solve(np.eye(len(y0)) - (1 - params.beta) * P, y0)
+    assert np.abs(chunk_zoom(emb, doc, pos, ce, y_ent, params) - ref).max() < 1e-10
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_closed_form_equals_many_iterations_of_eq5(seed):
+    emb, doc, pos, ce, y_ent = local_problem(seed)
+    closed = chunk_zoom(emb, doc, pos, ce, y_ent, ZoomParams())
+    iterated = chunk_zoom(emb, doc, pos, ce, y_ent, ZoomParams(closed_form=False, chunk_iterations=300))
+    assert np.abs(closed - iterated).max() < 1e-6
+    few = chunk_zoom(emb, doc, pos, ce, y_ent, ZoomParams(closed_form=False, chunk_iterations=1))
+    assert np.abs(closed - few).max() > 1e-6  # the ablation really is a different operator
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_chunk_zoom_preserves_mass_and_is_nonnegative(seed):
+    emb, doc, pos, ce, y_ent = local_problem(seed)
+    y = chunk_zoom(emb, doc, pos, ce, y_ent, ZoomParams())
+    assert y.min() >= 0
+    assert y.sum() == pytest.approx(y_ent.sum(), rel=1e-12)
+
+
+def test_chunk_chunk_switches_and_same_document_temporal_edges():
+    emb, doc, pos, _, _ = local_problem(9)
+    valid = np.ones(len(doc), dtype=bool)
+    kw = dict(sigma=1.0, omega=0.5)
+    assert not chunk_chunk_block(emb, doc, pos, valid, use_semantic=False, use_temporal=False, **kw).any()
+    t = chunk_chunk_block(emb, doc, pos, valid, use_semantic=False, **kw)
+    assert np.array_equal(t != 0, (doc[:, None] == doc[None, :]) & ~np.eye(len(doc), dtype=bool))
+    assert np.allclose(t.sum(axis=0)[np.bincount(doc)[doc] > 1], 1.0)  # nm(.) is column-wise
+    both = chunk_chunk_block(emb, doc, pos, valid, **kw)
+    assert np.allclose(both.sum(axis=0), 1.0) and np.all(np.diag(both) == 0)
+
+
+def corpus_problem(seed: int, n_docs: int = 15, m: int = 25, q: int = 5, d: int = 8):
+    rng = np.random.default_rng(seed)
+    chunk_doc = rng.permutation(np.repeat(np.arange(n_docs), rng.integers(1, 6, n_docs)))
+    C = len(chunk_doc)
+    chunk_pos = np.zeros(C, dtype=np.int64)
+    for k in range(n_docs):
+        chunk_pos[chunk_doc == k] = np.arange((chunk_doc == k).sum())
+    chunk_ent = sp.csr_array((rng.random((C, m)) < 0.15).astype(float))
+    doc_ids = np.stack([rng.choice(n_docs, 4, replace=False) for _ in range(q)])
+    doc_ids[0, -1] = -1  # fewer than K documents for one query
+    return doc_ids, chunk_doc, chunk_pos, unit_rows(rng, C, d), chunk_ent, rng.random((q, m))
+
+
+def test_gather_chunks_matches_loop():
+    doc_ids, chunk_doc, *_ = corpus_problem(10)
+    got = gather_chunks(doc_ids, chunk_doc)
+    for i, ids in enumerate(doc_ids):
+        want = sorted(c for c in range(len(chunk_doc)) if chunk_doc[c] in set(ids[ids >= 0]))
+        assert sorted(got[i][got[i] >= 0]) == want
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("closed_form", [True, False])
+@pytest.mark.parametrize("rescale", ["nonzero_mean", "all_mean"])
+def test_batched_padded_solve_equals_per_query_solve(seed, closed_form, rescale):
+    doc_ids, chunk_doc, chunk_pos, emb, chunk_ent, ent_scores = corpus_problem(seed)
+    params = ZoomParams(closed_form=closed_form, rescale=rescale, sigma=2.0, omega=0.4)
+    res = chunk_zoom_batch(doc_ids, chunk_doc, chunk_pos, emb, chunk_ent, ent_scores, params)
+    for i in range(len(doc_ids)):
+        chunks = res.chunks[i][res.chunks[i] >= 0]
+        ents = np.unique(chunk_ent[chunks].tocoo().col)
+        local_ce = chunk_ent[chunks][:, ents].toarray()
+        y = chunk_zoom(emb[chunks], chunk_doc[chunks], chunk_pos[chunks], local_ce, ent_scores[i, ents], params)
+        assert np.array_equal(res.entities[i][: len(ents)], ents)
+        assert np.abs(res.scores[i][: len(chunks)] - y[: len(chunks)]).max() < 1e-10
+        assert np.abs(res.entity_scores[i][: len(ents)] - y[len(chunks) :]).max() < 1e-10
+        assert np.all(np.isneginf(res.scores[i][len(chunks) :]))
+        assert res.keep[i].sum() == math.ceil(0.7 * len(chunks))
+
+
+def test_keep_top_chunks_keeps_best_seventy_percent():
+    scores = np.array([[0.1, 0.5, 0.3, 0.2, -np.inf], [0.4, 0.1, 0.2, 0.9, 0.3]])
+    keep = keep_top_chunks(scores, np.array([4, 5]), 0.7)
+    assert keep[0].tolist() == [False, True, True, True, False]  # ceil(2.8) = 3
+    assert keep[1].tolist() == [True, False, True, True, True]  # ceil(3.5) = 4: all but the lowest
+
+
+def test_chunk_walk_batched_axes_and_column_normalise():
+    rng = np.random.default_rng(11)
+    B = rng.random((3, 6, 6))
+    B[0, :, 2] = 0.0  # a dangling column stays zero
+    P = column_normalise(B)
+    assert np.allclose(P[1:].sum(axis=1), 1.0) and not P[0, :, 2].any()
+    y0 = rng.random((3, 6))
+    batched = chunk_walk(P, y0, 0.9)
+    single = np.stack([chunk_walk(P[i], y0[i], 0.9) for i in range(3)])
+    assert np.allclose(batched, single, atol=1e-14)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_top_docs_equals_full_lexsort(seed):
+    rng = np.random.default_rng(seed)
+    q, n = 7, 60
+    scores = np.zeros((q, 1 + n))
+    scores[:, 1:] = np.where(rng.random((q, n)) < 0.3, rng.integers(0, 4, (q, n)) / 4, 0.0)  # many ties
+    cos = np.round(rng.random((q, n)), 1)  # ties in the tie-break too
+    for k in [1, 5, 10, 60]:
+        want = np.lexsort((-cos, -scores[:, 1:]), axis=1)[:, :k]
+        np.testing.assert_array_equal(top_docs(scores, n, k, tie_break=cos), want)
+        np.testing.assert_array_equal(top_docs(scores, n, k), np.lexsort((-scores[:, 1:],), axis=1)[:, :k])
