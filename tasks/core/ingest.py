@@ -12,12 +12,11 @@ Bad input raises :class:`IngestError` naming file, record index and field, befor
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import logging
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Iterable
 
 import numpy as np
@@ -25,8 +24,9 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, run_stage
-from tasks.core.store import ArtifactRef, code_version
+from tasks.core.store import ArtifactRef
 
 log = logging.getLogger("dagrag.ingest")
 
@@ -296,8 +296,8 @@ def load_dataset(params: DatasetParams, data_dir: str) -> tuple[pd.DataFrame, pd
     """Read and validate a dataset → (documents, questions, gold, report); nothing is written."""
     report = IngestReport()
     if isinstance(params, SampleParams):
-        from tasks.core.sample import generate_sample
-
+        # imported by name so that code_version(ingest) follows the generator only for sample datasets
+        generate_sample = importlib.import_module("tasks.core.sample").generate_sample
         corpus, qrecs = generate_sample(params.n_passages, params.n_questions, params.seed)
         source, qsource = "sample", "sample"
     else:
@@ -331,7 +331,8 @@ def ingest(ctx: RunContext, params: DatasetParams, data_dir: str) -> dict[str, A
     """Stage: canonical ``documents``, ``questions`` and ``gold`` tables of a dataset."""
     files, qpath = raw_sources(params, data_dir)
     raw = {"content": content_hash(files + ([qpath] if qpath else []))}
-    code = code_version(sys.modules[__name__], *([_sample_module()] if isinstance(params, SampleParams) else []))
+    sample = [importlib.import_module("tasks.core.sample").generate_sample] if isinstance(params, SampleParams) else []
+    code = code_version(ingest, *sample)
 
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
         docs, questions, gold, report = load_dataset(params, data_dir)
@@ -346,9 +347,3 @@ def ingest(ctx: RunContext, params: DatasetParams, data_dir: str) -> dict[str, A
         return {"documents": docs, "questions": questions, "gold": gold, "ingest_report": report_df}, len(docs)
 
     return run_stage(ctx, "ingest", code, params, raw, compute)
-
-
-def _sample_module() -> ModuleType:
-    import tasks.core.sample
-
-    return tasks.core.sample

@@ -19,7 +19,6 @@ import dataclasses
 import datetime as dt
 import fcntl
 import hashlib
-import inspect
 import json
 import os
 import threading
@@ -28,8 +27,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 import duckdb
 import numpy as np
@@ -87,26 +85,6 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"not JSON-serialisable in a fingerprint: {type(obj).__name__}")
-
-
-_LOADED_AT = time.time()  # the source files hashed below must not have changed since the code was imported
-
-
-def code_version(*modules: ModuleType | Callable) -> str:
-    """Hash of the source of the given modules/functions (editing an algorithm invalidates its stage).
-
-    The source is read from disk, so a file edited while a run is in progress would be hashed
-    as the new text (and, for a function, at its old line numbers) although the old code is
-    what runs: the run would store results under a wrong code version. That is refused.
-    """
-    h = hashlib.sha256()
-    for m in modules:
-        path = inspect.getsourcefile(inspect.unwrap(m))  # through functools wrappers (lru_cache)
-        if path and os.path.getmtime(path) > _LOADED_AT:
-            raise StoreError(f"{path} changed on disk after this process imported it; its code version "
-                             f"cannot be trusted. Re-run the command so it loads the current code.")
-        h.update(inspect.getsource(m).encode())
-    return h.hexdigest()[:16]
 
 
 def fingerprint(stage: str, code: str, params: Any, inputs: Mapping[str, str]) -> str:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import io
-import sys
 import tarfile
 import tempfile
 import time
@@ -14,8 +13,9 @@ import numpy as np
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_stage
-from tasks.core.store import ArtifactRef, code_version
+from tasks.core.store import ArtifactRef
 from tasks.eval.retrieve import Hits
 from tasks.text.embed import render_texts
 
@@ -68,7 +68,7 @@ def bm25_index(ctx: RunContext, documents: ArtifactRef, params: BM25Params) -> d
         docs = ctx.store.read(documents, ["title", "text"])
         return {"bm25": pack(build_bm25(render_texts(docs, params.doc_template), params))}, len(docs)
 
-    return run_stage(ctx, "bm25_index", code_version(sys.modules[__name__]), index_params,
+    return run_stage(ctx, "bm25_index", code_version(bm25_index), index_params,
                      input_fps(documents=documents), compute, ext={"bm25": "tar"})
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import sys
 from dataclasses import dataclass
 
 import pandas as pd
@@ -15,8 +14,9 @@ import pyarrow as pa
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_row_stage
-from tasks.core.store import ArtifactRef, code_version
+from tasks.core.store import ArtifactRef
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def chunk(ctx: RunContext, documents: ArtifactRef, params: ChunkParams) -> dict[
         table = table.sort_values(["_o", "position"], kind="stable").drop(columns="_o").reset_index(drop=True)
         return {"chunks": table}
 
-    code = code_version(sys.modules[__name__])
+    code = code_version(chunk)
     return run_row_stage(ctx, "chunk", code, params, {"params": params, "code": code},
                          input_fps(documents=documents), docs["doc_id"],
                          compute_rows, "doc_id", assemble)

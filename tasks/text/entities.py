@@ -6,7 +6,6 @@ Incidence counts come from the index's own mentions (never from substring counti
 from __future__ import annotations
 
 import re
-import sys
 
 import numpy as np
 import pandas as pd
@@ -14,8 +13,9 @@ import scipy.sparse as sp
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_stage
-from tasks.core.store import ArtifactRef, Store, code_version
+from tasks.core.store import ArtifactRef, Store
 from tasks.text.ner import normalize_entity
 
 
@@ -91,5 +91,5 @@ def entity_graph(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef | 
             out["chunk_entity"] = incidence(chunk_mentions(mentions, ch), "chunk_id", ch["chunk_id"].tolist(), vocab)
         return out, len(vocab)
 
-    return run_stage(ctx, "entity_graph", code_version(sys.modules[__name__]), {},
+    return run_stage(ctx, "entity_graph", code_version(entity_graph), {},
                      input_fps(documents=documents, chunks=chunks, mentions=doc_mentions), compute)

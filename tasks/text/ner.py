@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import re
-import sys
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +20,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from tqdm.auto import tqdm
 
+from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_row_stage
-from tasks.core.store import ArtifactRef, code_version, text_key
+from tasks.core.store import ArtifactRef, text_key
 
 if TYPE_CHECKING:
     from tasks.llm.client import LLMClient, LLMParams
@@ -197,8 +197,8 @@ def ner(ctx: RunContext, table: ArtifactRef, id_col: str, params: NERParams,
         row_params = {"model": params.model, "code": code_version(recognise, load_ner)}
     else:  # the prompt, keep_numeric (it changes the prompt) and the model name a row
         row_params = {"backend": "llm", "llm": llm_identity(llm), "keep_numeric": params.keep_numeric,
-                      "code": code_version(llm_ner)}
-    refs = run_row_stage(ctx, "ner", code_version(sys.modules[__name__]), params, row_params,
+                      "code": code_version(llm_ner.llm_recognise, llm_ner.ner_messages)}
+    refs = run_row_stage(ctx, "ner", code_version(ner), params, row_params,
                          input_fps(table=table), keys, compute_rows, "key", assemble)
     if client is not None:
         ctx.store.record_ledger(ctx.run_id, llm_ner.NER_STAGE, client.ledger_summary(llm_ner.NER_STAGE))

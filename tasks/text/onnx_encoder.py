@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from tasks.text.encoder import load_encoder
+
 PROBE = ["Who directed the film that won the award in 1994?", "Paris", "the United States of America",
          "Which river flows through the capital of the country where the composer was born, and how long is it?"]
 MAX_ABS_DIFF = 1e-4  # exported vs eager embeddings, unit vectors
@@ -93,8 +95,6 @@ def _export(model: Any, tokenizer: Any) -> tuple[bytes, tuple[str, ...]]:
 def load_onnx_encoder(model: str, max_seq_length: int, threads: int) -> OnnxEncoder:
     """Export ``model``'s transformer once per process and check it against the eager encoder."""
     import onnxruntime as ort
-
-    from tasks.text.embed import load_encoder
 
     enc = load_encoder(model, max_seq_length, "cpu")
     _check_pipeline(enc)

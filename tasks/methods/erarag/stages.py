@@ -35,12 +35,12 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 import tasks.text.chunk as chunk_mod
+from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_stage
 from tasks.core.store import (
     ArtifactRef,
     Store,
     arrow_to_embeddings,
-    code_version,
     embeddings_to_arrow,
     fingerprint,
     short_hash,
@@ -112,7 +112,7 @@ def leaves_stage(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef) -
         c.insert(2, "title", titles.reindex(c["doc_id"]).fillna("").to_numpy())
         return {"leaves": c}, len(c)
 
-    return run_stage(ctx, "erarag_leaves", code_version(leaves_stage.fn), {}, input_fps(documents=documents,
+    return run_stage(ctx, "erarag_leaves", code_version(leaves_stage), {}, input_fps(documents=documents,
                      chunks=chunks), compute)
 
 
@@ -132,7 +132,7 @@ def hyperplanes_stage(ctx: RunContext, embeddings: ArtifactRef, params: EraParam
         np.save(buf, erarag.hyperplanes(slice_["dim"], params.n_hyperplanes, params.seed), allow_pickle=False)
         return {"hyperplanes": buf.getvalue()}, params.n_hyperplanes
 
-    return run_stage(ctx, "erarag_hyperplanes", code_version(erarag.hyperplanes), slice_, {}, compute,
+    return run_stage(ctx, "erarag_hyperplanes", code_version(hyperplanes_stage), slice_, {}, compute,
                      ext={"hyperplanes": "npy"})
 
 
@@ -240,9 +240,7 @@ def load_hierarchy(path: ArtifactRef | str) -> tuple[erarag.Hierarchy, pd.Series
 
 def hierarchy_code() -> str:
     """Code version of everything that decides the hierarchy artifact's content."""
-    return code_version(erarag, chunk_mod.sentence_spans, chunk_mod.split_sentences, cached_encode,
-                        summary_messages, make_summariser, nodes_table, load_hierarchy, load_planes,
-                        hierarchy_slice, leaf_texts, _compute_hierarchy)
+    return code_version(_compute_hierarchy, hierarchy_slice, find_base)
 
 
 def hierarchy_slice(params: EraParams, kind: str, llm: LLMParams, embedder: EmbedderParams) -> dict:

@@ -13,8 +13,9 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_stage
-from tasks.core.store import ArtifactRef, Store, code_version
+from tasks.core.store import ArtifactRef, Store
 from tasks.methods.linearrag import algorithm as lr
 from tasks.text.chunk import ChunkParams
 
@@ -50,4 +51,4 @@ def entity_texts(ctx: RunContext, entities: ArtifactRef) -> dict[str, ArtifactRe
         names = vocab["entity"].astype(str).to_numpy()
         return {"entity_texts": pd.DataFrame({"entity_id": names, "text": names})}, len(names)
 
-    return run_stage(ctx, "entity_texts", code_version(entity_texts.fn), {}, input_fps(entities=entities), compute)
+    return run_stage(ctx, "entity_texts", code_version(entity_texts), {}, input_fps(entities=entities), compute)

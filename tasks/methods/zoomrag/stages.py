@@ -5,7 +5,6 @@ The algorithms live in :mod:`tasks.methods.zoomrag.algorithm`; this module store
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -14,8 +13,9 @@ import scipy.sparse as sp
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_stage
-from tasks.core.store import ArtifactRef, Store, code_version
+from tasks.core.store import ArtifactRef, Store
 from tasks.methods.dense import load_embeddings
 from tasks.methods.zoomrag import algorithm as zoom
 from tasks.text.chunk import ChunkParams
@@ -59,7 +59,7 @@ def doc_doc_graph(ctx: RunContext, doc_embeddings: ArtifactRef, params: ZoomRAGP
         block = zoom.doc_doc_block(emb, params.k_std, params.doc_block_rows)
         return {"doc_doc": to_coo(block)}, block.nnz
 
-    return run_stage(ctx, "doc_doc_graph", code_version(sys.modules[__name__], zoom), slice_,
+    return run_stage(ctx, "doc_doc_graph", code_version(doc_doc_graph), slice_,
                      input_fps(doc_embeddings=doc_embeddings), compute)
 
 
@@ -78,5 +78,5 @@ def global_block(ctx: RunContext, doc_doc: ArtifactRef, doc_entity: ArtifactRef,
         meta = pd.DataFrame([{"n_docs": n_docs, "n_entities": m, "scales": json.dumps(scales)}])
         return {"M": to_coo(M), "M_meta": meta}, M.nnz
 
-    return run_stage(ctx, "global_block", code_version(sys.modules[__name__], zoom), slice_,
+    return run_stage(ctx, "global_block", code_version(global_block), slice_,
                      input_fps(doc_doc=doc_doc, doc_entity=doc_entity, entities=entities), compute)

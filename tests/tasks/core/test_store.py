@@ -21,7 +21,6 @@ from tasks.core.store import (
     Store,
     StoreError,
     arrow_to_embeddings,
-    code_version,
     embeddings_to_arrow,
     fingerprint,
     text_key,
@@ -145,14 +144,6 @@ def test_run_stage_caches_and_recomputes_when_file_deleted(ctx):
 
 # ----------------------------------------------------------------------------- fingerprints and keys
 
-def _version_a():
-    return 1
-
-
-def _version_b():
-    return 2
-
-
 def test_fingerprint_changes_with_params_inputs_and_code():
     base = fingerprint("s", "c1", {"a": 1, "b": [1, 2]}, {"x": "f1", "y": "f2"})
     assert base == fingerprint("s", "c1", {"b": [1, 2], "a": 1}, {"y": "f2", "x": "f1"})  # key order irrelevant
@@ -163,8 +154,6 @@ def test_fingerprint_changes_with_params_inputs_and_code():
               fingerprint("s", "c1", {"a": 1, "b": [1, 2]}, {"x": "f1", "y": "f3"}),
               fingerprint("s", "c1", {"a": 1, "b": [1, 2]}, {"x": "f1"})]
     assert len({base, *others}) == 7
-    assert code_version(_version_a) == code_version(_version_a) != code_version(_version_b)
-    assert code_version(_version_a, _version_b) != code_version(_version_b, _version_a)
     assert input_fps(a=ArtifactRef("n", "p", "fa", 1), b=None,
                      c={"k": ArtifactRef("n", "p", "fc", 1)}) == {"a": "fa", "c.k": "fc"}
     assert text_key("abc") == text_key("abc") != text_key("abd")
@@ -313,20 +302,3 @@ def test_two_processes_share_one_catalog(tmp_path):
     per_run = store.query("SELECT run_id, count(*) AS n FROM stages GROUP BY run_id ORDER BY run_id")
     assert per_run.values.tolist() == [["p1", 20], ["p2", 20]]
     assert store.query('SELECT count(*) AS n FROM "out"')["n"].iloc[0] == 1  # the view is readable
-
-
-def test_code_version_refuses_a_source_file_edited_after_import(tmp_path, monkeypatch):
-    import importlib
-
-    (tmp_path / "algo_mod.py").write_text("import functools\n\n\n@functools.lru_cache\ndef f(x):\n    return x + 1\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    mod = importlib.import_module("algo_mod")
-    import tasks.core.store
-
-    before = tasks.core.store._LOADED_AT - 60  # written before this process imported its code
-    os.utime(tmp_path / "algo_mod.py", (before, before))
-    assert len(code_version(mod.f)) == 16  # unchanged since import: fine
-    later = time.time() + 60  # edited while the run is in progress
-    os.utime(tmp_path / "algo_mod.py", (later, later))
-    with pytest.raises(StoreError, match="changed on disk"):
-        code_version(mod.f)

@@ -1,0 +1,152 @@
+"""Tests for tasks/core/code_identity.py: a stage's hash follows the code it runs, and nothing else.
+
+Each version of a small package is imported in its own process (so an edited file is a fresh
+import, as it is for a user who edits and re-runs), and the stage's hash is compared across versions.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tasks.core.code_identity import CodeChangedError, code_closure, code_version
+
+REPO = Path(__file__).resolve().parents[3]
+
+HELPERS = '''
+import re
+
+SCALE = 2.0
+_WORD = re.compile(r"\\w+")
+
+
+def inner(x):
+    return x * SCALE
+
+
+def helper(x):
+    """Calls inner."""
+    return inner(x) + 1
+
+
+def unrelated(x):
+    return x - 1
+'''
+
+STAGES = '''
+from idpkg import helpers
+from idpkg.helpers import helper
+
+
+def stage(x):
+    """The stage: helper directly, helpers.inner through the module."""
+    return helper(x) + helpers.inner(x)
+
+
+def other_stage(x):
+    return x
+
+
+def lazy_stage(x):
+    from idpkg import late
+
+    return late.compute(x)
+'''
+
+LATE = '''
+def compute(x):
+    return x + 3
+'''
+
+
+def _hash(tmp_path: Path, name: str, helpers: str = HELPERS, stages: str = STAGES, late: str = LATE,
+          entry: str = "stage") -> str:
+    """code_version(idpkg.stages.<entry>) of one version of the package, computed in a fresh process."""
+    root = tmp_path / name
+    (root / "idpkg").mkdir(parents=True)
+    (root / "idpkg" / "__init__.py").write_text("")
+    (root / "idpkg" / "helpers.py").write_text(textwrap.dedent(helpers))
+    (root / "idpkg" / "stages.py").write_text(textwrap.dedent(stages))
+    (root / "idpkg" / "late.py").write_text(textwrap.dedent(late))
+    old = time.time() - 3600  # written before the process starts, as source files are
+    for f in (root / "idpkg").glob("*.py"):
+        os.utime(f, (old, old))
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); from tasks.core.code_identity import code_version; "
+              f"import idpkg.stages as s; print(code_version(s.{entry}, packages=('idpkg',)))")
+    out = subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_unrelated_edits_leave_the_stage_hash_unchanged(tmp_path):
+    base = _hash(tmp_path, "base")
+    assert len(base) == 16
+    assert _hash(tmp_path, "again") == base
+    edited = HELPERS.replace("return x - 1", "return x - 100")  # a function the stage never calls
+    assert _hash(tmp_path, "unrelated", helpers=edited) == base
+    cosmetic = HELPERS.replace('"""Calls inner."""', '"""Calls inner, documented at length."""')
+    cosmetic = cosmetic.replace("def inner(x):\n", "# a comment\n\ndef inner(x):\n\n")
+    assert _hash(tmp_path, "cosmetic", helpers=cosmetic) == base
+    other = STAGES.replace("def other_stage(x):\n    return x", "def other_stage(x):\n    return -x")
+    assert _hash(tmp_path, "other-stage", stages=other) == base
+
+
+def test_edits_to_called_code_change_the_stage_hash(tmp_path):
+    base = _hash(tmp_path, "base")
+    direct = HELPERS.replace("return inner(x) + 1", "return inner(x) + 2")
+    through_helper = HELPERS.replace("return x * SCALE", "return x * SCALE * 1")
+    constant = HELPERS.replace("SCALE = 2.0", "SCALE = 3.0")
+    own = STAGES.replace("return helper(x) + helpers.inner(x)", "return helper(x) - helpers.inner(x)")
+    hashes = [_hash(tmp_path, "direct", helpers=direct), _hash(tmp_path, "through", helpers=through_helper),
+              _hash(tmp_path, "constant", helpers=constant), _hash(tmp_path, "own", stages=own)]
+    assert base not in hashes and len(set(hashes)) == 4
+
+
+def test_a_function_local_import_is_followed(tmp_path):
+    base = _hash(tmp_path, "base", entry="lazy_stage")
+    assert _hash(tmp_path, "late", late=LATE.replace("x + 3", "x + 4"), entry="lazy_stage") != base
+    assert _hash(tmp_path, "helpers", helpers=HELPERS.replace("x * SCALE", "x * 5"), entry="lazy_stage") == base
+
+
+def test_real_stages_reach_their_algorithms_and_not_their_neighbours():
+    from tasks.methods.zoomrag.stages import doc_doc_graph, global_block
+    from tasks.text.chunk import chunk
+    from tasks.text.embed import embed
+
+    doc_doc = code_closure(doc_doc_graph)
+    assert "tasks.methods.zoomrag.stages.doc_doc_graph" in doc_doc
+    assert any(name.endswith(".doc_doc_block") for name in doc_doc)  # the algorithm, through the module
+    assert not any(name.endswith("global_block") for name in doc_doc)  # its neighbour in the same module
+    assert code_version(doc_doc_graph) != code_version(global_block)
+    assert any(n.endswith("._NOT_AN_END") for n in code_closure(chunk))  # a regex constant of the splitter
+    assert not any(n.startswith("tasks.core.store") for n in code_closure(embed))  # machinery is not hashed
+
+
+def test_modules_are_refused():
+    import tasks.text.chunk as chunk_module
+
+    with pytest.raises(TypeError, match="not the module"):
+        code_version(chunk_module)
+
+
+def test_a_source_file_edited_after_import_is_refused(tmp_path, monkeypatch):
+    import importlib
+
+    import tasks.core.code_identity as ci
+
+    (tmp_path / "algo_mod.py").write_text("import functools\n\n\n@functools.lru_cache\ndef f(x):\n    return x + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("algo_mod")
+    before = ci._LOADED_AT - 60  # written before this process imported its code
+    os.utime(tmp_path / "algo_mod.py", (before, before))
+    assert len(code_version(mod.f)) == 16  # unchanged since import: fine
+    later = time.time() + 60  # edited while the run is in progress
+    os.utime(tmp_path / "algo_mod.py", (later, later))
+    with pytest.raises(CodeChangedError, match="changed on disk"):
+        code_version(mod.f)
