@@ -120,11 +120,11 @@ def run_row_stage(ctx: RunContext, stage: str, code: str, params: Any, row_param
 
     def compute() -> tuple[Mapping[str, Output], int]:
         wanted = list(dict.fromkeys(keys.tolist()))
-        done = store.cached_keys(stage, param_fp, key)
-        missing = [k for k in wanted if k not in done]
+        cache = store.row_cache(stage, param_fp, key)
+        missing = cache.missing(wanted)
         if missing:
-            store.append_rows(stage, param_fp, compute_rows(missing))
-        rows = store.read_rows(stage, param_fp, key, wanted) if wanted else None
+            cache.append(compute_rows(missing))
+        rows = cache.read(wanted) if wanted else None
         return assemble(rows), len(missing)
 
     return run_stage(ctx, stage, code, params, {**inputs, "_rows": param_fp}, compute)

@@ -284,36 +284,54 @@ class Store:
         return self.query("SELECT * FROM stage_events WHERE run_id = ? ORDER BY created_at", [run_id])
 
     # -- row caches (per-row incremental stages) ----------------------------------
-    def _rows_dir(self, stage: str, param_fp: str) -> Path:
-        return self.root / "_rows" / stage / param_fp
+    def row_cache(self, stage: str, param_fp: str, key: str) -> "RowCache":
+        """The row cache of a per-row stage under these params (shared by every dataset and run)."""
+        return RowCache(self.root / "_rows" / stage / param_fp, key)
 
-    def cached_keys(self, stage: str, param_fp: str, key: str) -> set[str]:
-        """Keys already computed by a per-row stage with these params (any dataset, any run)."""
-        parts = sorted(self._rows_dir(stage, param_fp).glob("part-*.parquet"))
+
+class RowCache:
+    """Rows of one per-row stage computed under one param fingerprint: parquet parts, appended atomically.
+
+    A row is addressed by its ``key`` column (a doc id or a text hash), so a grown corpus computes
+    only the keys it has not seen and a shrunk one reads fewer.
+    """
+
+    def __init__(self, folder: Path, key: str) -> None:
+        self.folder, self.key = folder, key
+
+    def _parts(self) -> list[Path]:
+        return sorted(self.folder.glob("part-*.parquet"))
+
+    def keys(self) -> set[str]:
+        """Keys already computed."""
         keys: set[str] = set()
-        for p in parts:
-            keys.update(pq.read_table(p, columns=[key]).column(key).to_pylist())
+        for p in self._parts():
+            keys.update(pq.read_table(p, columns=[self.key]).column(self.key).to_pylist())
         return keys
 
-    def append_rows(self, stage: str, param_fp: str, table: pa.Table | pd.DataFrame) -> None:
-        """Add a part of newly computed rows to a stage's row cache (atomic)."""
-        self.write_parquet(table, self._rows_dir(stage, param_fp) / f"part-{uuid.uuid4().hex}.parquet")
+    def missing(self, wanted: list[str]) -> list[str]:
+        """The keys of ``wanted`` not computed yet, in order."""
+        done = self.keys()
+        return [k for k in wanted if k not in done]
 
-    def read_rows(self, stage: str, param_fp: str, key: str, keys: list[str]) -> pa.Table:
-        """Rows of a row cache whose key is in ``keys`` (keys absent from the cache are absent)."""
-        parts = sorted(self._rows_dir(stage, param_fp).glob("part-*.parquet"))
+    def append(self, table: pa.Table | pd.DataFrame) -> None:
+        """Add a part of newly computed rows (atomic)."""
+        Store.write_parquet(table, self.folder / f"part-{uuid.uuid4().hex}.parquet")
+
+    def read(self, keys: list[str]) -> pa.Table:
+        """Rows whose key is in ``keys`` (keys absent from the cache are absent)."""
         wanted = set(keys)
         tables = []
-        for p in parts:
+        for p in self._parts():
             t = pq.read_table(p)
             # a key computed twice (two racing runs) is taken from the first part holding it
-            mask = pa.compute.is_in(t.column(key), value_set=pa.array(sorted(wanted), type=pa.string()))
+            mask = pa.compute.is_in(t.column(self.key), value_set=pa.array(sorted(wanted), type=pa.string()))
             t = t.filter(mask)
             if t.num_rows:
                 tables.append(t)
-                wanted -= set(t.column(key).to_pylist())
+                wanted -= set(t.column(self.key).to_pylist())
         if not tables:
-            raise StoreError(f"row cache {stage}/{param_fp} holds none of the requested keys")
+            raise StoreError(f"row cache {self.folder} holds none of the requested keys")
         return pa.concat_tables(tables, promote_options="default")
 
 

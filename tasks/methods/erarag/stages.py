@@ -151,13 +151,13 @@ def cached_encode(store: Store, texts: list[str], embedder: EmbedderParams) -> n
     keys = [text_key(t) for t in texts]
     fp = short_hash({"stage": TEXT_EMB, "model": embedder.model, "max_seq_length": embedder.max_seq_length})
     wanted = list(dict.fromkeys(keys))
-    done = store.cached_keys(TEXT_EMB, fp, "key")
-    missing = [k for k in wanted if k not in done]
+    cache = store.row_cache(TEXT_EMB, fp, "key")
+    missing = cache.missing(wanted)
     if missing:
         by_key = dict(zip(keys, texts))
         emb = encode([by_key[k] for k in missing], embedder)
-        store.append_rows(TEXT_EMB, fp, pa.table({"key": missing, "emb": embeddings_to_arrow(emb)}))
-    rows = store.read_rows(TEXT_EMB, fp, "key", wanted)
+        cache.append(pa.table({"key": missing, "emb": embeddings_to_arrow(emb)}))
+    rows = cache.read(wanted)
     pos = {k: i for i, k in enumerate(rows.column("key").to_pylist())}
     return arrow_to_embeddings(rows.column("emb"))[[pos[k] for k in keys]]
 

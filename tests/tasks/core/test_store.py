@@ -181,17 +181,17 @@ def test_embeddings_round_trip(tmp_path):
 def test_row_cache_append_read_keys(tmp_path):
     store = Store(tmp_path)
     with pytest.raises(StoreError):
-        store.read_rows("st", "p", "key", ["a"])
-    assert store.cached_keys("st", "p", "key") == set()
-    store.append_rows("st", "p", pd.DataFrame({"key": ["a", "b", "b"], "v": [1, 2, 3]}))
-    store.append_rows("st", "p", pd.DataFrame({"key": ["c"], "v": [4]}))
-    assert store.cached_keys("st", "p", "key") == {"a", "b", "c"}
-    assert store.cached_keys("st", "other", "key") == set()
-    got = store.read_rows("st", "p", "key", ["b", "c", "zz"]).to_pandas()
+        store.row_cache("st", "p", "key").read(["a"])
+    assert store.row_cache("st", "p", "key").keys() == set()
+    store.row_cache("st", "p", "key").append(pd.DataFrame({"key": ["a", "b", "b"], "v": [1, 2, 3]}))
+    store.row_cache("st", "p", "key").append(pd.DataFrame({"key": ["c"], "v": [4]}))
+    assert store.row_cache("st", "p", "key").keys() == {"a", "b", "c"}
+    assert store.row_cache("st", "other", "key").keys() == set()
+    got = store.row_cache("st", "p", "key").read(["b", "c", "zz"]).to_pandas()
     assert sorted(zip(got["key"], got["v"])) == [("b", 2), ("b", 3), ("c", 4)]  # every row of a key
     # a key computed again in another part: one copy of its rows survives, not both
-    store.append_rows("st", "p", pd.DataFrame({"key": ["b", "b"], "v": [20, 30]}))
-    got = store.read_rows("st", "p", "key", ["a", "b"]).to_pandas()
+    store.row_cache("st", "p", "key").append(pd.DataFrame({"key": ["b", "b"], "v": [20, 30]}))
+    got = store.row_cache("st", "p", "key").read(["a", "b"]).to_pandas()
     assert got["key"].tolist().count("a") == 1
     assert sorted(got.loc[got["key"] == "b", "v"]) in ([2, 3], [20, 30])
 
