@@ -9,11 +9,11 @@ import scipy.sparse as sp
 
 from tasks.core.store import ArtifactRef, Store
 from tasks.eval.retrieve import Hits
+from tasks.graph.sparse import coo_matrix
 from tasks.methods.dense import load_embeddings
 from tasks.methods.linearrag import algorithm as lr
 from tasks.methods.linearrag.stages import LinearParams, entity_texts
 from tasks.text.embed import EmbedderParams, encode_queries
-from tasks.text.entities import coo_matrix
 from tasks.text.ner import QueryRecogniser
 
 

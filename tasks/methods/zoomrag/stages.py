@@ -8,18 +8,17 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 
-import numpy as np
 import pandas as pd
-import scipy.sparse as sp
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.core.stage import RunContext, input_fps, run_stage
 from tasks.core.store import ArtifactRef, Store, code_version
+from tasks.graph import sparse
+from tasks.graph.sparse import coo_matrix, to_coo
 from tasks.methods.dense import load_embeddings
 from tasks.methods.zoomrag import algorithm as zoom
 from tasks.text.chunk import ChunkParams
-from tasks.text.entities import coo_matrix
 
 
 @dataclass(frozen=True)
@@ -43,12 +42,6 @@ class ZoomRAGParams(zoom.ZoomParams):
         return ChunkParams(unit=self.chunk_unit)
 
 
-def to_coo(matrix: sp.sparray) -> pd.DataFrame:
-    """csr → COO table ``(row, col, value)``."""
-    c = sp.coo_array(matrix)
-    return pd.DataFrame({"row": c.row.astype(np.int64), "col": c.col.astype(np.int64), "value": c.data})
-
-
 @task(name="doc_doc_graph", cache_policy=NO_CACHE)
 def doc_doc_graph(ctx: RunContext, doc_embeddings: ArtifactRef, params: ZoomRAGParams) -> dict[str, ArtifactRef]:
     """Stage: A_doc→doc = exp(cos), row-sparsified at mean + k·std (eq. 2), built in row blocks."""
@@ -59,7 +52,7 @@ def doc_doc_graph(ctx: RunContext, doc_embeddings: ArtifactRef, params: ZoomRAGP
         block = zoom.doc_doc_block(emb, params.k_std, params.doc_block_rows)
         return {"doc_doc": to_coo(block)}, block.nnz
 
-    return run_stage(ctx, "doc_doc_graph", code_version(sys.modules[__name__], zoom), slice_,
+    return run_stage(ctx, "doc_doc_graph", code_version(sys.modules[__name__], zoom, sparse), slice_,
                      input_fps(doc_embeddings=doc_embeddings), compute)
 
 
@@ -78,5 +71,5 @@ def global_block(ctx: RunContext, doc_doc: ArtifactRef, doc_entity: ArtifactRef,
         meta = pd.DataFrame([{"n_docs": n_docs, "n_entities": m, "scales": json.dumps(scales)}])
         return {"M": to_coo(M), "M_meta": meta}, M.nnz
 
-    return run_stage(ctx, "global_block", code_version(sys.modules[__name__], zoom), slice_,
+    return run_stage(ctx, "global_block", code_version(sys.modules[__name__], zoom, sparse), slice_,
                      input_fps(doc_doc=doc_doc, doc_entity=doc_entity, entities=entities), compute)
