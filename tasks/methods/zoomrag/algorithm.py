@@ -34,12 +34,13 @@ are reconstructed here from the prose around them):
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 import scipy.sparse as sp
+
+from tasks.graph.knn import knn_graph, sparsify
 
 Rescale = Literal["nonzero_mean", "all_mean"]
 
@@ -82,53 +83,17 @@ class ChunkZoomResult:
     entity_scores: np.ndarray  # (q, H) float
 
 
-# ---------------------------------------------------------------- sparsification
-
-
-def mean_std_mask(scores: np.ndarray, k_std: float = 3.0) -> np.ndarray:
-    """Row-wise keep-mask, entries strictly above row mean + k*std (ZoomRAG §3.1, after eq. 2).
-
-    NaN cells (a masked diagonal) are left out of the statistics and never kept.
-    """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN row keeps nothing
-        mean = np.nanmean(scores, axis=1, keepdims=True)
-        std = np.nanstd(scores, axis=1, keepdims=True)
-    with np.errstate(invalid="ignore"):
-        return scores > mean + k_std * std
-
-
-def sparsify_mean_std(scores: np.ndarray, k_std: float = 3.0) -> sp.csr_array:
-    """Dense block -> sparse block of the entries kept by row mean + k*std (ZoomRAG §3.1)."""
-    rows, cols = np.nonzero(mean_std_mask(scores, k_std))
-    return sp.csr_array((scores[rows, cols].astype(np.float64), (rows, cols)), shape=scores.shape)
-
-
-def exp_cos_sparsified(
-    left: np.ndarray, right: np.ndarray, k_std: float, block_rows: int, skip_diagonal: bool
-) -> sp.csr_array:
-    """exp(cos) kept above row mean + k*std, built block_rows rows at a time (ZoomRAG eq. 2, §3.1).
-
-    Peak memory is one block_rows x len(right) dense block, never the full matrix.
-    """
-    rows, cols, vals = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
-    for start in range(0, left.shape[0], block_rows):
-        block = left[start : start + block_rows] @ right.T  # rows are unit vectors: dot = cos
-        np.exp(block, out=block)
-        if skip_diagonal:
-            local = np.arange(block.shape[0])
-            block[local, start + local] = np.nan
-        r, c = np.nonzero(mean_std_mask(block, k_std))
-        rows.append(r + start)
-        cols.append(c)
-        vals.append(block[r, c].astype(np.float64))
-    shape = (left.shape[0], right.shape[0])
-    return sp.csr_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=shape)
+# ---------------------------------------------------------------- doc-doc block
 
 
 def doc_doc_block(doc_emb: np.ndarray, k_std: float = 3.0, block_rows: int = 1024) -> sp.csr_array:
-    """A_doc->doc(i1, i2) = exp(cos(p_i1, p_i2)), no diagonal, row-sparsified (ZoomRAG eq. 2)."""
-    return exp_cos_sparsified(doc_emb, doc_emb, k_std, block_rows, skip_diagonal=True)
+    """A_doc->doc(i1, i2) = exp(cos(p_i1, p_i2)), no diagonal, kept above row mean + k*std (ZoomRAG eq. 2, §3.1)."""
+    return knn_graph(doc_emb, k_std=k_std, transform=np.exp, block_rows=block_rows)
+
+
+def query_doc_block(cos: np.ndarray, k_std: float = 3.0) -> sp.csr_array:
+    """A_doc->qry = exp(cos(q, p)) kept above each query's mean + k*std (ZoomRAG eq. 2, §3.1); (q x n) cosines in."""
+    return sparsify(cos, k_std=k_std, transform=np.exp)
 
 
 # ---------------------------------------------------------------- global graph

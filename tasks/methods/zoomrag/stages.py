@@ -14,7 +14,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.core.stage import RunContext, input_fps, run_stage
 from tasks.core.store import ArtifactRef, Store, code_version
-from tasks.graph import sparse
+from tasks.graph import knn, sparse
 from tasks.graph.sparse import coo_matrix, to_coo
 from tasks.methods.dense import load_embeddings
 from tasks.methods.zoomrag import algorithm as zoom
@@ -52,7 +52,7 @@ def doc_doc_graph(ctx: RunContext, doc_embeddings: ArtifactRef, params: ZoomRAGP
         block = zoom.doc_doc_block(emb, params.k_std, params.doc_block_rows)
         return {"doc_doc": to_coo(block)}, block.nnz
 
-    return run_stage(ctx, "doc_doc_graph", code_version(sys.modules[__name__], zoom, sparse), slice_,
+    return run_stage(ctx, "doc_doc_graph", code_version(sys.modules[__name__], zoom, knn, sparse), slice_,
                      input_fps(doc_embeddings=doc_embeddings), compute)
 
 
