@@ -1,6 +1,6 @@
 """Tests for tasks/graph/walk.py: oracles (networkx PageRank, one query at a time, the closed form vs many
-iterations), properties (a distribution, relabelling), and bit-equality with the pre-refactor walks
-(tests/tasks/graph/legacy.py)."""
+iterations), properties (a distribution, relabelling), and bit-equality of the kernel and the methods built
+on it with the pre-refactor walks (tests/tasks/graph/legacy.py)."""
 from __future__ import annotations
 
 import networkx as nx
@@ -18,6 +18,7 @@ from tasks.graph.walk import (
     restarted_walk,
     stationary_walk,
 )
+from tasks.methods.zoomrag import algorithm as zoom
 from tests.tasks.graph import legacy
 
 
@@ -229,3 +230,41 @@ def test_ppr_equals_old_linearrag(seed, damping, dtype):
     for part in ("data", "indices", "indptr"):
         assert_identical(getattr(new_walk.matrix, part), getattr(old_walk.matrix, part))
     assert_identical(new_walk.dangling, old_walk.dangling)
+
+
+def zoom_problem(seed: int, n: int = 40, m: int = 30, q: int = 9):
+    """A ZoomRAG global block M and query rows H (tasks.methods.zoomrag.algorithm)."""
+    rng = np.random.default_rng(seed)
+    dd = sp.random_array((n, n), density=0.15, rng=rng, format="csr") * 3
+    dd.setdiag(0)
+    de = (sp.random_array((n, m), density=0.12, rng=rng, format="csr") != 0).astype(float)
+    qd = sp.random_array((q, n), density=0.2, rng=rng, format="csr") * 2
+    qe = (sp.random_array((q, m), density=0.15, rng=rng, format="csr") != 0).astype(float)
+    M, _ = zoom.global_block(sp.csr_array(dd), sp.csr_array(de))
+    H, _ = zoom.query_links(sp.csr_array(qd), sp.csr_array(qe))
+    return M, H
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("steps", [0, 1, 5, 12])
+def test_zoomrag_walks_equal_old(seed, steps):
+    M, H = zoom_problem(seed)
+    assert_identical(zoom.coupled_walk(M, H, 0.8, steps), legacy.coupled_walk(M, H, 0.8, steps))
+    for dtype in ("float32", "float64"):
+        Mt = sp.csr_array(M, dtype=dtype)  # as the retriever holds it
+        assert_identical(zoom.decoupled_walk(Mt, H, 0.8, steps, dtype), legacy.decoupled_walk(Mt, H, 0.8, steps, dtype))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("closed_form", [True, False])
+def test_chunk_walk_equals_old(seed, closed_form):
+    rng = np.random.default_rng(seed)
+    B = rng.random((6, 10, 10)) * (rng.random((6, 10, 10)) < 0.4)
+    B[0, :, 3] = 0.0
+    y0 = rng.random((6, 10))
+    assert_identical(column_normalise(B), legacy.column_normalise(B))
+    params = zoom.ZoomParams(closed_form=closed_form, chunk_iterations=23)
+    old = legacy.chunk_walk(legacy.column_normalise(B), y0, params.beta, closed_form, 23)
+    assert_identical(zoom.local_walk(B, y0, params), old)  # a padded batch
+    assert_identical(zoom.local_walk(B[1], y0[1], params),  # one local graph
+                     legacy.chunk_walk(legacy.column_normalise(B[1]), y0[1], params.beta, closed_form, 23))

@@ -15,10 +15,8 @@ from hypothesis import strategies as st
 from tasks.methods.zoomrag.algorithm import (
     ZoomParams,
     chunk_chunk_block,
-    chunk_walk,
     chunk_zoom,
     chunk_zoom_batch,
-    column_normalise,
     coupled_walk,
     decoupled_walk,
     doc_doc_block,
@@ -365,18 +363,6 @@ def test_keep_top_chunks_keeps_best_seventy_percent():
     keep = keep_top_chunks(scores, np.array([4, 5]), 0.7)
     assert keep[0].tolist() == [False, True, True, True, False]  # ceil(2.8) = 3
     assert keep[1].tolist() == [True, False, True, True, True]  # ceil(3.5) = 4: all but the lowest
-
-
-def test_chunk_walk_batched_axes_and_column_normalise():
-    rng = np.random.default_rng(11)
-    B = rng.random((3, 6, 6))
-    B[0, :, 2] = 0.0  # a dangling column stays zero
-    P = column_normalise(B)
-    assert np.allclose(P[1:].sum(axis=1), 1.0) and not P[0, :, 2].any()
-    y0 = rng.random((3, 6))
-    batched = chunk_walk(P, y0, 0.9)
-    single = np.stack([chunk_walk(P[i], y0[i], 0.9) for i in range(3)])
-    assert np.allclose(batched, single, atol=1e-14)
 
 
 @pytest.mark.parametrize("seed", range(8))
