@@ -9,7 +9,6 @@ import re
 
 import numpy as np
 import pandas as pd
-import scipy.sparse as sp
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -46,12 +45,6 @@ def chunk_mentions(doc_mentions: pd.DataFrame, chunks: pd.DataFrame) -> pd.DataF
     return joined[["chunk_id", "surface", "label", "start", "end", "entity"]].reset_index(drop=True)
 
 
-def coo_matrix(table: pd.DataFrame, shape: tuple[int, int]) -> sp.csr_array:
-    """A stored COO table → csr_array."""
-    return sp.csr_array((table["value"].to_numpy(np.float64), (table["row"].to_numpy(), table["col"].to_numpy())),
-                        shape=shape)
-
-
 _WORD = re.compile(r"\w+")
 
 
@@ -68,13 +61,6 @@ def query_entity_links(questions: list[str], vocab_index: dict[str, int], max_wo
         hits.update(vocab_index[e] for e in names if e in vocab_index)
         found.append(sorted(hits))
     return found
-
-
-def links_matrix(links: list[list[int]], n_cols: int) -> sp.csr_array:
-    """Per-query entity lists → (q × m) 0/1 csr_array."""
-    rows = np.repeat(np.arange(len(links)), [len(x) for x in links])
-    cols = np.fromiter((c for x in links for c in x), dtype=np.int64, count=len(rows))
-    return sp.csr_array((np.ones(len(rows)), (rows, cols)), shape=(len(links), n_cols))
 
 
 @task(name="entity_graph", cache_policy=NO_CACHE)

@@ -59,6 +59,8 @@ from typing import Sequence, Union
 import numpy as np
 import scipy.sparse as sp
 
+from tasks.graph.walk import RandomWalk, personalized_pagerank
+
 
 @dataclass(frozen=True)
 class LinearRAGParams:
@@ -342,67 +344,6 @@ def passage_initial_scores(
     return (passage_ratio * dense + np.log1p(entity_bonus)) * passage_node_weight
 
 
-@dataclass(frozen=True)
-class RandomWalk:
-    """The walk of eq. (6) over a graph: ``matrix`` (n, n) column-stochastic transitions
-    (``matrix[j, i]`` = P(i -> j); the columns of ``dangling`` nodes, which have no edge, are 0)."""
-
-    matrix: sp.csr_array
-    dangling: np.ndarray
-
-
-def random_walk(adj: sp.sparray, dtype: str | type = np.float64) -> RandomWalk:
-    """Transition matrix of the weighted adjacency ``adj`` (``adj[i, j]`` = weight of i -> j), built once per graph."""
-    adj = sp.csr_array(adj, dtype=np.float64)
-    out_weight = np.asarray(adj.sum(axis=1)).ravel()
-    inv_out = np.divide(1.0, out_weight, out=np.zeros_like(out_weight), where=out_weight != 0)
-    matrix = (sp.diags_array(inv_out) @ adj).T.tocsr().astype(dtype)
-    return RandomWalk(matrix, np.flatnonzero(out_weight == 0))
-
-
-def personalized_pagerank(
-    adj: sp.sparray | RandomWalk,
-    personalization: np.ndarray,
-    damping: float = 0.5,
-    tol: float = 1e-8,
-    max_iter: int = 100,
-    dtype: str | type = np.float64,
-) -> np.ndarray:
-    """Personalized PageRank for a batch of reset vectors (Q x n), LinearRAG eq. (6).
-
-    ``adj``: (n, n) weighted adjacency, ``adj[i, j]`` = weight of edge i -> j (symmetric for
-    the undirected passage-entity graph), or its prebuilt :func:`random_walk`.
-    ``personalization``: (Q, n) non-negative reset mass, normalised per row here (an
-    all-zero row gives an all-zero result). ``damping`` is the probability of following an
-    edge (networkx's ``alpha``); dangling nodes jump by the personalization (networkx's
-    default). Stops when every query's L1 change in one iteration is < tol (checked every
-    fourth iteration). ``dtype`` is the iteration's float type (the reset is normalised in
-    float64 first); float32 cannot reach tol below ~1e-7.
-    """
-    walk = adj if isinstance(adj, RandomWalk) else random_walk(adj, dtype)
-    dangling, walk = walk.dangling, walk.matrix.astype(dtype, copy=False)
-    reset = np.clip(np.asarray(personalization, dtype=np.float64), 0.0, None)
-    total = reset.sum(axis=1)
-    result = np.zeros_like(reset)
-    live = np.flatnonzero(total > 0)  # an all-zero reset row stays all zero, no iteration needed
-    if live.size == 0:
-        return result
-    reset = np.ascontiguousarray((reset[live] / total[live, None]).T, dtype=dtype)  # (n, Q'): a column per query
-    scores, jump = reset.copy(), np.empty_like(reset)
-    for it in range(max_iter):
-        previous = scores
-        scores = walk @ previous
-        scores *= reset.dtype.type(damping)
-        # teleport (1 - d) plus the dangling mass d * sum(previous[dangling]) jump by the personalization
-        coef = (1.0 - damping) + damping * previous[dangling].sum(axis=0, dtype=np.float64)
-        np.multiply(reset, coef.astype(reset.dtype), out=jump)
-        scores += jump
-        if (it % 4 == 3 or it == max_iter - 1) and np.abs(scores - previous).sum(axis=0).max() < tol:
-            break
-    result[live] = scores.T
-    return result
-
-
 def rank_passages(scores: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-k passage indices and scores per query, best first, ties by lower index."""
     k = min(top_k, scores.shape[1])
@@ -458,7 +399,7 @@ def global_importance(
     """Second stage (section 3.2.2): PPR scores of the P passages (Q x P).
 
     Reset = [eq. (7) I(p) on passages, a_q on entities]; ``graph`` is
-    :func:`passage_entity_graph` (passages first) or its :func:`random_walk`. A query with
+    :func:`passage_entity_graph` (passages first) or its :func:`tasks.graph.walk.random_walk`. A query with
     no active entity is ranked by ``passage_similarity`` itself (appendix G.4).
     """
     passage_reset = passage_initial_scores(

@@ -9,11 +9,12 @@ import scipy.sparse as sp
 
 from tasks.core.store import ArtifactRef, Store
 from tasks.eval.retrieve import Hits
+from tasks.graph.sparse import coo_matrix
+from tasks.graph.walk import random_walk
 from tasks.methods.dense import load_embeddings
 from tasks.methods.linearrag import algorithm as lr
 from tasks.methods.linearrag.stages import LinearParams, entity_texts
 from tasks.text.embed import EmbedderParams, encode_queries
-from tasks.text.entities import coo_matrix
 from tasks.text.ner import QueryRecogniser
 
 
@@ -62,7 +63,7 @@ class LinearRetriever:
         self.mention = coo_matrix(Store.read(index["mention"]), (n_s, n_e))
         self.mention.data[:] = 1.0  # eq. (2): binary sentence-entity edges (appendix G.3)
         self.graph = lr.passage_entity_graph(self.contain, self.algo.edge_weighting)
-        self.walk = lr.random_walk(self.graph, self.algo.ppr_dtype)
+        self.walk = random_walk(self.graph, self.algo.ppr_dtype)
         encode_queries(["warm-up"], embedder)
         self.queries = self.fallbacks = self.seeds_total = self.active_total = 0
 

@@ -34,12 +34,14 @@ are reconstructed here from the prose around them):
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 import scipy.sparse as sp
+
+from tasks.graph.knn import knn_graph, sparsify
+from tasks.graph.walk import column_normalise, inverse_column_sums, restarted_walk
 
 Rescale = Literal["nonzero_mean", "all_mean"]
 
@@ -82,53 +84,17 @@ class ChunkZoomResult:
     entity_scores: np.ndarray  # (q, H) float
 
 
-# ---------------------------------------------------------------- sparsification
-
-
-def mean_std_mask(scores: np.ndarray, k_std: float = 3.0) -> np.ndarray:
-    """Row-wise keep-mask, entries strictly above row mean + k*std (ZoomRAG §3.1, after eq. 2).
-
-    NaN cells (a masked diagonal) are left out of the statistics and never kept.
-    """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN row keeps nothing
-        mean = np.nanmean(scores, axis=1, keepdims=True)
-        std = np.nanstd(scores, axis=1, keepdims=True)
-    with np.errstate(invalid="ignore"):
-        return scores > mean + k_std * std
-
-
-def sparsify_mean_std(scores: np.ndarray, k_std: float = 3.0) -> sp.csr_array:
-    """Dense block -> sparse block of the entries kept by row mean + k*std (ZoomRAG §3.1)."""
-    rows, cols = np.nonzero(mean_std_mask(scores, k_std))
-    return sp.csr_array((scores[rows, cols].astype(np.float64), (rows, cols)), shape=scores.shape)
-
-
-def exp_cos_sparsified(
-    left: np.ndarray, right: np.ndarray, k_std: float, block_rows: int, skip_diagonal: bool
-) -> sp.csr_array:
-    """exp(cos) kept above row mean + k*std, built block_rows rows at a time (ZoomRAG eq. 2, §3.1).
-
-    Peak memory is one block_rows x len(right) dense block, never the full matrix.
-    """
-    rows, cols, vals = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
-    for start in range(0, left.shape[0], block_rows):
-        block = left[start : start + block_rows] @ right.T  # rows are unit vectors: dot = cos
-        np.exp(block, out=block)
-        if skip_diagonal:
-            local = np.arange(block.shape[0])
-            block[local, start + local] = np.nan
-        r, c = np.nonzero(mean_std_mask(block, k_std))
-        rows.append(r + start)
-        cols.append(c)
-        vals.append(block[r, c].astype(np.float64))
-    shape = (left.shape[0], right.shape[0])
-    return sp.csr_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=shape)
+# ---------------------------------------------------------------- doc-doc block
 
 
 def doc_doc_block(doc_emb: np.ndarray, k_std: float = 3.0, block_rows: int = 1024) -> sp.csr_array:
-    """A_doc->doc(i1, i2) = exp(cos(p_i1, p_i2)), no diagonal, row-sparsified (ZoomRAG eq. 2)."""
-    return exp_cos_sparsified(doc_emb, doc_emb, k_std, block_rows, skip_diagonal=True)
+    """A_doc->doc(i1, i2) = exp(cos(p_i1, p_i2)), no diagonal, kept above row mean + k*std (ZoomRAG eq. 2, §3.1)."""
+    return knn_graph(doc_emb, k_std=k_std, transform=np.exp, block_rows=block_rows)
+
+
+def query_doc_block(cos: np.ndarray, k_std: float = 3.0) -> sp.csr_array:
+    """A_doc->qry = exp(cos(q, p)) kept above each query's mean + k*std (ZoomRAG eq. 2, §3.1); (q x n) cosines in."""
+    return sparsify(cos, k_std=k_std, transform=np.exp)
 
 
 # ---------------------------------------------------------------- global graph
@@ -217,13 +183,17 @@ def decoupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int 
     H.sum_duplicates()
     H.eliminate_zeros()
     q, N = H.shape
-    col_sum = np.asarray(M.sum(axis=0), dtype=np.float64).ravel()
-    inv_col = np.divide(1.0, col_sum, out=np.zeros(N), where=col_sum > 0).astype(dtype)
+    col_sum, inv_col = inverse_column_sums(M)
+    inv_col = inv_col.astype(dtype)
     hc = H.tocoo()
     qi, jj, hv = hc.row, hc.col, hc.data
     inv_patch = (1.0 / (col_sum[jj] + hv)).astype(dtype)
     h_tilde = (hv / np.asarray(H.sum(axis=1)).ravel()[qi]).astype(dtype)  # query column of A_i (eq. 9 H~)
     hv = hv.astype(dtype)
+    # Not tasks.graph.walk.restarted_walk: each query walks on its own operator (M, its column-sum patch and
+    # its query node), and the query node's mass is summed and restarted in float64 before being rounded to
+    # the state dtype (r_q below). The shared kernel would round that row before adding the restart (other
+    # bits in float32) and copy a (1+N) x q state each step. What is shared is the column normalisation.
     r_q, X = np.ones(q, dtype), np.zeros((N, q), dtype)  # r(0) = one-hot on the query node; X columns = queries
     Z = np.empty_like(X)  # reused each step: the per-query state is X and Z only
     for _ in range(steps):
@@ -251,13 +221,9 @@ def coupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int = 
     M, H = sp.csr_array(M, dtype=np.float64), sp.csr_array(H, dtype=np.float64)
     q, N = H.shape
     J = sp.block_array([[sp.csr_array((q, q)), H], [H.T, M]], format="csr")
-    col_sum = np.asarray(J.sum(axis=0)).ravel()
-    J.data *= np.divide(1.0, col_sum, out=np.zeros(q + N), where=col_sum > 0)[J.indices]
     R0 = np.zeros((q + N, q))
     R0[np.arange(q), np.arange(q)] = 1.0
-    R = R0.copy()
-    for _ in range(steps):
-        R = (1.0 - alpha) * (J @ R) + alpha * R0
+    R = restarted_walk(column_normalise(J), R0, alpha, steps)
     return np.hstack([R[np.arange(q), np.arange(q)][:, None], R[q:].T])
 
 
@@ -324,12 +290,6 @@ def top_docs(scores: np.ndarray, n_docs: int, k: int, tie_break: np.ndarray | No
 # ---------------------------------------------------------------- ChunkZoom
 
 
-def column_normalise(a: np.ndarray) -> np.ndarray:
-    """Column-wise normalisation nm(.) and B~ of ZoomRAG eqs. (4), (5); zero columns stay zero."""
-    sums = a.sum(axis=-2, keepdims=True)
-    return np.divide(a, sums, out=np.zeros_like(a, dtype=np.float64), where=sums > 0)
-
-
 def chunk_chunk_block(
     emb: np.ndarray,
     doc: np.ndarray,
@@ -384,20 +344,14 @@ def local_graph(
     return np.concatenate([top, bottom], axis=-2)
 
 
-def chunk_walk(
-    B_tilde: np.ndarray, y0: np.ndarray, beta: float = 0.9, closed_form: bool = True, iterations: int = 50
-) -> np.ndarray:
-    """Restarted local walk: y = beta (I - (1-beta) B~)^-1 y0 (eq. 10) or iterations of eq. (5).
+def local_walk(B: np.ndarray, y0: np.ndarray, params: ZoomParams) -> np.ndarray:
+    """ChunkZoom's restarted walk on B~ = nm(B): y = beta (I - (1-beta) B~)^-1 y0 (eq. 10) or eq. (5) iterated.
 
-    Batched over leading axes: one np.linalg.solve for all padded local graphs.
+    Batched over leading axes (one local graph per query, padded): one np.linalg.solve for all.
     """
-    if closed_form:
-        system = np.eye(B_tilde.shape[-1]) - (1.0 - beta) * B_tilde
-        return beta * np.linalg.solve(system, y0[..., None])[..., 0]
-    y = y0.copy()
-    for _ in range(iterations):
-        y = (1.0 - beta) * (B_tilde @ y[..., None])[..., 0] + beta * y0
-    return y
+    y = restarted_walk(column_normalise(B), y0[..., None], params.beta, params.chunk_iterations,
+                       closed_form=params.closed_form)
+    return y[..., 0]
 
 
 def chunk_zoom(
@@ -426,7 +380,7 @@ def chunk_zoom(
     )
     B = local_graph(cc, (np.asarray(chunk_entity) != 0).astype(np.float64), l, h, params.rescale)
     y0 = np.concatenate([np.zeros(l), np.asarray(entity_scores, dtype=np.float64)])
-    return chunk_walk(column_normalise(B), y0, params.beta, params.closed_form, params.chunk_iterations)
+    return local_walk(B, y0, params)
 
 
 def gather_chunks(doc_ids: np.ndarray, chunk_doc: np.ndarray) -> np.ndarray:
@@ -515,7 +469,7 @@ def chunk_zoom_batch(
     B = local_graph(cc, incidence, n_chunks, ent_valid.sum(axis=1), params.rescale)
     ent_y0 = np.where(ent_valid, np.take_along_axis(np.asarray(entity_scores), safe_ent, axis=1), 0.0)
     y0 = np.concatenate([np.zeros(chunks.shape), ent_y0], axis=1)
-    y = chunk_walk(column_normalise(B), y0, params.beta, params.closed_form, params.chunk_iterations)
+    y = local_walk(B, y0, params)
     L = chunks.shape[1]
     scores = np.where(valid, y[:, :L], -np.inf)
     keep = keep_top_chunks(scores, n_chunks, params.keep_ratio)

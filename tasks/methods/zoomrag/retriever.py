@@ -10,11 +10,12 @@ import scipy.sparse as sp
 
 from tasks.core.store import ArtifactRef, Store
 from tasks.eval.retrieve import Hits
+from tasks.graph.sparse import coo_matrix, links_matrix
 from tasks.methods.dense import load_embeddings
 from tasks.methods.zoomrag import algorithm as zoom
 from tasks.methods.zoomrag.stages import ZoomRAGParams
 from tasks.text.embed import EmbedderParams, encode_queries
-from tasks.text.entities import coo_matrix, links_matrix, query_entity_links
+from tasks.text.entities import query_entity_links
 from tasks.text.ner import QueryRecogniser
 
 
@@ -57,7 +58,7 @@ class ZoomRetriever:
     def query_doc(self, q_emb: np.ndarray) -> tuple[np.ndarray, sp.csr_array]:
         """(q x n) cosines (the tie-break) and A_doc->qry = exp(cos) kept above mean + k_std·std (eq. 2)."""
         cos = q_emb @ self.doc_emb.T
-        return cos, zoom.sparsify_mean_std(np.exp(cos), self.walk.k_std)
+        return cos, zoom.query_doc_block(cos, self.walk.k_std)
 
     def search(self, questions: list[str], k: int) -> Hits:
         """Rank documents by DocZoom (ties by cosine); ChunkZoom picks each query's evidence chunks."""

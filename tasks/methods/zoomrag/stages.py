@@ -7,19 +7,17 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-import numpy as np
 import pandas as pd
-import scipy.sparse as sp
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_stage
 from tasks.core.store import ArtifactRef, Store
+from tasks.graph.sparse import coo_matrix, to_coo
 from tasks.methods.dense import load_embeddings
 from tasks.methods.zoomrag import algorithm as zoom
 from tasks.text.chunk import ChunkParams
-from tasks.text.entities import coo_matrix
 
 
 @dataclass(frozen=True)
@@ -41,12 +39,6 @@ class ZoomRAGParams(zoom.ZoomParams):
     def chunking(self) -> ChunkParams:
         """How documents are cut into chunks for ChunkZoom."""
         return ChunkParams(unit=self.chunk_unit)
-
-
-def to_coo(matrix: sp.sparray) -> pd.DataFrame:
-    """csr → COO table ``(row, col, value)``."""
-    c = sp.coo_array(matrix)
-    return pd.DataFrame({"row": c.row.astype(np.int64), "col": c.col.astype(np.int64), "value": c.data})
 
 
 @task(name="doc_doc_graph", cache_policy=NO_CACHE)

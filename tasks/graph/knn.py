@@ -1,0 +1,168 @@
+"""Similarity graphs over L2-normalised embeddings: exact kNN and row-wise sparsification.
+
+Rows are unit vectors, so an inner product is a cosine. One builder, :func:`knn_graph`, serves
+every method; its options combine, an entry is kept when it passes *every* test given:
+
+* ``k``: the row's k largest weights (a kNN list; ties at the k-th value: any of them);
+* ``min_similarity``: an absolute floor on the cosine, ``cos >= min_similarity``;
+* ``k_std``: ZoomRAG's per-row statistical threshold (§3.1, after eq. 2): weights strictly above
+  the row's mean + k_std * std (population std), self-pairs left out of the statistics;
+* ``transform``: the edge weight as a function of the cosine (ZoomRAG: ``np.exp``), applied before
+  the statistics and the top-k; it must be increasing, so the top-k by weight is the top-k by cosine;
+* ``symmetrise``: "none" (the row-wise graph), "union" (i ~ j if either row kept the pair) or
+  "mutual" (both rows kept it); a pair kept both ways gets the larger of its two weights;
+* ``zero_diagonal``: self-pairs are neither neighbours nor part of the statistics.
+
+Weights are float64 in a ``sp.csr_array``. Pure numpy / scipy.sparse / faiss: no I/O.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Callable, Literal
+
+import faiss
+import numpy as np
+import scipy.sparse as sp
+
+Transform = Callable[[np.ndarray], np.ndarray]
+Symmetrise = Literal["none", "union", "mutual"]
+
+
+def mean_std_mask(weights: np.ndarray, k_std: float = 3.0) -> np.ndarray:
+    """Row-wise keep-mask, entries strictly above row mean + k*std (ZoomRAG §3.1, after eq. 2).
+
+    NaN cells (a masked diagonal) are left out of the statistics and never kept.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN row keeps nothing
+        mean = np.nanmean(weights, axis=1, keepdims=True)
+        std = np.nanstd(weights, axis=1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        return weights > mean + k_std * std
+
+
+def top_k_mask(weights: np.ndarray, k: int) -> np.ndarray:
+    """Row-wise keep-mask of the k largest entries (a kNN list); NaN cells are never kept."""
+    missing = np.isnan(weights)
+    k = min(k, weights.shape[1])
+    mask = np.zeros(weights.shape, dtype=bool)
+    if k > 0:
+        best = np.argpartition(np.where(missing, np.inf, -weights), k - 1, axis=1)[:, :k]
+        np.put_along_axis(mask, best, True, axis=1)
+    return mask & ~missing
+
+
+def keep_mask(weights: np.ndarray, floor: np.ndarray | None, k: int | None, k_std: float | None) -> np.ndarray:
+    """Cells passing every test given: the cosine ``floor`` mask, the top-k and the mean + k*std rule."""
+    keep = ~np.isnan(weights) if floor is None else floor & ~np.isnan(weights)
+    if k_std is not None:
+        keep &= mean_std_mask(weights, k_std)
+    if k is not None:
+        keep &= top_k_mask(weights, k)
+    return keep
+
+
+def sparsify(similarity: np.ndarray, *, k: int | None = None, min_similarity: float | None = None,
+             k_std: float | None = None, transform: Transform | None = None) -> sp.csr_array:
+    """A dense block of cosines (e.g. queries x documents) → the weights each row keeps (options as knn_graph).
+
+    ZoomRAG's A_doc->qry is ``sparsify(cos, k_std=3.0, transform=np.exp)``, eq. (2) and §3.1.
+    ``similarity`` is left untouched (a caller may still need the cosines).
+    """
+    _require_a_test(k, min_similarity, k_std)
+    floor = None if min_similarity is None else similarity >= min_similarity
+    weights = similarity if transform is None else transform(similarity)
+    rows, cols = np.nonzero(keep_mask(weights, floor, k, k_std))
+    return sp.csr_array((weights[rows, cols].astype(np.float64), (rows, cols)), shape=similarity.shape)
+
+
+def knn_graph(emb: np.ndarray, *, k: int | None = None, min_similarity: float | None = None,
+              k_std: float | None = None, transform: Transform | None = None, symmetrise: Symmetrise = "none",
+              zero_diagonal: bool = True, block_rows: int = 1024) -> sp.csr_array:
+    """Sparse similarity graph over unit rows ``emb`` (n x d), built block_rows rows at a time (module doc).
+
+    ZoomRAG's A_doc->doc is ``knn_graph(doc_emb, k_std=3.0, transform=np.exp)`` (eq. 2, §3.1);
+    a kNN-k graph is ``knn_graph(emb, k=k, symmetrise="union")``. Peak memory: one block_rows x n block.
+    """
+    _require_a_test(k, min_similarity, k_std)
+    if k is not None and k_std is None:  # a kNN list needs only each row's best k: faiss, exact
+        rows, cols, vals = _faiss_top_k(emb, k, min_similarity, transform, zero_diagonal, block_rows)
+    else:
+        rows, cols, vals = _dense_rows(emb, k, min_similarity, k_std, transform, zero_diagonal, block_rows)
+    graph = sp.csr_array((vals, (rows, cols)), shape=(emb.shape[0], emb.shape[0]))
+    return graph if symmetrise == "none" else symmetrised(graph, symmetrise)
+
+
+def _require_a_test(k: int | None, min_similarity: float | None, k_std: float | None) -> None:
+    if k is None and min_similarity is None and k_std is None:
+        raise ValueError("give k, min_similarity or k_std: keeping every pair is a dense graph")
+
+
+def _dense_rows(emb: np.ndarray, k: int | None, min_similarity: float | None, k_std: float | None,
+                transform: Transform | None, zero_diagonal: bool,
+                block_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, cols, weights) kept by :func:`knn_graph` from exact blocks of emb @ emb.T.
+
+    The statistical threshold needs every cell of a row (its mean and std), so each block of
+    rows is the full blocked matrix product, not a nearest-neighbour search.
+    """
+    rows, cols, vals = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
+    for start in range(0, emb.shape[0], block_rows):
+        block = emb[start : start + block_rows] @ emb.T  # rows are unit vectors: dot = cos
+        floor = None if min_similarity is None else block >= min_similarity
+        if transform is not None:  # in place where it can: the block is ours
+            block = transform(block, out=block) if isinstance(transform, np.ufunc) else transform(block)
+        if zero_diagonal:
+            local = np.arange(block.shape[0])
+            block[local, start + local] = np.nan  # out of the statistics, never kept
+        r, c = np.nonzero(keep_mask(block, floor, k, k_std))
+        rows.append(r + start)
+        cols.append(c)
+        vals.append(block[r, c].astype(np.float64))
+    return np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
+
+
+def _faiss_top_k(emb: np.ndarray, k: int, min_similarity: float | None, transform: Transform | None,
+                 zero_diagonal: bool, block_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, cols, weights) of each row's k nearest rows by exact inner product (faiss.knn)."""
+    x = np.ascontiguousarray(emb, dtype=np.float32)
+    n = x.shape[0]
+    wanted = min(k + int(zero_diagonal), n)  # one extra hit: the row itself, dropped below
+    if k <= 0 or wanted == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    rows, cols, sims = [], [], []
+    for start in range(0, n, block_rows):
+        sim, idx = faiss.knn(x[start : start + block_rows], x, wanted, metric=faiss.METRIC_INNER_PRODUCT)
+        row = np.broadcast_to(np.arange(start, start + idx.shape[0])[:, None], idx.shape)
+        keep = idx >= 0
+        if zero_diagonal:
+            own = idx == row
+            keep &= ~own
+            keep[~own.any(axis=1), -1] = False  # self tied outside the list: drop the extra hit instead
+        if min_similarity is not None:
+            keep &= sim >= min_similarity
+        rows.append(row[keep])
+        cols.append(idx[keep].astype(np.int64))
+        sims.append(sim[keep])
+    sim = np.concatenate(sims)
+    weights = sim if transform is None else transform(sim)
+    return np.concatenate(rows).astype(np.int64), np.concatenate(cols), weights.astype(np.float64)
+
+
+def symmetrised(graph: sp.sparray, mode: Symmetrise) -> sp.csr_array:
+    """Union or mutual graph of a row-wise (directed) one; a pair kept both ways gets its larger weight."""
+    if mode not in ("union", "mutual"):
+        raise ValueError(f"unknown symmetrise mode {mode!r}")
+    g = sp.coo_array(graph)
+    g.sum_duplicates()
+    n = g.shape[0]
+    key = np.concatenate([g.row.astype(np.int64) * n + g.col, g.col.astype(np.int64) * n + g.row])
+    vals = np.concatenate([g.data, g.data])
+    order = np.argsort(key, kind="stable")
+    key, vals = key[order], vals[order]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if key.size else np.zeros(0, np.int64)
+    best = np.maximum.reduceat(vals, starts) if starts.size else vals
+    both = np.diff(np.r_[starts, key.size]) == 2  # (i, j) and (j, i) both kept (or a self-loop)
+    keep = both if mode == "mutual" else np.ones(starts.size, dtype=bool)
+    cells = key[starts][keep]
+    return sp.csr_array((best[keep], (cells // n, cells % n)), shape=g.shape)

@@ -1,0 +1,28 @@
+"""Sparse matrices to and from the store's COO tables ``(row, col, value)``, and query link lists.
+
+Pure: pandas / numpy / scipy.sparse in and out, no I/O (the store reads and writes the tables).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+
+def coo_matrix(table: pd.DataFrame, shape: tuple[int, int]) -> sp.csr_array:
+    """A stored COO table ``(row, col, value)`` → csr_array (float64, duplicates summed)."""
+    return sp.csr_array((table["value"].to_numpy(np.float64), (table["row"].to_numpy(), table["col"].to_numpy())),
+                        shape=shape)
+
+
+def to_coo(matrix: sp.sparray) -> pd.DataFrame:
+    """A sparse matrix → COO table ``(row, col, value)``, in the matrix's storage order."""
+    c = sp.coo_array(matrix)
+    return pd.DataFrame({"row": c.row.astype(np.int64), "col": c.col.astype(np.int64), "value": c.data})
+
+
+def links_matrix(links: list[list[int]], n_cols: int) -> sp.csr_array:
+    """Per-query column lists (e.g. linked entities) → (q × n_cols) 0/1 csr_array."""
+    rows = np.repeat(np.arange(len(links)), [len(x) for x in links])
+    cols = np.fromiter((c for x in links for c in x), dtype=np.int64, count=len(rows))
+    return sp.csr_array((np.ones(len(rows)), (rows, cols)), shape=(len(links), n_cols))

@@ -1,0 +1,137 @@
+"""Restarted random walks / personalized PageRank: one batched kernel and its transition builders.
+
+The kernel iterates x <- (1 - c) P x + c x0 (ZoomRAG eqs. 3, 5; LinearRAG eq. 6 with damping
+d = 1 - c) for a block of restart vectors at once, a column per query. The methods differ only in
+named parameters:
+
+* the transition P: :func:`column_normalise` of an adjacency (ZoomRAG: mass moves from node j
+  along column j) or :func:`random_walk` (LinearRAG: the row-normalised walk, transposed), sparse,
+  dense, a batch of dense matrices (one local graph per query) or any callable operator;
+* ``steps`` alone (ZoomRAG's T) or ``tol`` checked every ``check_every`` steps (LinearRAG);
+* ``dangling``: nodes without out-edges whose mass jumps back by the restart vector (networkx's
+  PageRank) instead of leaking (ZoomRAG, whose zero columns simply lose it);
+* ``closed_form``: the fixed point c (I - (1 - c) P)^-1 x0 (ZoomRAG eq. 10) instead of iterating.
+
+ZoomRAG's decoupled DocZoom walk keeps its own loop (tasks.methods.zoomrag.algorithm.decoupled_walk):
+see there why; it shares :func:`inverse_column_sums` with :func:`column_normalise`.
+Pure numpy / scipy.sparse: no I/O.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Union
+
+import numpy as np
+import scipy.sparse as sp
+
+Transition = Union[sp.sparray, np.ndarray, Callable[[np.ndarray], np.ndarray]]
+
+
+def inverse_column_sums(adj: sp.sparray) -> tuple[np.ndarray, np.ndarray]:
+    """Column sums of ``adj`` (float64) and their reciprocals, 0 for an empty column (ZoomRAG eq. 3's A~)."""
+    col_sum = np.asarray(adj.sum(axis=0), dtype=np.float64).ravel()
+    return col_sum, np.divide(1.0, col_sum, out=np.zeros(col_sum.shape[0]), where=col_sum > 0)
+
+
+def column_normalise(adj: sp.sparray | np.ndarray) -> sp.csr_array | np.ndarray:
+    """Column-stochastic A~ (ZoomRAG eq. 3) and nm(.) / B~ (eqs. 4, 5); zero columns stay zero.
+
+    Dense input may be a batch (..., n, n) and is divided by its column sums (float64); sparse
+    input is scaled by the reciprocal column sums, in its own dtype.
+    """
+    if sp.issparse(adj):
+        out = sp.csr_array(adj, copy=True)
+        out.data *= inverse_column_sums(out)[1][out.indices]
+        return out
+    sums = adj.sum(axis=-2, keepdims=True)
+    return np.divide(adj, sums, out=np.zeros_like(adj, dtype=np.float64), where=sums > 0)
+
+
+@dataclass(frozen=True)
+class RandomWalk:
+    """The walk over a graph: ``matrix`` (n, n) column-stochastic transitions
+    (``matrix[j, i]`` = P(i -> j); the columns of ``dangling`` nodes, which have no edge, are 0)."""
+
+    matrix: sp.csr_array
+    dangling: np.ndarray
+
+
+def random_walk(adj: sp.sparray, dtype: str | type = np.float64) -> RandomWalk:
+    """Row-normalised random walk on ``adj`` (``adj[i, j]`` = weight of i -> j), transposed: LinearRAG eq. (6)'s P."""
+    adj = sp.csr_array(adj, dtype=np.float64)
+    out_weight = np.asarray(adj.sum(axis=1)).ravel()
+    inv_out = np.divide(1.0, out_weight, out=np.zeros_like(out_weight), where=out_weight != 0)
+    matrix = (sp.diags_array(inv_out) @ adj).T.tocsr().astype(dtype)
+    return RandomWalk(matrix, np.flatnonzero(out_weight == 0))
+
+
+def restarted_walk(transition: Transition, x0: np.ndarray, restart: float, steps: int, *,
+                   tol: float | None = None, check_every: int = 4, dangling: np.ndarray | None = None,
+                   closed_form: bool = False) -> np.ndarray:
+    """Restarted walk x <- (1 - c) P x + c x0 from x = x0, ZoomRAG eqs. (3), (5); LinearRAG eq. (6).
+
+    ``x0`` (..., n, q): a restart vector per column; ``transition`` P is applied as ``P @ x``
+    (sparse or dense (n, n), or a batch (..., n, n) of dense graphs) or ``P(x)`` (a callable).
+    Runs ``steps`` steps, or stops early once every column's L1 change in one step is < ``tol``
+    (checked every ``check_every`` steps and at the last). ``dangling``: node indices whose mass
+    (1 - c) * x[dangling] jumps back by x0 instead of leaking. ``closed_form``: the fixed point
+    (:func:`stationary_walk`) instead. The state keeps x0's dtype when P has it.
+    """
+    if closed_form:
+        if dangling is not None:
+            raise ValueError("the closed form has no dangling redistribution")
+        return stationary_walk(transition, x0, restart)
+    follow = 1.0 - restart
+    x, jump = x0.copy(), np.empty_like(x0)
+    for it in range(steps):
+        previous = x
+        x = transition(previous) if callable(transition) else transition @ previous
+        x *= x.dtype.type(follow)
+        coef = np.float64(restart)
+        if dangling is not None:  # teleport c plus the dangling mass (1 - c) * sum(x[dangling]) jump by x0
+            coef = restart + follow * np.take(previous, dangling, axis=-2).sum(axis=-2, keepdims=True,
+                                                                                  dtype=np.float64)
+        np.multiply(x0, coef.astype(x0.dtype), out=jump)
+        x += jump
+        if tol is not None and (it % check_every == check_every - 1 or it == steps - 1) \
+                and np.abs(x - previous).sum(axis=-2).max(initial=0.0) < tol:
+            break
+    return x
+
+
+def stationary_walk(transition: np.ndarray, x0: np.ndarray, restart: float) -> np.ndarray:
+    """Fixed point of the restarted walk, x = c (I - (1 - c) P)^-1 x0, ZoomRAG eq. (10).
+
+    Dense P (n, n) or a batch (..., n, n), one ``np.linalg.solve`` for all; x0 (..., n, q).
+    """
+    if not isinstance(transition, np.ndarray):
+        raise TypeError("the closed form needs a dense transition matrix")
+    system = np.eye(transition.shape[-1]) - (1.0 - restart) * transition
+    return restart * np.linalg.solve(system, x0)
+
+
+def personalized_pagerank(adj: sp.sparray | RandomWalk, personalization: np.ndarray, damping: float = 0.5,
+                          tol: float = 1e-8, max_iter: int = 100, dtype: str | type = np.float64) -> np.ndarray:
+    """Personalized PageRank for a batch of reset vectors (Q x n), LinearRAG eq. (6).
+
+    ``adj``: (n, n) weighted adjacency, ``adj[i, j]`` = weight of edge i -> j, or its prebuilt
+    :func:`random_walk`. ``personalization``: (Q, n) non-negative reset mass, normalised per row
+    here (an all-zero row gives an all-zero result). ``damping`` d is the probability of following
+    an edge (networkx's ``alpha``; restart c = 1 - d); dangling nodes jump by the personalization
+    (networkx's default). Stops when every query's L1 change in one step is < tol, checked every
+    fourth step. ``dtype`` is the iteration's float type (the reset is normalised in float64
+    first); float32 cannot reach tol below ~1e-7.
+    """
+    walk = adj if isinstance(adj, RandomWalk) else random_walk(adj, dtype)
+    reset = np.clip(np.asarray(personalization, dtype=np.float64), 0.0, None)
+    total = reset.sum(axis=1)
+    result = np.zeros_like(reset)
+    live = np.flatnonzero(total > 0)  # an all-zero reset row stays all zero, no iteration needed
+    if live.size == 0:
+        return result
+    reset = np.ascontiguousarray((reset[live] / total[live, None]).T, dtype=dtype)  # (n, Q'): a column per query
+    # 1 - (1 - d) == d exactly for d >= 0.5 (Sterbenz), so the kernel's follow probability is d itself there
+    scores = restarted_walk(walk.matrix.astype(dtype, copy=False), reset, 1.0 - damping, max_iter, tol=tol,
+                            check_every=4, dangling=walk.dangling)
+    result[live] = scores.T
+    return result

@@ -1,0 +1,43 @@
+"""Tests for tasks/graph/sparse.py (COO tables <-> csr_array, link lists) and the purity of tasks/graph."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+
+import tasks.graph
+from tasks.graph.sparse import coo_matrix, links_matrix, to_coo
+
+
+def test_coo_table_round_trip():
+    a = sp.random_array((7, 5), density=0.4, rng=np.random.default_rng(0), format="csr")
+    table = to_coo(a)
+    assert list(table.columns) == ["row", "col", "value"]
+    assert table["row"].dtype == np.int64 and table["col"].dtype == np.int64
+    back = coo_matrix(table, a.shape)
+    assert isinstance(back, sp.csr_array) and back.dtype == np.float64
+    assert np.array_equal(back.toarray(), a.toarray())
+
+
+def test_coo_matrix_sums_duplicate_cells():
+    table = pd.DataFrame({"row": [0, 0, 2], "col": [1, 1, 0], "value": [1.0, 2.5, 4.0]})
+    assert coo_matrix(table, (3, 2)).toarray().tolist() == [[0, 3.5], [0, 0], [4, 0]]
+
+
+def test_links_matrix():
+    got = links_matrix([[2, 0], [], [1]], 3)
+    assert got.shape == (3, 3) and got.toarray().tolist() == [[1, 0, 1], [0, 0, 0], [0, 1, 0]]
+    assert links_matrix([], 4).shape == (0, 4)
+
+
+def test_graph_package_is_pure():
+    """No I/O, no Prefect, no models: numeric libraries only."""
+    allowed = {"__future__", "dataclasses", "typing", "warnings", "numpy", "scipy", "pandas", "faiss"}
+    for path in Path(tasks.graph.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert {name.split(".")[0] for name in names} <= allowed, path.name

@@ -1,0 +1,270 @@
+"""Tests for tasks/graph/walk.py: oracles (networkx PageRank, one query at a time, the closed form vs many
+iterations), properties (a distribution, relabelling), and bit-equality of the kernel and the methods built
+on it with the pre-refactor walks (tests/tasks/graph/legacy.py)."""
+from __future__ import annotations
+
+import networkx as nx
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tasks.graph.walk import (
+    column_normalise,
+    inverse_column_sums,
+    personalized_pagerank,
+    random_walk,
+    restarted_walk,
+    stationary_walk,
+)
+from tasks.methods.zoomrag import algorithm as zoom
+from tests.tasks.graph import legacy
+
+
+def random_bipartite(seed: int, n_p: int = 9, n_e: int = 14, directed: bool = False):
+    """Random weighted passage-entity graph with a few isolated (dangling) nodes."""
+    rng = np.random.default_rng(seed)
+    graph = nx.DiGraph() if directed else nx.Graph()
+    graph.add_nodes_from(range(n_p + n_e))
+    for p in range(n_p - 2):  # the last two passages stay isolated
+        for e in range(n_p, n_p + n_e - 1):  # the last entity stays isolated
+            if rng.random() < 0.3:
+                graph.add_edge(p, e, weight=float(rng.uniform(0.5, 2.0)))
+                if directed and rng.random() < 0.5:
+                    graph.add_edge(e, p, weight=float(rng.uniform(0.5, 2.0)))
+    adj = nx.to_scipy_sparse_array(graph, nodelist=range(n_p + n_e), weight="weight", format="csr")
+    return graph, adj, rng
+
+
+def random_adjacency(seed: int, n: int = 25, density: float = 0.2) -> sp.csr_array:
+    """Random non-negative sparse adjacency, a few empty columns included."""
+    rng = np.random.default_rng(seed)
+    adj = sp.random_array((n, n), density=density, rng=rng, format="csr") * 3
+    adj = adj.tolil()
+    adj[:, :2] = 0.0  # empty columns: mass reaching nodes 0 and 1 leaks (or restarts, when dangling)
+    return sp.csr_array(adj)
+
+
+def assert_identical(a: np.ndarray, b: np.ndarray) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert np.array_equal(a, b), np.abs(a - b).max()
+
+
+# ---------------------------------------------------------------- transitions
+
+
+def test_column_normalise_dense_batch_and_sparse():
+    rng = np.random.default_rng(11)
+    B = rng.random((3, 6, 6))
+    B[0, :, 2] = 0.0  # a dangling column stays zero
+    P = column_normalise(B)
+    assert np.allclose(P[1:].sum(axis=1), 1.0) and not P[0, :, 2].any()
+    assert np.allclose(P[0].sum(axis=0)[[0, 1, 3, 4, 5]], 1.0)
+    adj = random_adjacency(0)
+    Ps = column_normalise(adj)
+    assert sp.issparse(Ps) and adj.nnz == Ps.nnz
+    sums = np.asarray(Ps.sum(axis=0)).ravel()
+    nonempty = inverse_column_sums(adj)[0] > 0
+    assert np.allclose(sums[nonempty], 1.0) and not sums[~nonempty].any()
+    assert np.allclose(Ps.toarray(), column_normalise(adj.toarray()), atol=1e-15)
+
+
+def test_random_walk_is_the_transposed_row_normalised_adjacency():
+    _, adj, _ = random_bipartite(2, directed=True)
+    walk = random_walk(adj)
+    A = adj.toarray()
+    out = A.sum(axis=1)
+    want = np.divide(A, out[:, None], out=np.zeros_like(A), where=out[:, None] > 0).T
+    assert np.allclose(walk.matrix.toarray(), want, atol=1e-15)
+    assert walk.dangling.tolist() == np.flatnonzero(out == 0).tolist()
+    assert np.allclose(walk.matrix.toarray(), column_normalise(adj.T).toarray(), atol=1e-15)
+
+
+# ---------------------------------------------------------------- the kernel
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_batched_walk_equals_one_query_at_a_time(dangling):
+    adj = random_adjacency(1)
+    P = column_normalise(adj)
+    x0 = np.random.default_rng(1).random((25, 6))
+    kw = dict(dangling=np.array([0, 1]) if dangling else None)
+    batch = restarted_walk(P, x0, 0.3, 17, **kw)
+    for q in range(6):
+        one = restarted_walk(P, x0[:, [q]], 0.3, 17, **kw)
+        assert np.abs(batch[:, q] - one[:, 0]).max() < 1e-14
+
+
+def test_a_step_is_the_restarted_walk_equation():
+    P = column_normalise(random_adjacency(2))
+    x0 = np.random.default_rng(2).random((25, 3))
+    x = x0.copy()
+    for steps in range(4):
+        assert np.allclose(restarted_walk(P, x0, 0.2, steps), x, atol=1e-15)
+        x = 0.8 * (P @ x) + 0.2 * x0
+
+
+def test_callable_operator_equals_the_matrix():
+    P = column_normalise(random_adjacency(3))
+    x0 = np.random.default_rng(3).random((25, 4))
+    assert_identical(restarted_walk(lambda x: P @ x, x0, 0.4, 9), restarted_walk(P, x0, 0.4, 9))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_closed_form_equals_many_iterations(seed):
+    rng = np.random.default_rng(seed)
+    P = column_normalise(rng.random((5, 8, 8)) * (rng.random((5, 8, 8)) < 0.5))  # a batch of local graphs
+    x0 = rng.random((5, 8, 2))
+    closed = restarted_walk(P, x0, 0.1, 0, closed_form=True)
+    assert np.abs(closed - restarted_walk(P, x0, 0.1, 400)).max() < 1e-12
+    assert np.abs(closed - restarted_walk(P, x0, 0.1, 3)).max() > 1e-6  # three steps are not the fixed point
+    assert_identical(closed, stationary_walk(P, x0, 0.1))
+    assert np.allclose(closed, np.stack([stationary_walk(P[i], x0[i], 0.1) for i in range(5)]), atol=1e-14)
+    with pytest.raises(ValueError):
+        restarted_walk(P, x0, 0.1, 5, closed_form=True, dangling=np.array([0]))
+
+
+def test_tolerance_stops_early_and_close_to_the_limit():
+    P = column_normalise(random_adjacency(4))
+    x0 = np.random.default_rng(4).random((25, 3))
+    limit = restarted_walk(P, x0, 0.5, 200)
+    early = restarted_walk(P, x0, 0.5, 200, tol=1e-6, check_every=4)
+    assert 0 < np.abs(early - limit).sum(axis=0).max() < 1e-5
+    calls = []
+    restarted_walk(lambda x: calls.append(1) or P @ x, x0, 0.5, 200, tol=1e-6, check_every=4)
+    assert len(calls) % 4 == 0 and len(calls) < 200  # stops at a check
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), restart=st.floats(0.05, 0.95), steps=st.integers(0, 12))
+def test_walk_keeps_mass_and_relabelling_permutes(seed, restart, steps):
+    rng = np.random.default_rng(seed)
+    cycle = sp.eye_array(15, k=1) + sp.eye_array(15, k=-14)  # every column has an edge: mass is kept exactly
+    adj = sp.csr_array(sp.random_array((15, 15), density=0.3, rng=rng) + cycle)
+    P = column_normalise(adj)
+    x0 = rng.random((15, 3))
+    x0 /= x0.sum(axis=0)
+    x = restarted_walk(P, x0, restart, steps)
+    assert x.min() >= 0 and np.allclose(x.sum(axis=0), 1.0, atol=1e-12)
+    perm = rng.permutation(15)
+    moved = restarted_walk(column_normalise(adj[perm][:, perm]), x0[perm], restart, steps)
+    assert np.allclose(moved, x[perm], atol=1e-12)
+
+
+# ---------------------------------------------------------------- personalized PageRank
+
+
+@pytest.mark.parametrize("directed", [False, True])
+@pytest.mark.parametrize("seed", range(5))
+def test_ppr_matches_networkx(seed: int, directed: bool) -> None:
+    graph, adj, rng = random_bipartite(seed, directed=directed)
+    n = adj.shape[0]
+    reset = np.where(rng.random((4, n)) < 0.4, rng.random((4, n)), 0.0)
+    reset[0, -1] = 1.0  # mass on a dangling node
+    reset[:, 0] += 0.1  # no all-zero row (networkx rejects it)
+    for damping in (0.5, 0.85):
+        ours = personalized_pagerank(adj, reset, damping=damping, tol=1e-14, max_iter=2000)
+        for q in range(reset.shape[0]):
+            ref = nx.pagerank(graph, alpha=damping, personalization=dict(enumerate(reset[q])),
+                              tol=1e-14, max_iter=2000, weight="weight")
+            assert np.abs(ours[q] - np.array([ref[i] for i in range(n)])).max() < 1e-6
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), n_q=st.integers(1, 5), damping=st.floats(0.05, 0.95))
+def test_ppr_batch_equals_single_and_is_a_distribution(seed: int, n_q: int, damping: float) -> None:
+    _, adj, rng = random_bipartite(seed)
+    reset = rng.random((n_q, adj.shape[0])) * (rng.random((n_q, adj.shape[0])) < 0.5)
+    reset[:, 0] += 1e-3
+    batch = personalized_pagerank(adj, reset, damping=damping, tol=1e-13, max_iter=1000)
+    assert (batch >= 0).all()
+    np.testing.assert_allclose(batch.sum(axis=1), 1.0, atol=1e-9)
+    for q in range(n_q):
+        one = personalized_pagerank(adj, reset[[q]], damping=damping, tol=1e-13, max_iter=1000)
+        assert np.abs(batch[q] - one[0]).max() < 1e-6
+
+
+def test_ppr_float32_is_close_to_float64() -> None:
+    _, adj, rng = random_bipartite(7)
+    reset = rng.random((4, adj.shape[0]))
+    exact = personalized_pagerank(adj, reset, 0.5, 1e-12, 500)
+    fast = personalized_pagerank(adj, reset, 0.5, 1e-6, 100, dtype="float32")
+    assert fast.dtype == np.float64 and np.abs(fast - exact).sum(axis=1).max() < 1e-5
+
+
+def test_ppr_all_zero_reset_row_gives_zeros() -> None:
+    _, adj, _ = random_bipartite(0)
+    reset = np.zeros((2, adj.shape[0]))
+    reset[1, 3] = 1.0
+    out = personalized_pagerank(adj, reset)
+    assert not out[0].any() and out[1].sum() == pytest.approx(1.0)
+    assert not personalized_pagerank(adj, reset[:1]).any()
+
+
+def test_prebuilt_random_walk_gives_the_same_ppr() -> None:
+    _, adj, rng = random_bipartite(3)
+    reset = rng.random((3, adj.shape[0]))
+    walk = random_walk(adj, "float32")
+    assert_identical(personalized_pagerank(walk, reset, 0.5, 1e-6, 100, "float32"),
+                     personalized_pagerank(adj, reset, 0.5, 1e-6, 100, "float32"))
+
+
+# ---------------------------------------------------------------- the pre-refactor walks, bit for bit
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("damping", [0.5, 0.85, 0.6])
+@pytest.mark.parametrize("seed", range(3))
+def test_ppr_equals_old_linearrag(seed, damping, dtype):
+    _, adj, rng = random_bipartite(seed, n_p=40, n_e=70, directed=seed == 1)
+    reset = np.where(rng.random((6, adj.shape[0])) < 0.3, rng.random((6, adj.shape[0])), 0.0)
+    reset[2] = 0.0  # an all-zero row
+    for tol, max_iter in ((1e-6, 100), (1e-12, 37), (0.0, 5)):
+        old = legacy.personalized_pagerank(adj, reset, damping, tol, max_iter, dtype)
+        assert_identical(personalized_pagerank(adj, reset, damping, tol, max_iter, dtype), old)
+        prebuilt = legacy.random_walk(adj, dtype)
+        assert_identical(personalized_pagerank(random_walk(adj, dtype), reset, damping, tol, max_iter, dtype),
+                         legacy.personalized_pagerank(prebuilt, reset, damping, tol, max_iter, dtype))
+    new_walk, old_walk = random_walk(adj, dtype), legacy.random_walk(adj, dtype)
+    for part in ("data", "indices", "indptr"):
+        assert_identical(getattr(new_walk.matrix, part), getattr(old_walk.matrix, part))
+    assert_identical(new_walk.dangling, old_walk.dangling)
+
+
+def zoom_problem(seed: int, n: int = 40, m: int = 30, q: int = 9):
+    """A ZoomRAG global block M and query rows H (tasks.methods.zoomrag.algorithm)."""
+    rng = np.random.default_rng(seed)
+    dd = sp.random_array((n, n), density=0.15, rng=rng, format="csr") * 3
+    dd.setdiag(0)
+    de = (sp.random_array((n, m), density=0.12, rng=rng, format="csr") != 0).astype(float)
+    qd = sp.random_array((q, n), density=0.2, rng=rng, format="csr") * 2
+    qe = (sp.random_array((q, m), density=0.15, rng=rng, format="csr") != 0).astype(float)
+    M, _ = zoom.global_block(sp.csr_array(dd), sp.csr_array(de))
+    H, _ = zoom.query_links(sp.csr_array(qd), sp.csr_array(qe))
+    return M, H
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("steps", [0, 1, 5, 12])
+def test_zoomrag_walks_equal_old(seed, steps):
+    M, H = zoom_problem(seed)
+    assert_identical(zoom.coupled_walk(M, H, 0.8, steps), legacy.coupled_walk(M, H, 0.8, steps))
+    for dtype in ("float32", "float64"):
+        Mt = sp.csr_array(M, dtype=dtype)  # as the retriever holds it
+        assert_identical(zoom.decoupled_walk(Mt, H, 0.8, steps, dtype), legacy.decoupled_walk(Mt, H, 0.8, steps, dtype))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("closed_form", [True, False])
+def test_chunk_walk_equals_old(seed, closed_form):
+    rng = np.random.default_rng(seed)
+    B = rng.random((6, 10, 10)) * (rng.random((6, 10, 10)) < 0.4)
+    B[0, :, 3] = 0.0
+    y0 = rng.random((6, 10))
+    assert_identical(column_normalise(B), legacy.column_normalise(B))
+    params = zoom.ZoomParams(closed_form=closed_form, chunk_iterations=23)
+    old = legacy.chunk_walk(legacy.column_normalise(B), y0, params.beta, closed_form, 23)
+    assert_identical(zoom.local_walk(B, y0, params), old)  # a padded batch
+    assert_identical(zoom.local_walk(B[1], y0[1], params),  # one local graph
+                     legacy.chunk_walk(legacy.column_normalise(B[1]), y0[1], params.beta, closed_form, 23))
