@@ -46,7 +46,9 @@ from tasks.core.store import (
     short_hash,
     text_key,
 )
-from tasks.llm.client import LLMDryRun, LLMParams, check_empty_fraction, make_client
+from tasks.llm.client import make_client
+from tasks.llm.params import LLMDryRun, LLMParams
+from tasks.llm.schema import check_empty_fraction
 from tasks.methods.dense import load_embeddings
 from tasks.methods.erarag import algorithm as erarag
 from tasks.text.chunk import ChunkParams
