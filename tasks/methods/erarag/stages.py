@@ -34,7 +34,6 @@ import pyarrow.parquet as pq
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-import tasks.text.chunk as chunk_mod
 from tasks.core.stage import RunContext, input_fps, run_stage
 from tasks.core.store import (
     ArtifactRef,
@@ -51,6 +50,7 @@ from tasks.llm.params import LLMDryRun, LLMParams
 from tasks.llm.schema import check_empty_fraction
 from tasks.methods.dense import load_embeddings
 from tasks.methods.erarag import algorithm as erarag
+from tasks.text import sentences
 from tasks.text.chunk import ChunkParams
 from tasks.text.embed import EmbedderParams, encode
 
@@ -182,7 +182,7 @@ def make_summariser(kind: str, params: EraParams, embedder: EmbedderParams, clie
         return cached_encode(store, texts, embedder)
 
     if kind == "extractive":
-        return erarag.extractive_summariser(params.summary_tokens, embed=embed, split=chunk_mod.split_sentences,
+        return erarag.extractive_summariser(params.summary_tokens, embed=embed, split=sentences.split_sentences,
                                             embed_sentences=params.extractive_rank == "centroid")
 
     def summarise(requests: list[erarag.SummaryRequest]) -> tuple[list[str], np.ndarray]:
@@ -242,7 +242,7 @@ def load_hierarchy(path: ArtifactRef | str) -> tuple[erarag.Hierarchy, pd.Series
 
 def hierarchy_code() -> str:
     """Code version of everything that decides the hierarchy artifact's content."""
-    return code_version(erarag, chunk_mod.sentence_spans, chunk_mod.split_sentences, cached_encode,
+    return code_version(erarag, sentences.sentence_spans, sentences.split_sentences, cached_encode,
                         summary_messages, make_summariser, nodes_table, load_hierarchy, load_planes,
                         hierarchy_slice, leaf_texts, _compute_hierarchy)
 
