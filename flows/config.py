@@ -95,7 +95,7 @@ class Config:
 def load_config(cfg: Mapping[str, Any]) -> Config:
     """A resolved Hydra config (plain dict) → :class:`Config`."""
     from flows.methods import METHODS
-    from tasks.llm.client import LLMParams
+    from tasks.llm.params import LLMParams
 
     kind = cfg["dataset"].get("kind")
     if kind not in DATASET_KINDS:

@@ -34,9 +34,10 @@ from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef, Store
 from tasks.eval.metrics import latency_summary, recall_at_k, recall_by_type
 from tasks.eval.retrieve import retrieve_all
-from tasks.llm.client import LLMDryRun, make_client
+from tasks.llm.client import make_client
 from tasks.llm.generate import build_reader_messages, contexts_for, generate
 from tasks.llm.ner import QUERY_NER_STAGE
+from tasks.llm.params import LLMDryRun
 
 log = logging.getLogger("dagrag")
 

@@ -23,7 +23,7 @@ from flows.pipeline import (
     stage_table,
     start_run,
 )
-from tasks.llm.client import LLMDryRun
+from tasks.llm.params import LLMDryRun
 
 
 @flow(name="index")

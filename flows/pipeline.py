@@ -17,7 +17,7 @@ from flows.methods import METHODS
 from tasks.core.ingest import content_hash, dataset_label, ingest, raw_sources
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef, Store
-from tasks.llm.client import LLMDryRun
+from tasks.llm.params import LLMDryRun
 
 log = logging.getLogger("dagrag")
 

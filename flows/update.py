@@ -33,7 +33,7 @@ from flows.pipeline import (
 )
 from tasks.core.ingest import ingest
 from tasks.core.store import ArtifactRef, Store
-from tasks.llm.client import LLMDryRun
+from tasks.llm.params import LLMDryRun
 from tasks.methods.erarag.stages import update_summary
 
 # methods whose update differs from their index DAG: name -> (update DAG, summary of what it did)

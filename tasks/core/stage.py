@@ -34,7 +34,7 @@ class RunContext:
     artifacts_dir: str
     dataset: str
     run_id: str
-    llm_dry_run: bool = False  # LLM stages estimate their calls and raise tasks.llm.client.LLMDryRun instead
+    llm_dry_run: bool = False  # LLM stages estimate their calls and raise tasks.llm.params.LLMDryRun instead
 
     @property
     def store(self) -> Store:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Sequence
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.llm.client import CHARS_PER_TOKEN, estimate_text_tokens
+from tasks.llm.ledger import CHARS_PER_TOKEN, estimate_text_tokens
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from tasks.llm.client import LLMClient, Messages, check_empty_fraction
+from tasks.llm.client import LLMClient
+from tasks.llm.params import Messages
+from tasks.llm.schema import check_empty_fraction
 
 log = logging.getLogger("dagrag")
 

@@ -17,6 +17,7 @@ from prefect.cache_policies import NO_CACHE
 from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_row_stage
 from tasks.core.store import ArtifactRef
+from tasks.text import sentences
 
 
 @dataclass(frozen=True)
@@ -34,32 +35,7 @@ class ChunkParams:
             raise ValueError("chunk.overlap_tokens must be >= 0 and < chunk.window_tokens")
 
 
-# a boundary: end punctuation (+ closing quotes/brackets), whitespace, then an opening capital/digit
-_BOUNDARY = re.compile(r"(?<=[.!?])[\"'”’)\]]*\s+(?=[\"'“‘(\[]?[A-Z0-9])")
-# a piece ending like this did not end a sentence: titles, initials ("J."), "U.S.", "No.", "St."
 _TOKEN = re.compile(r"\S+")
-_NOT_AN_END = re.compile(
-    r"(?:\b(?:Mr|Mrs|Ms|Dr|Prof|Sr|Jr|St|Mt|Ft|No|Vol|vs|etc|Inc|Ltd|Co|Corp|Gen|Col|Lt|Sgt|Rev|Hon|Jan|Feb|Mar|"
-    r"Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec|approx|ca|c)\.|\b[A-Z]\.|\b(?:[A-Za-z]\.){2,})$")
-
-
-def sentence_spans(text: str) -> list[tuple[int, int]]:
-    """Rule-based sentence split as (start, end) character spans; abbreviations and initials stay inside."""
-    cuts = [m.end() for m in _BOUNDARY.finditer(text)]
-    starts = [0] + [c for c in cuts if not _NOT_AN_END.search(text[:c].rstrip())]
-    ends = starts[1:] + [len(text)]
-    spans = []
-    for a, b in zip(starts, ends):
-        piece = text[a:b]
-        lead, trail = len(piece) - len(piece.lstrip()), len(piece.rstrip())
-        if trail > lead:
-            spans.append((a + lead, a + trail))
-    return spans
-
-
-def split_sentences(text: str) -> list[str]:
-    """The sentences of a text, in order."""
-    return [text[a:b] for a, b in sentence_spans(text)]
 
 
 def window_spans(text: str, size: int, overlap: int) -> list[tuple[int, int]]:
@@ -79,7 +55,7 @@ def token_windows(text: str, size: int, overlap: int) -> list[str]:
 def chunk_spans(text: str, params: ChunkParams) -> list[tuple[int, int]]:
     """Character spans of the chunks of one document, in order (never empty for a non-blank text)."""
     if params.unit == "sentence":
-        spans = sentence_spans(text)
+        spans = sentences.sentence_spans(text)
     elif params.unit == "window":
         spans = window_spans(text, params.window_tokens, params.overlap_tokens)
     else:

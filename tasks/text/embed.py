@@ -18,8 +18,10 @@ from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_row_stage
 from tasks.core.store import (
     ArtifactRef,
+    Store,
     arrow_to_embeddings,
     embeddings_to_arrow,
+    short_hash,
     text_key,
 )
 from tasks.text.encoder import PACKAGED_MODEL, load_encoder
@@ -74,6 +76,28 @@ def encode_queries(texts: list[str], params: EmbedderParams) -> np.ndarray:
         return load_onnx_encoder(params.model, params.max_seq_length, torch.get_num_threads()).encode(
             texts, params.query_batch_size)
     return encode(texts, replace(params, batch_size=params.query_batch_size), query=True)
+
+
+def cached_encode(store: Store, texts: list[str], params: EmbedderParams, cache: str) -> np.ndarray:
+    """Encode texts through the content-keyed row cache ``cache``: a text is embedded once per model.
+
+    Rows are keyed by :func:`text_key` under a fingerprint of (``cache``, model, max_seq_length),
+    so identical texts share one row and only texts never seen before reach the encoder.
+    """
+    if not texts:
+        return encode([], params)
+    keys = [text_key(t) for t in texts]
+    fp = short_hash({"stage": cache, "model": params.model, "max_seq_length": params.max_seq_length})
+    wanted = list(dict.fromkeys(keys))
+    rows_cache = store.row_cache(cache, fp, "key")
+    missing = rows_cache.missing(wanted)
+    if missing:
+        by_key = dict(zip(keys, texts))
+        emb = encode([by_key[k] for k in missing], params)
+        rows_cache.append(pa.table({"key": missing, "emb": embeddings_to_arrow(emb)}))
+    rows = rows_cache.read(wanted)
+    pos = {k: i for i, k in enumerate(rows.column("key").to_pylist())}
+    return arrow_to_embeddings(rows.column("emb"))[[pos[k] for k in keys]]
 
 
 def render_texts(frame: pd.DataFrame, template: str | None) -> list[str]:

@@ -25,7 +25,8 @@ from tasks.core.stage import RunContext, input_fps, run_row_stage
 from tasks.core.store import ArtifactRef, text_key
 
 if TYPE_CHECKING:
-    from tasks.llm.client import LLMClient, LLMParams
+    from tasks.llm.client import LLMClient
+    from tasks.llm.params import LLMParams
 
 BACKENDS = ("spacy", "llm")
 NUMERIC_LABELS = frozenset({"DATE", "TIME", "PERCENT", "MONEY", "QUANTITY", "ORDINAL", "CARDINAL"})
@@ -167,7 +168,7 @@ def ner(ctx: RunContext, table: ArtifactRef, id_col: str, params: NERParams,
         if client is None:
             return recognise(texts, params)
         if ctx.llm_dry_run:
-            from tasks.llm.client import LLMDryRun
+            from tasks.llm.params import LLMDryRun
 
             msgs = [llm_ner.ner_messages(t, params.keep_numeric) for t in texts]
             raise LLMDryRun(llm_ner.NER_STAGE, client.dry_run_estimate(msgs, llm.max_tokens))

@@ -14,7 +14,7 @@ from flows.evaluate import evaluate_flow
 from flows.update import update_flow
 from tasks.core.sample import generate_sample
 from tasks.core.store import Store
-from tasks.llm.client import LLMParams
+from tasks.llm.params import LLMParams
 from tasks.methods.erarag.stages import EraParams, read_meta
 from tests.flows.conftest import make_config
 from tests.llm_server import FakeLLMServer

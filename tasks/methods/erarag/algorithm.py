@@ -2,7 +2,8 @@
 
 Paper: EraRAG (``shared/papers/004_d206a8f3f3988860.txt``), section III, Algorithms 1-3.
 numpy / faiss / pandas only: no I/O, no Prefect, no models, no LLM calls. The summariser
-is a callback (``Summarise``); ``extractive_summariser`` is the model-free default.
+is a callback (``Summarise`` of :mod:`tasks.llm.summarize`, where the model-free extractive one
+and the LLM one live).
 
 Shapes: N nodes, d embedding dim, q queries; embeddings are float32 ``(n, d)`` and are
 expected L2-normalised (the paper's v_i), so faiss inner product is a cosine.
@@ -61,13 +62,14 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import re
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import faiss
 import numpy as np
 import pandas as pd
+
+from tasks.llm.summarize import Summarise, SummaryRequest
 
 
 @dataclass(frozen=True)
@@ -187,94 +189,6 @@ def lsh_segments(codes: np.ndarray, ids: Sequence, params: EraRAGParams) -> list
     out: list[np.ndarray] = []
     rest = _trie_merge(0, len(uniq), [int(c) for c in uniq], order.astype(np.int64), bounds, params, out)
     return _absorb_leftover(out, rest, params)
-
-
-# ---------------------------------------------------------------- summaries
-
-
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-
-
-def split_sentences(text: str) -> list[str]:
-    """Split on whitespace after . ! or ?; the default sentence splitter of the extractive summary."""
-    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
-
-
-def _normalise(x: np.ndarray) -> np.ndarray:
-    """Row-wise L2 normalisation (zero rows stay zero)."""
-    x = np.asarray(x, dtype=np.float32)
-    norm = np.linalg.norm(x, axis=-1, keepdims=True)
-    return x / np.where(norm > 0, norm, 1.0)
-
-
-def extractive_summary(texts: Sequence[str], emb: np.ndarray, max_tokens: int,
-                       split: Callable[[str], list[str]] = split_sentences,
-                       sentence_emb: Optional[np.ndarray] = None) -> str:
-    """Centroid-closest sentences in original order within max_tokens; LLM-free stand-in for Alg. 1 line 13.
-
-    With ``sentence_emb`` (one row per sentence of ``split`` over ``texts``) sentences rank by
-    cosine to the segment centroid; without it, by position in their text (leads first), then
-    by their text's cosine to the centroid. Tokens are whitespace tokens.
-    """
-    sents, owner, pos = [], [], []
-    for t, text in enumerate(texts):
-        for p, s in enumerate(split(text)):
-            sents.append(s), owner.append(t), pos.append(p)
-    if not sents or max_tokens <= 0:
-        return ""
-    centroid = _normalise(_normalise(emb).mean(axis=0))
-    if sentence_emb is not None:
-        rank = np.lexsort((np.arange(len(sents)), -(_normalise(sentence_emb) @ centroid)))
-    else:
-        rank = np.lexsort((np.arange(len(sents)), -(_normalise(emb) @ centroid)[owner], pos))
-    chosen, used = [], 0
-    for i in rank:
-        n = len(sents[i].split())
-        if used + n <= max_tokens:
-            chosen.append(i)
-            used += n
-    if not chosen:
-        return " ".join(sents[rank[0]].split()[:max_tokens])
-    return " ".join(sents[i] for i in sorted(chosen))
-
-
-@dataclass(frozen=True)
-class SummaryRequest:
-    """One segment to summarise into the parent node ``node_id`` at ``layer`` (Alg. 1 line 13)."""
-
-    node_id: str
-    layer: int
-    child_ids: tuple[str, ...]
-    child_texts: tuple[str, ...]
-    child_emb: np.ndarray  # (n_children, d)
-
-
-# a batch of segments -> (summary texts, (len(batch), d) summary embeddings)
-Summarise = Callable[[list[SummaryRequest]], tuple[list[str], np.ndarray]]
-
-
-def extractive_summariser(max_tokens: int, embed: Optional[Callable[[list[str]], np.ndarray]] = None,
-                          split: Callable[[str], list[str]] = split_sentences,
-                          embed_sentences: bool = True) -> Summarise:
-    """Model-free default ``Summarise`` for Alg. 1 line 13 / Alg. 3 line 11 (extractive text).
-
-    The summary embedding is ``embed(text)`` when an encoder is given, else the normalised
-    child centroid; sentences are embedded in one batch per call when ``embed`` is given and
-    ``embed_sentences`` (else they rank leads first, see ``extractive_summary``).
-    """
-    def summarise(requests: list[SummaryRequest]) -> tuple[list[str], np.ndarray]:
-        per_req = [[s for t in r.child_texts for s in split(t)] for r in requests]
-        flat = [s for ss in per_req for s in ss]
-        sent_emb = np.asarray(embed(flat)) if embed is not None and embed_sentences and flat else None
-        texts, start = [], 0
-        for r, ss in zip(requests, per_req):
-            part = None if sent_emb is None else sent_emb[start:start + len(ss)]
-            texts.append(extractive_summary(r.child_texts, r.child_emb, max_tokens, split, part))
-            start += len(ss)
-        if embed is not None:
-            return texts, _normalise(np.asarray(embed(texts)))
-        return texts, _normalise(np.stack([_normalise(r.child_emb).mean(axis=0) for r in requests]))
-    return summarise
 
 
 # ---------------------------------------------------------------- hierarchy (Alg. 1, Alg. 3)

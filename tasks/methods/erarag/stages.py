@@ -34,7 +34,6 @@ import pyarrow.parquet as pq
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-import tasks.text.chunk as chunk_mod
 from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_stage
 from tasks.core.store import (
@@ -43,14 +42,14 @@ from tasks.core.store import (
     arrow_to_embeddings,
     embeddings_to_arrow,
     fingerprint,
-    short_hash,
-    text_key,
 )
-from tasks.llm.client import LLMDryRun, LLMParams, check_empty_fraction, make_client
+from tasks.llm.client import make_client
+from tasks.llm.params import LLMDryRun, LLMParams
+from tasks.llm.summarize import Summarise, dry_run_summariser, make_summariser
 from tasks.methods.dense import load_embeddings
 from tasks.methods.erarag import algorithm as erarag
 from tasks.text.chunk import ChunkParams
-from tasks.text.embed import EmbedderParams, encode
+from tasks.text.embed import EmbedderParams, cached_encode
 
 log = logging.getLogger("dagrag.erarag")
 
@@ -144,26 +143,9 @@ def load_planes(ref: ArtifactRef | str) -> np.ndarray:
 # ---------------------------------------------------------------- summarisers
 
 
-def cached_encode(store: Store, texts: list[str], embedder: EmbedderParams) -> np.ndarray:
-    """Encode texts through a content-keyed row cache: a text is embedded once per model."""
-    if not texts:
-        return encode([], embedder)
-    keys = [text_key(t) for t in texts]
-    fp = short_hash({"stage": TEXT_EMB, "model": embedder.model, "max_seq_length": embedder.max_seq_length})
-    wanted = list(dict.fromkeys(keys))
-    cache = store.row_cache(TEXT_EMB, fp, "key")
-    missing = cache.missing(wanted)
-    if missing:
-        by_key = dict(zip(keys, texts))
-        emb = encode([by_key[k] for k in missing], embedder)
-        cache.append(pa.table({"key": missing, "emb": embeddings_to_arrow(emb)}))
-    rows = cache.read(wanted)
-    pos = {k: i for i, k in enumerate(rows.column("key").to_pylist())}
-    return arrow_to_embeddings(rows.column("emb"))[[pos[k] for k in keys]]
-
-
 def summary_messages(child_texts: tuple[str, ...], words: int) -> list[dict[str, str]]:
-    """Chat prompt asking for one summary paragraph of a segment (Alg. 1 line 13)."""
+    """EraRAG's summary prompt (the ``prompt`` of its LLM summariser): one paragraph of about ``words``
+    words per segment (Alg. 1 line 13)."""
     body = "\n\n".join(f"Passage {i + 1}: {t}" for i, t in enumerate(child_texts))
     return [{"role": "system", "content": "You condense groups of related passages into short summaries "
                                           "that are used as entries of a search index."},
@@ -172,40 +154,16 @@ def summary_messages(child_texts: tuple[str, ...], words: int) -> list[dict[str,
                                         "write only what the passages support.\n\n" + body}]
 
 
-def make_summariser(kind: str, params: EraParams, embedder: EmbedderParams, client: Any,
-                    store: Store) -> erarag.Summarise:
-    """The ``Summarise`` callback: extractive (no model calls but the encoder) or the LLM's summaries;
-    summaries are embedded with the leaves' encoder."""
+def erarag_summariser(kind: str, params: EraParams, embedder: EmbedderParams, client: Any,
+                      store: Store) -> Summarise:
+    """EraRAG's ``Summarise`` (Alg. 1 line 13): extractive (no model calls but the encoder) or the LLM's
+    summaries with EraRAG's prompt under ledger stage ``erarag_summary``; summaries (and, for the
+    ``centroid`` rank, sentences) are embedded with the leaves' encoder through the text row cache."""
     def embed(texts: list[str]) -> np.ndarray:
-        return cached_encode(store, texts, embedder)
+        return cached_encode(store, texts, embedder, TEXT_EMB)
 
-    if kind == "extractive":
-        return erarag.extractive_summariser(params.summary_tokens, embed=embed, split=chunk_mod.split_sentences,
-                                            embed_sentences=params.extractive_rank == "centroid")
-
-    def summarise(requests: list[erarag.SummaryRequest]) -> tuple[list[str], np.ndarray]:
-        msgs = [summary_messages(r.child_texts, params.summary_tokens) for r in requests]
-        replies = client.chat_many(msgs, stage=SUMMARY_STAGE, max_tokens=2 * params.summary_tokens)
-        texts = [r.text.strip() for r in replies]
-        check_empty_fraction(texts, 0.05, SUMMARY_STAGE)
-        return texts, embed(texts)
-    return summarise
-
-
-def dry_run_summariser(params: EraParams, embedder: EmbedderParams, client: Any,
-                       store: Store) -> tuple[erarag.Summarise, dict[str, int]]:
-    """A ``Summarise`` that adds what the LLM's summaries would cost to the returned (growing) estimate
-    and answers with extractive summaries of the same budget, so upper layers can be estimated too
-    (their prompts then quote stand-ins, so their cache hits are not counted)."""
-    stand_in = make_summariser("extractive", params, embedder, None, store)
-    total = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
-
-    def summarise(requests: list[erarag.SummaryRequest]) -> tuple[list[str], np.ndarray]:
-        msgs = [summary_messages(r.child_texts, params.summary_tokens) for r in requests]
-        for k, v in client.dry_run_estimate(msgs, 2 * params.summary_tokens, max_tokens=2 * params.summary_tokens).items():
-            total[k] += v
-        return stand_in(requests)
-    return summarise, total
+    return make_summariser(kind, params.summary_tokens, embed, client=client, prompt=summary_messages,
+                           stage=SUMMARY_STAGE, embed_sentences=params.extractive_rank == "centroid")
 
 
 # ---------------------------------------------------------------- hierarchy artifact
@@ -295,10 +253,11 @@ def _compute_hierarchy(ctx: RunContext, leaves: ArtifactRef, leaf_embeddings: Ar
     doc_of = dict(zip(table["chunk_id"].tolist(), table["doc_id"].tolist()))
     P = load_planes(planes)
     client = make_client(llm, Path(ctx.artifacts_dir) / "llm_cache.duckdb") if kind == "llm" else None
-    summarise = make_summariser(kind, params, embedder, client, store)
+    summarise = erarag_summariser(kind, params, embedder, client, store)
     estimate: dict[str, int] | None = None
     if client is not None and ctx.llm_dry_run:  # count the LLM's summaries, build with extractive stand-ins
-        summarise, estimate = dry_run_summariser(params, embedder, client, store)
+        stand_in = erarag_summariser("extractive", params, embedder, None, store)
+        summarise, estimate = dry_run_summariser(client, summary_messages, params.summary_tokens, stand_in)
     meta: dict[str, Any] = {"summariser": kind, "mode": "build", "base_fp": None, "planes_fp": planes.fp}
     if base is None:
         h, report = erarag.build(ids, emb, summarise, P, params, texts)

@@ -14,7 +14,8 @@ from tasks.eval.answer_metrics import (
     llm_judge,
     normalize_answer,
 )
-from tasks.llm.client import LLMClient, LLMParams
+from tasks.llm.client import LLMClient
+from tasks.llm.params import LLMParams
 from tests.llm_server import FakeLLMServer
 
 

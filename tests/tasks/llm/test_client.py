@@ -1,31 +1,26 @@
-"""Tests for tasks.llm.client against a real local OpenAI-compatible HTTP server."""
+"""Tests for tasks.llm.client (and its transport, ledger and structured outputs) against a real local
+OpenAI-compatible HTTP server."""
 
 from __future__ import annotations
 
 import logging
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tasks.llm.client import (
+from tasks.llm.client import LLMClient, make_client
+from tasks.llm.ledger import estimate_tokens
+from tasks.llm.params import (
     ExtractionMostlyEmpty,
     LLMBadResponse,
-    LLMClient,
     LLMConfigError,
     LLMParams,
     LLMRequestError,
     LLMUnreachable,
-    ResponseCache,
-    check_empty_fraction,
-    estimate_tokens,
-    make_client,
-    parse_json_text,
-    validate_schema,
 )
+from tasks.llm.schema import check_empty_fraction
 from tests.llm_server import FakeLLMServer, llm_server  # noqa: F401  (fixture)
 
 ENTITY_SCHEMA = {"type": "object", "required": ["entities"],
@@ -227,22 +222,6 @@ def test_concurrency_bound(tmp_path: Path) -> None:
         assert 2 <= server.max_in_flight <= 3
 
 
-def test_cache_is_process_safe(tmp_path: Path) -> None:
-    path = tmp_path / "shared.duckdb"
-    script = (
-        "import sys; from tasks.llm.client import ResponseCache\n"
-        "c = ResponseCache(sys.argv[1]); tag = sys.argv[2]\n"
-        "for i in range(8):\n"
-        "    c.put_many({f'{tag}-{i}': ('t', 1, 2)}, 'm'); c.get_many([f'{tag}-{i}'])\n"
-    )
-    root = Path(__file__).resolve().parents[3]
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(path), tag], cwd=root)
-             for tag in ("p", "q", "r")]
-    assert [p.wait(timeout=50) for p in procs] == [0, 0, 0]
-    keys = [f"{t}-{i}" for t in "pqr" for i in range(8)]
-    assert len(ResponseCache(path).get_many(keys)) == 24
-
-
 # ---- secrets ------------------------------------------------------------------------
 def test_api_key_never_cached_or_logged(llm_server: FakeLLMServer, tmp_path: Path,
                                         monkeypatch: pytest.MonkeyPatch,
@@ -320,26 +299,3 @@ def test_chat_json_repair_fails_and_is_counted(tmp_path: Path) -> None:
         with pytest.raises(ExtractionMostlyEmpty, match="ner"):
             check_empty_fraction(out, 0.2, "ner")
         assert check_empty_fraction(out, 0.5, "ner") == pytest.approx(1 / 3)
-
-
-def test_check_empty_fraction() -> None:
-    outs = [{"triples": []}, None, {}, {"triples": [["a", "b", "c"]]}]
-    with pytest.raises(ExtractionMostlyEmpty):
-        check_empty_fraction(outs, 0.5, "openie")
-    assert check_empty_fraction(outs, 0.75, "openie") == 0.75
-    assert check_empty_fraction([], 0.0, "openie") == 0.0
-
-
-def test_parse_json_text_and_validation() -> None:
-    assert parse_json_text('```json\n{"a": 1}\n```') == {"a": 1}
-    assert parse_json_text('Sure! {"a": [1, 2]} done') == {"a": [1, 2]}
-    with pytest.raises(ValueError):
-        parse_json_text("no json here")
-    schema = {"type": "object", "required": ["n", "xs"],
-              "properties": {"n": {"type": "integer"}, "flag": {"type": "boolean"},
-                             "xs": {"type": "array", "items": {"type": "number"}}}}
-    assert validate_schema({"n": 1, "xs": [1.5, 2]}, schema) is None
-    assert "missing required" in validate_schema({"n": 1}, schema)  # type: ignore[operator]
-    assert "$.n" in validate_schema({"n": True, "xs": []}, schema)  # type: ignore[operator]
-    assert "$.xs[1]" in validate_schema({"n": 1, "xs": [1, "2"]}, schema)  # type: ignore[operator]
-    assert "$.flag" in validate_schema({"n": 1, "xs": [], "flag": 1}, schema)  # type: ignore[operator]

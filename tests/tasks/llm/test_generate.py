@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.llm.client import LLMClient, LLMParams
+from tasks.llm.client import LLMClient
 from tasks.llm.generate import build_reader_messages, extract_answer, select_passages
+from tasks.llm.params import LLMParams
 from tests.llm_server import FakeLLMServer
 
 

@@ -1,4 +1,4 @@
-"""Tests for ``tasks.text.chunk``: sentence splitting, token windows, chunk tables and the row-incremental stage."""
+"""Tests for ``tasks.text.chunk``: token windows, chunk tables and the row-incremental stage."""
 from __future__ import annotations
 
 import pandas as pd
@@ -10,38 +10,8 @@ from tasks.text.chunk import (
     ChunkParams,
     chunk,
     chunk_documents,
-    split_sentences,
     token_windows,
 )
-
-# ----------------------------------------------------------------------------- split_sentences
-
-
-@pytest.mark.parametrize("text, expected", [
-    ("Dr. Smith went home. He slept.", ["Dr. Smith went home.", "He slept."]),
-    ("J. R. R. Tolkien wrote books. They sold well.", ["J. R. R. Tolkien wrote books.", "They sold well."]),
-    ("He joined the U.S. Army in 1942. It was cold.", ["He joined the U.S. Army in 1942.", "It was cold."]),
-    ("Pi is about 3.14 today. The rate rose 2.5 times.", ["Pi is about 3.14 today.", "The rate rose 2.5 times."]),
-    ("Mr. and Mrs. Jones met Prof. Xu at St. Mary in Jan. 1990. They talked.",
-     ["Mr. and Mrs. Jones met Prof. Xu at St. Mary in Jan. 1990.", "They talked."]),
-    ("Is it? Yes! It is.", ["Is it?", "Yes!", "It is."]),
-    ('He said "Go home." Then he left.', ['He said "Go home."', "Then he left."]),
-    ("It was 1990. 2001 came later.", ["It was 1990.", "2001 came later."]),
-    ("  Leading space.  Trailing too.  ", ["Leading space.", "Trailing too."]),
-    ("A line.\nAnother line.", ["A line.", "Another line."]),
-    ("no end punctuation at all", ["no end punctuation at all"]),
-    ("lower case after a stop. stays together", ["lower case after a stop. stays together"]),
-    ("", []),
-])
-def test_split_sentences(text, expected):
-    assert split_sentences(text) == expected
-
-
-def test_split_sentences_loses_no_words():
-    text = ("Dr. J. Doe of the U.S. Navy arrived at 3.30 p.m. on Jan. 5. She left! Did she return? "
-            "No. Inc. reports vary, etc. The end.")
-    assert " ".join(split_sentences(text)).split() == text.split()
-
 
 # ----------------------------------------------------------------------------- token_windows
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.llm.client import ExtractionMostlyEmpty, LLMParams, make_client
+from tasks.llm.client import make_client
 from tasks.llm.ner import NER_SCHEMA, entity_label, llm_recognise, locate, ner_messages
+from tasks.llm.params import ExtractionMostlyEmpty, LLMParams
 from tasks.text.ner import NERParams, QueryRecogniser, normalize_entity
 from tests.llm_server import FakeLLMServer
 

@@ -11,17 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tasks.llm.summarize import SummaryRequest, extractive_summariser
 from tasks.methods.erarag.algorithm import (
     EraRAGParams,
     Hierarchy,
-    SummaryRequest,
     biased_search,
     build,
     build_hierarchy,
     collapsed_search,
     delete,
-    extractive_summariser,
-    extractive_summary,
     feasible_size,
     hyperplanes,
     insert,
@@ -29,9 +27,9 @@ from tasks.methods.erarag.algorithm import (
     lsh_segments,
     replace_leaves,
     search,
-    split_sentences,
     whitespace_tokens,
 )
+from tasks.text.sentences import split_sentences
 
 P = EraRAGParams()
 
@@ -371,20 +369,10 @@ def test_biased_search_fills_a_shortfall(nodes):
     assert ((res.indices >= 0).sum(axis=1) == 10).all() and ((layer[res.indices] > 0).sum(axis=1) == 3).all()
 
 
-# ---------------------------------------------------------------- extractive summary
+# ---------------------------------------------------------------- summaries (tasks.llm.summarize) in a build
 
 
-def test_extractive_summary_keeps_order_and_budget():
-    texts = ["Alpha one. Alpha two is longer here.", "Beta one! Beta two?", "Gamma one. Gamma two."]
-    emb = np.array([[1, 0], [0.9, 0.1], [0, 1]], dtype=np.float32)
-    out = extractive_summary(texts, emb, max_tokens=6)
-    assert len(out.split()) <= 6
-    assert out == "Alpha one. Beta one! Gamma one."  # lead sentences first, original order
-    sents = [s for t in texts for s in split_sentences(t)]
-    sent_emb = np.array([[0, 1]] * len(sents), dtype=np.float32)
-    sent_emb[3] = [1, 0.2]  # "Beta two?" is closest to the centroid
-    assert extractive_summary(texts, emb, 2, sentence_emb=sent_emb) == "Beta two?"
-    assert extractive_summary(["a b c d e f"], emb[:1], 3) == "a b c"
+def test_whitespace_tokens():
     assert whitespace_tokens(["a b", "", "c"]).tolist() == [2, 0, 1]
 
 

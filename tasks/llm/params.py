@@ -1,0 +1,96 @@
+"""LLM layer vocabulary: the configuration, the errors, and the message / result value types.
+
+Everything else in :mod:`tasks.llm` builds on these; this module imports nothing from the layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+Message = dict[str, Any]
+Messages = list[Message]
+
+PROVIDERS = ("none", "openai", "local")
+
+
+# --------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------
+class LLMError(RuntimeError):
+    """Base class for LLM-layer errors."""
+
+
+class LLMConfigError(LLMError):
+    """Invalid or incomplete LLM configuration (e.g. missing API key env var)."""
+
+
+class LLMUnreachable(LLMError):
+    """The endpoint kept failing with transient errors until retries ran out."""
+
+
+class LLMRequestError(LLMError):
+    """The endpoint rejected the request with a non-retryable 4xx status."""
+
+
+class LLMBadResponse(LLMError):
+    """The endpoint kept returning bodies that are not valid chat completions."""
+
+
+class ExtractionMostlyEmpty(LLMError):
+    """Too many outputs of an extraction stage were empty or invalid."""
+
+
+class LLMDryRun(Exception):
+    """Raised by an index stage in dry-run mode instead of calling the LLM: what it would spend.
+
+    Nothing is written for that stage (the exception leaves ``compute`` before any write); the
+    flow catches it, reports ``estimate`` and stops.
+    """
+
+    def __init__(self, stage: str, estimate: dict[str, int]) -> None:
+        super().__init__(f"LLM dry run: stage {stage!r} would make {estimate}")
+        self.stage, self.estimate = stage, estimate
+
+
+# --------------------------------------------------------------------------
+# Config and results
+# --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LLMParams:
+    """LLM configuration. ``api_key_env`` names the env var holding the key.
+
+    ``json_mode`` controls whether :meth:`LLMClient.chat_json` sends
+    ``response_format={"type": "json_object"}`` (some servers reject it).
+    """
+
+    provider: str = "none"
+    model: str = ""
+    base_url: str = ""
+    api_key_env: str = ""
+    temperature: float = 0.0
+    max_tokens: int = 512
+    timeout_s: float = 60.0
+    max_retries: int = 5
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 30.0
+    concurrency: int = 8
+    seed: int = 0
+    json_mode: bool = True
+
+    def __post_init__(self) -> None:
+        if self.provider not in PROVIDERS:
+            raise LLMConfigError(f"llm.provider must be one of {PROVIDERS}, got {self.provider!r}")
+        if self.concurrency < 1 or self.max_retries < 0 or self.timeout_s <= 0:
+            raise LLMConfigError("llm.concurrency >= 1, llm.max_retries >= 0 and llm.timeout_s > 0 required")
+
+
+@dataclass(frozen=True)
+class LLMResult:
+    """One chat completion (fresh or from the cache)."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached: bool
+    seconds: float
