@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import faiss
 import numpy as np
 
-from tasks.core.store import ArtifactRef, Store, arrow_to_embeddings
+from tasks.core.store import ArtifactRef
 from tasks.eval.retrieve import Hits
-from tasks.text.embed import EmbedderParams, encode_queries
+from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
 
 
 @dataclass(frozen=True)
@@ -26,12 +26,6 @@ def inner_product_index(emb: np.ndarray) -> faiss.IndexFlatIP:
     index = faiss.IndexFlatIP(emb.shape[1])
     index.add(np.ascontiguousarray(emb, dtype=np.float32))
     return index
-
-
-def load_embeddings(ref: ArtifactRef, id_col: str) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, (n, d) float32) of an ``embeddings`` artifact."""
-    table = Store.read_arrow(ref)
-    return np.asarray(table.column(id_col).to_pylist(), dtype=object), arrow_to_embeddings(table.column("emb"))
 
 
 class DenseRetriever:

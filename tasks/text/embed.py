@@ -133,3 +133,9 @@ def embed(ctx: RunContext, table: ArtifactRef, id_col: str, params: EmbedderPara
                   "code": code_version(encode)}
     return run_row_stage(ctx, "embed", code_version(embed), params, row_params,
                          input_fps(table=table), keys, compute_rows, "key", assemble)
+
+
+def load_embeddings(ref: ArtifactRef, id_col: str) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, (n, d) float32) of an ``embeddings`` artifact."""
+    table = Store.read_arrow(ref)
+    return np.asarray(table.column(id_col).to_pylist(), dtype=object), arrow_to_embeddings(table.column("emb"))

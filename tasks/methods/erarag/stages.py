@@ -46,10 +46,9 @@ from tasks.core.store import (
 from tasks.llm.client import make_client
 from tasks.llm.params import LLMDryRun, LLMParams
 from tasks.llm.summarize import Summarise, dry_run_summariser, make_summariser
-from tasks.methods.dense import load_embeddings
 from tasks.methods.erarag import algorithm as erarag
 from tasks.text.chunk import ChunkParams
-from tasks.text.embed import EmbedderParams, cached_encode
+from tasks.text.embed import EmbedderParams, cached_encode, load_embeddings
 
 log = logging.getLogger("dagrag.erarag")
 

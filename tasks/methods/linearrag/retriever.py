@@ -11,10 +11,9 @@ from tasks.core.store import ArtifactRef, Store
 from tasks.eval.retrieve import Hits
 from tasks.graph.sparse import coo_matrix
 from tasks.graph.walk import random_walk
-from tasks.methods.dense import load_embeddings
 from tasks.methods.linearrag import algorithm as lr
 from tasks.methods.linearrag.stages import LinearParams, entity_texts
-from tasks.text.embed import EmbedderParams, encode_queries
+from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
 from tasks.text.ner import QueryRecogniser
 
 

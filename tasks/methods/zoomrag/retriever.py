@@ -11,10 +11,9 @@ import scipy.sparse as sp
 from tasks.core.store import ArtifactRef, Store
 from tasks.eval.retrieve import Hits
 from tasks.graph.sparse import coo_matrix, links_matrix
-from tasks.methods.dense import load_embeddings
 from tasks.methods.zoomrag import algorithm as zoom
 from tasks.methods.zoomrag.stages import ZoomRAGParams
-from tasks.text.embed import EmbedderParams, encode_queries
+from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
 from tasks.text.entities import query_entity_links
 from tasks.text.ner import QueryRecogniser
 

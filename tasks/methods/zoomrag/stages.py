@@ -15,9 +15,9 @@ from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_stage
 from tasks.core.store import ArtifactRef, Store
 from tasks.graph.sparse import coo_matrix, to_coo
-from tasks.methods.dense import load_embeddings
 from tasks.methods.zoomrag import algorithm as zoom
 from tasks.text.chunk import ChunkParams
+from tasks.text.embed import load_embeddings
 
 
 @dataclass(frozen=True)

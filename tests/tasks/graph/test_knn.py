@@ -1,6 +1,5 @@
 """Tests for tasks/graph/knn.py: a row-by-row brute-force oracle for every option and their combinations,
-blocked == unblocked, symmetrisation properties, the zeroed diagonal, and bit-equality with the
-pre-refactor ZoomRAG sparsification (tests/tasks/graph/legacy.py)."""
+blocked == unblocked, symmetrisation properties and the zeroed diagonal."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tasks.graph.knn import knn_graph, mean_std_mask, sparsify, symmetrised, top_k_mask
-from tests.tasks.graph import legacy
 
 
 def unit_rows(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
@@ -197,27 +195,3 @@ def test_symmetrised_takes_the_larger_weight_of_a_pair():
 
 
 # ---------------------------------------------------------------- the old ZoomRAG sparsification, bit for bit
-
-
-@pytest.mark.parametrize("block_rows", [1, 7, 64, 1024])
-def test_equals_old_zoomrag_doc_doc_block(block_rows):
-    emb = unit_rows(np.random.default_rng(7), 300, 32)
-    old = legacy.doc_doc_block(emb, 3.0, block_rows)
-    new = knn_graph(emb, k_std=3.0, transform=np.exp, block_rows=block_rows)
-    for part in ("data", "indices", "indptr"):
-        assert np.array_equal(getattr(new, part), getattr(old, part)), part
-    assert new.dtype == old.dtype and new.shape == old.shape
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_equals_old_zoomrag_query_doc_sparsification(seed):
-    rng = np.random.default_rng(seed)
-    docs, queries = unit_rows(rng, 500, 16), unit_rows(rng, 20, 16)
-    cos = queries @ docs.T
-    old = legacy.sparsify_mean_std(np.exp(cos), 3.0)
-    new = sparsify(cos, k_std=3.0, transform=np.exp)
-    for part in ("data", "indices", "indptr"):
-        assert np.array_equal(getattr(new, part), getattr(old, part)), part
-    w = np.exp(cos)
-    w[0, :5] = np.nan
-    assert np.array_equal(mean_std_mask(w, 2.0), legacy.mean_std_mask(w, 2.0))

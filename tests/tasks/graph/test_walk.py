@@ -1,6 +1,5 @@
 """Tests for tasks/graph/walk.py: oracles (networkx PageRank, one query at a time, the closed form vs many
-iterations), properties (a distribution, relabelling), and bit-equality of the kernel and the methods built
-on it with the pre-refactor walks (tests/tasks/graph/legacy.py)."""
+iterations), properties (a distribution, relabelling)."""
 from __future__ import annotations
 
 import networkx as nx
@@ -19,7 +18,6 @@ from tasks.graph.walk import (
     stationary_walk,
 )
 from tasks.methods.zoomrag import algorithm as zoom
-from tests.tasks.graph import legacy
 
 
 def random_bipartite(seed: int, n_p: int = 9, n_e: int = 14, directed: bool = False):
@@ -213,25 +211,6 @@ def test_prebuilt_random_walk_gives_the_same_ppr() -> None:
 # ---------------------------------------------------------------- the pre-refactor walks, bit for bit
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("damping", [0.5, 0.85, 0.6])
-@pytest.mark.parametrize("seed", range(3))
-def test_ppr_equals_old_linearrag(seed, damping, dtype):
-    _, adj, rng = random_bipartite(seed, n_p=40, n_e=70, directed=seed == 1)
-    reset = np.where(rng.random((6, adj.shape[0])) < 0.3, rng.random((6, adj.shape[0])), 0.0)
-    reset[2] = 0.0  # an all-zero row
-    for tol, max_iter in ((1e-6, 100), (1e-12, 37), (0.0, 5)):
-        old = legacy.personalized_pagerank(adj, reset, damping, tol, max_iter, dtype)
-        assert_identical(personalized_pagerank(adj, reset, damping, tol, max_iter, dtype), old)
-        prebuilt = legacy.random_walk(adj, dtype)
-        assert_identical(personalized_pagerank(random_walk(adj, dtype), reset, damping, tol, max_iter, dtype),
-                         legacy.personalized_pagerank(prebuilt, reset, damping, tol, max_iter, dtype))
-    new_walk, old_walk = random_walk(adj, dtype), legacy.random_walk(adj, dtype)
-    for part in ("data", "indices", "indptr"):
-        assert_identical(getattr(new_walk.matrix, part), getattr(old_walk.matrix, part))
-    assert_identical(new_walk.dangling, old_walk.dangling)
-
-
 def zoom_problem(seed: int, n: int = 40, m: int = 30, q: int = 9):
     """A ZoomRAG global block M and query rows H (tasks.methods.zoomrag.algorithm)."""
     rng = np.random.default_rng(seed)
@@ -243,28 +222,3 @@ def zoom_problem(seed: int, n: int = 40, m: int = 30, q: int = 9):
     M, _ = zoom.global_block(sp.csr_array(dd), sp.csr_array(de))
     H, _ = zoom.query_links(sp.csr_array(qd), sp.csr_array(qe))
     return M, H
-
-
-@pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("steps", [0, 1, 5, 12])
-def test_zoomrag_walks_equal_old(seed, steps):
-    M, H = zoom_problem(seed)
-    assert_identical(zoom.coupled_walk(M, H, 0.8, steps), legacy.coupled_walk(M, H, 0.8, steps))
-    for dtype in ("float32", "float64"):
-        Mt = sp.csr_array(M, dtype=dtype)  # as the retriever holds it
-        assert_identical(zoom.decoupled_walk(Mt, H, 0.8, steps, dtype), legacy.decoupled_walk(Mt, H, 0.8, steps, dtype))
-
-
-@pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("closed_form", [True, False])
-def test_chunk_walk_equals_old(seed, closed_form):
-    rng = np.random.default_rng(seed)
-    B = rng.random((6, 10, 10)) * (rng.random((6, 10, 10)) < 0.4)
-    B[0, :, 3] = 0.0
-    y0 = rng.random((6, 10))
-    assert_identical(column_normalise(B), legacy.column_normalise(B))
-    params = zoom.ZoomParams(closed_form=closed_form, chunk_iterations=23)
-    old = legacy.chunk_walk(legacy.column_normalise(B), y0, params.beta, closed_form, 23)
-    assert_identical(zoom.local_walk(B, y0, params), old)  # a padded batch
-    assert_identical(zoom.local_walk(B[1], y0[1], params),  # one local graph
-                     legacy.chunk_walk(legacy.column_normalise(B[1]), y0[1], params.beta, closed_form, 23))
