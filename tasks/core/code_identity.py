@@ -9,7 +9,9 @@ contributes the AST of its own source with docstrings removed, so
 * an edit to a function the stage calls, directly or through any helper, changes the hash;
 * an edit to an unrelated function in the same module, a comment, a docstring or a blank line
   does not (a 240-second doc-doc rebuild is not paid for a comment);
-* a module-level constant (a regex, a stage name, a number) contributes its value.
+* a module-level constant (a regex, a stage name, a number, a set or dict of such) contributes its
+  value, written the same way in every process (sets sorted, not in string-hash order). Runtime
+  state therefore must not live in module-level containers (use ``functools.lru_cache``).
 
 Not followed (a stated limit, not an accident): a method reached only through a value passed in
 (``params.chunking()`` on an argument); a class named in the code is hashed whole, methods
@@ -124,9 +126,15 @@ def _digest(obj: Any) -> str:
 
 
 def _literal(value: Any) -> str:
-    """A stable text of a constant (a compiled regex by its pattern and flags)."""
+    """A text of a constant that is the same in every process (a compiled regex by its pattern and flags)."""
     if isinstance(value, re.Pattern):
         return f"re({value.pattern!r}, {value.flags})"
+    if isinstance(value, (set, frozenset)):  # their repr's order follows string hashing, which differs per process
+        return "{" + ", ".join(sorted(map(_literal, value))) + "}"
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(map(_literal, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in value.items()) + "}"
     return repr(value)
 
 
@@ -196,8 +204,10 @@ def _is_project_module_name(module: str, packages: tuple[str, ...]) -> bool:
 def _is_constant(value: Any) -> bool:
     if isinstance(value, re.Pattern):
         return True
-    if isinstance(value, (tuple, frozenset)):
+    if isinstance(value, (tuple, frozenset, list, set)):
         return all(_is_constant(v) for v in value)
+    if isinstance(value, dict):
+        return all(_is_constant(k) and _is_constant(v) for k, v in value.items())
     return isinstance(value, _LITERALS)
 
 
