@@ -1,0 +1,34 @@
+"""SeRAG end to end on the generated sample: index, tree statistics, retrieval, and a fully cached rerun."""
+from __future__ import annotations
+
+import pandas as pd
+
+from flows.evaluate import evaluate_flow
+from tests.flows.conftest import make_config
+
+SMALL = ["method=serag", "dataset.n_passages=80", "dataset.n_questions=16"]
+
+
+def test_serag_end_to_end_then_fully_cached(tmp_path):
+    cfg = make_config(tmp_path, *SMALL)
+    first = evaluate_flow(cfg, str(tmp_path / "a"))
+    assert first["stages_computed"] > 0
+    assert 0.0 < first["recall@10"] <= 100.0 and first["recall@2"] <= first["recall@5"] <= first["recall@10"]
+    assert first["self_query"] is False and "WITHOUT self-query" in first["self_query_note"]
+    tree = first["tree"]
+    assert 1 < tree["n_communities"] <= 80 and tree["entropy_2d"] <= tree["entropy_1d"] + 1e-9
+    assert first["graph"]["dist_nnz"] == 0  # whole-passage chunks: no two chunks share a document
+    hits = pd.read_parquet(tmp_path / "a" / "hits.parquet")
+    assert hits.groupby("qid").size().max() == 10 and not hits.duplicated(["qid", "doc_id"]).any()
+
+    second = evaluate_flow(cfg, str(tmp_path / "b"))
+    assert second["stages_computed"] == 0
+    assert pd.read_parquet(tmp_path / "b" / "hits.parquet").equals(hits)
+
+
+def test_ablations_single_layer_is_online_and_semantic_only_rebuilds_graph(tmp_path):
+    evaluate_flow(make_config(tmp_path, *SMALL), str(tmp_path / "a"))
+    single = evaluate_flow(make_config(tmp_path, *SMALL, "method.single_layer=true"), str(tmp_path / "b"))
+    assert single["stages_computed"] == 0
+    sem = evaluate_flow(make_config(tmp_path, *SMALL, "method.semantic_only=true"), str(tmp_path / "c"))
+    assert sem["stages_computed"] == 3 and sem["graph"]["log_nnz"] == 0
