@@ -45,7 +45,7 @@ class SelfQuery:
     def __call__(self, questions: list[str]) -> list[str]:
         if self.client is None:
             return list(questions)
-        msgs = [[{"role": "system", "content": SELF_QUERY_SYSTEM}, {"role": "user", "content": f"Question: {q}"}]
+        msgs = [[{"role": "system", "content": SELF_QUERY_SYSTEM}, {"role": "user", "content": f"Query: {q}"}]
                 for q in questions]
         replies = self.client.chat_many(msgs, stage=SELF_QUERY_STAGE, max_tokens=self.max_tokens)
         return [f"{q}\n{(r.text or '').strip()}".strip() for q, r in zip(questions, replies)]
@@ -118,6 +118,8 @@ class SeRAGRetriever:
         return {"self_query": self.self_query.enabled,
                 "self_query_note": None if self.self_query.enabled else
                 "ran WITHOUT self-query (no LLM configured or method.self_query=false)",
+                "self_query_ledger": self.self_query.client.ledger_summary(SELF_QUERY_STAGE)
+                if self.self_query.enabled else None,
                 "n_chunks": int(len(self.chunk_doc)),
                 "graph": {k: (float(v) if isinstance(v, (float, np.floating)) else int(v))
                           for k, v in self.graph_meta.items()},
