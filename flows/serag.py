@@ -9,7 +9,13 @@ from __future__ import annotations
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
 from tasks.methods.serag.retriever import SelfQuery, SeRAGRetriever, self_query_client
-from tasks.methods.serag.stages import SeRAGParams, serag_communities, serag_graph, serag_tree
+from tasks.methods.serag.stages import (
+    SeRAGParams,
+    serag_communities,
+    serag_entity_texts,
+    serag_graph,
+    serag_tree,
+)
 from tasks.text.chunk import chunk
 from tasks.text.embed import embed
 from tasks.text.entities import entity_graph
@@ -25,10 +31,13 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
     chunks = chunk(ctx, documents, p.chunking())["chunks"]
     chunk_embeddings = embed(ctx, chunks, "chunk_id", cfg.embedder)["embeddings"]
     entities = entity_graph(ctx, documents, chunks, mentions.result()["mentions"])
+    entity_texts = serag_entity_texts(ctx, entities["entities"])["entity_texts"]
+    entity_embeddings = embed(ctx, entity_texts, "entity", cfg.embedder)["embeddings"]
     graph = serag_graph(ctx, documents, chunks, chunk_embeddings, entities["chunk_entity"], entities["entities"], p)
     tree = serag_tree(ctx, graph["W"], graph["W_meta"])
     communities = serag_communities(ctx, graph["W"], tree["community"], chunk_embeddings)
-    return {"chunks": chunks, "chunk_embeddings": chunk_embeddings, **entities, **graph, **tree, **communities}
+    return {"chunks": chunks, "chunk_embeddings": chunk_embeddings, **entities,
+            "entity_embeddings": entity_embeddings, **graph, **tree, **communities}
 
 
 def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> SeRAGRetriever:

@@ -30,5 +30,7 @@ def test_ablations_single_layer_is_online_and_semantic_only_rebuilds_graph(tmp_p
     evaluate_flow(make_config(tmp_path, *SMALL), str(tmp_path / "a"))
     single = evaluate_flow(make_config(tmp_path, *SMALL, "method.single_layer=true"), str(tmp_path / "b"))
     assert single["stages_computed"] == 0
+    exact = evaluate_flow(make_config(tmp_path, *SMALL, "method.entity_sim=exact"), str(tmp_path / "e"))
+    assert exact["stages_computed"] == 0 and exact["entity_sim"] == "exact"
     sem = evaluate_flow(make_config(tmp_path, *SMALL, "method.semantic_only=true"), str(tmp_path / "c"))
     assert sem["stages_computed"] == 3 and sem["graph"]["log_nnz"] == 0

@@ -169,6 +169,29 @@ class ScoreParams:
     single_layer: bool = False  # Table 2: no community term and no community filter
 
 
+def query_entity_similarity(name_emb: np.ndarray, owner: np.ndarray, vocab_emb: np.ndarray, n_queries: int,
+                            tau: float, block_rows: int = 256) -> sp.csr_array:
+    """sim(e, e_q) of eq. 12 as a sparse (q × m) matrix: cosine between the embedding of each query
+    entity string (row r of ``name_emb``, belonging to query ``owner[r]``) and each vocabulary entity,
+    kept only above τ, max over the query's entities (our reading of sim(e, e_q) for several e_q)."""
+    m = vocab_emb.shape[0]
+    rows, cols, vals = [], [], []
+    for a in range(0, name_emb.shape[0], block_rows):  # blocks bound memory to block_rows × m
+        cos = name_emb[a:a + block_rows] @ vocab_emb.T
+        r, c = np.nonzero(cos > tau)
+        rows.append(np.asarray(owner, np.int64)[a + r])
+        cols.append(c)
+        vals.append(cos[r, c].astype(np.float64))
+    if not rows or not sum(len(r) for r in rows):
+        return sp.csr_array((n_queries, m), dtype=np.float64)
+    r, c, v = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
+    key = r * m + c
+    order = np.lexsort((v, key))
+    key, v = key[order], v[order]
+    last = np.r_[key[1:] != key[:-1], True]  # the largest value of each (query, entity) pair
+    return sp.csr_array((v[last], (key[last] // m, key[last] % m)), shape=(n_queries, m))
+
+
 def entity_bonus(query_entity_sim: sp.sparray, chunk_entity: sp.sparray, tau: float) -> np.ndarray:
     """Eqs. 12–13, batched: B(q, v) = Σ_{e ∈ E_v, sim(e, e_q) > τ} sim(e, e_q) · log(1 + count(e, v)).
 

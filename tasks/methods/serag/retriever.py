@@ -77,18 +77,31 @@ class SeRAGRetriever:
         vocab = Store.read(index["entities"])
         self.m = len(vocab)
         self.vocab_index = dict(zip(vocab["entity"], vocab["entity_idx"]))
+        self.entity_names = vocab["entity"].to_numpy(dtype=object)
         self.max_words = int(min(6, vocab["n_words"].to_numpy().max(initial=1)))
+        self.entity_emb = (load_embeddings(index["entity_embeddings"], "entity")[1]
+                           if params.entity_sim == "embedding" else None)
         self.chunk_entity = coo_matrix(Store.read(index["chunk_entity"]), (len(self.chunk_doc), self.m))
         self.tree_meta = Store.read(index["tree_meta"]).iloc[0].to_dict()
         self.graph_meta = Store.read(index["W_meta"]).iloc[0].to_dict()
         encode_queries(["warm-up"], embedder)
 
     def query_entity_sim(self, questions: list[str]):
-        """(q × m) sim(e, e_q) of eq. 12. Our simplification: a vocabulary entity the question contains
-        (n-gram match or query NER) has sim = 1, every other entity 0, so the τ gate keeps exact
-        matches only. PARTIAL: the paper's embedding similarity between entity names is not built."""
-        links = query_entity_links(questions, self.vocab_index, self.max_words, self.recogniser.names(questions))
-        return links_matrix(links, self.m)
+        """(q × m) sim(e, e_q) of eq. 12. e_q: the question's NER names plus the vocabulary entities its
+        n-grams match (the corpus's normalisation). ``entity_sim=embedding``: cosine of the names'
+        embeddings (gated at τ later); ``exact``: a contained vocabulary entity has sim = 1, others 0."""
+        ner_names = self.recogniser.names(questions)
+        links = query_entity_links(questions, self.vocab_index, self.max_words, ner_names)
+        if self.entity_emb is None:
+            return links_matrix(links, self.m)
+        per_query = [list(dict.fromkeys([*names, *self.entity_names[ls].tolist()]))
+                     for names, ls in zip(ner_names, links)]
+        owner = np.repeat(np.arange(len(questions)), [len(x) for x in per_query])
+        flat = [n for x in per_query for n in x]
+        if not flat:
+            return links_matrix([[] for _ in questions], self.m)
+        return se.query_entity_similarity(encode_queries(flat, self.embedder), owner, self.entity_emb,
+                                          len(questions), self.scoring.tau)
 
     def search(self, questions: list[str], k: int) -> Hits:
         """Top-k passages by their best chunk's S(q, v) (eq. 10), candidates of the top k_coarse communities first."""
@@ -115,7 +128,7 @@ class SeRAGRetriever:
         """Index facts worth reporting with the metrics."""
         keep = ("n_communities", "entropy_1d", "entropy_2d", "singletons", "size_max", "size_median",
                 "size_quantiles", "seconds")
-        return {"self_query": self.self_query.enabled,
+        return {"self_query": self.self_query.enabled, "entity_sim": self.params.entity_sim,
                 "self_query_note": None if self.self_query.enabled else
                 "ran WITHOUT self-query (no LLM configured or method.self_query=false)",
                 "self_query_ledger": self.self_query.client.ledger_summary(SELF_QUERY_STAGE)

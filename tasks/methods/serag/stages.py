@@ -47,6 +47,7 @@ class SeRAGParams:
     gamma_f: float = 0.6
     k_coarse: int = 10
     tau: float = 0.85
+    entity_sim: str = "embedding"  # sim(e, e_q) of eq. 12: embedding cosine of entity names | exact (match = 1)
     # Table 2 ablations
     self_query: bool = True  # needs an LLM (llm=local|openai); without one the retriever says it ran without
     single_layer: bool = False  # no community term (eq. 10 with γ_c = 0, no community filter)
@@ -57,6 +58,8 @@ class SeRAGParams:
     batch_size: int = 64
 
     def __post_init__(self) -> None:
+        if self.entity_sim not in {"embedding", "exact"}:
+            raise ValueError(f"method.entity_sim must be embedding or exact, got {self.entity_sim!r}")
         if self.tree_height != 2:
             raise ValueError("serag implements the paper's K = 2 encoding tree only (method.tree_height=2)")
 
@@ -77,6 +80,18 @@ def chunk_frame(chunks: ArtifactRef, doc_ids: list[str]) -> tuple[np.ndarray, np
     ch = Store.read(chunks, ["doc_id", "position"])
     doc_pos = pd.Series(np.arange(len(doc_ids)), index=pd.Index(doc_ids))
     return doc_pos.loc[ch["doc_id"]].to_numpy(np.int64), ch["position"].to_numpy(np.int64)
+
+
+@task(name="serag_entity_texts", cache_policy=NO_CACHE)
+def serag_entity_texts(ctx: RunContext, entities: ArtifactRef) -> dict[str, ArtifactRef]:
+    """Stage: ``entity_texts(entity, text)``, the vocabulary in the shape the shared ``embed`` stage takes
+    (entity names are embedded for the similarity gate of eq. 12)."""
+    def compute() -> tuple[dict[str, pd.DataFrame], int]:
+        names = Store.read(entities, ["entity"])["entity"]
+        return {"entity_texts": pd.DataFrame({"entity": names, "text": names})}, len(names)
+
+    return run_stage(ctx, "serag_entity_texts", code_version(serag_entity_texts), {},
+                     input_fps(entities=entities), compute)
 
 
 @task(name="serag_graph", cache_policy=NO_CACHE)

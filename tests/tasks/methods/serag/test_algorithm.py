@@ -128,3 +128,10 @@ def test_batched_retrieval_equals_one_query_at_a_time():
 def test_rank_documents_best_chunk():
     order = np.array([[3, 0, 1, 2]])
     np.testing.assert_array_equal(se.rank_documents(order, np.array([0, 0, 1, 2]), 3, 3), [[2, 0, 1]])
+
+
+def test_query_entity_similarity_gates_and_takes_max():
+    vocab = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+    names = np.array([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])  # query 0 has two entities, query 1 one
+    sim = se.query_entity_similarity(names, np.array([0, 0, 1]), vocab, 3, tau=0.85, block_rows=1).toarray()
+    np.testing.assert_allclose(sim, [[1.0, 0.0, 0.96], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
