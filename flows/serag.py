@@ -29,13 +29,16 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
     p, documents = cfg.method, data["documents"]
     mentions = ner.submit(ctx, documents, "doc_id", cfg.ner, cfg.llm)
     chunks = chunk(ctx, documents, p.chunking())["chunks"]
-    chunk_embeddings = embed(ctx, chunks, "chunk_id", cfg.embedder)["embeddings"]
+    if p.chunk_unit == "passage":  # one chunk per passage, in passage order: embed it as dense does (title + text)
+        chunk_embeddings = embed(ctx, documents, "doc_id", cfg.embedder, use_template=True)["embeddings"]
+    else:
+        chunk_embeddings = embed(ctx, chunks, "chunk_id", cfg.embedder)["embeddings"]
     entities = entity_graph(ctx, documents, chunks, mentions.result()["mentions"])
     entity_texts = serag_entity_texts(ctx, entities["entities"])["entity_texts"]
     entity_embeddings = embed(ctx, entity_texts, "entity", cfg.embedder)["embeddings"]
     graph = serag_graph(ctx, documents, chunks, chunk_embeddings, entities["chunk_entity"], entities["entities"], p)
     tree = serag_tree(ctx, graph["W"], graph["W_meta"])
-    communities = serag_communities(ctx, graph["W"], tree["community"], chunk_embeddings)
+    communities = serag_communities(ctx, graph["W"], tree["community"], chunk_embeddings, p)
     return {"chunks": chunks, "chunk_embeddings": chunk_embeddings, **entities,
             "entity_embeddings": entity_embeddings, **graph, **tree, **communities}
 

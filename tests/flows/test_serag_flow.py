@@ -34,3 +34,10 @@ def test_ablations_single_layer_is_online_and_semantic_only_rebuilds_graph(tmp_p
     assert exact["stages_computed"] == 0 and exact["entity_sim"] == "exact"
     sem = evaluate_flow(make_config(tmp_path, *SMALL, "method.semantic_only=true"), str(tmp_path / "c"))
     assert sem["stages_computed"] == 3 and sem["graph"]["log_nnz"] == 0
+
+
+def test_sentence_chunks_get_distance_edges_and_rank_passages(tmp_path):
+    out = evaluate_flow(make_config(tmp_path, *SMALL, "method.chunk_unit=sentence"), str(tmp_path / "s"))
+    assert out["n_chunks"] > 80 and out["graph"]["dist_nnz"] > 0
+    hits = pd.read_parquet(tmp_path / "s" / "hits.parquet")
+    assert hits.groupby("qid").size().max() == 10 and not hits.duplicated(["qid", "doc_id"]).any()

@@ -69,7 +69,8 @@ class SeRAGRetriever:
         self.recogniser, self.self_query = recogniser, self_query
         self.doc_ids = Store.read(data["documents"], ["doc_id"])["doc_id"].to_numpy(dtype=object)
         self.chunk_doc, _ = chunk_frame(index["chunks"], self.doc_ids.tolist())
-        ids, self.chunk_emb = load_embeddings(index["chunk_embeddings"], "chunk_id")
+        ids, self.chunk_emb = load_embeddings(index["chunk_embeddings"],
+                                              "doc_id" if params.chunk_unit == "passage" else "chunk_id")
         if len(ids) != len(self.chunk_doc):
             raise RuntimeError("chunk embeddings are not aligned with the chunks table; delete the artifacts")
         _, self.comm_emb = load_embeddings(index["community_embeddings"], "community")

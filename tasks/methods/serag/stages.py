@@ -75,6 +75,11 @@ class SeRAGParams:
         return ChunkParams(unit=self.chunk_unit)
 
 
+def _emb_id(params: SeRAGParams) -> str:
+    """Id column of the chunk embeddings: whole-passage chunks reuse the passage embeddings (title + text)."""
+    return "doc_id" if params.chunk_unit == "passage" else "chunk_id"
+
+
 def chunk_frame(chunks: ArtifactRef, doc_ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """(document index, position in document) of every chunk, in chunk-table order."""
     ch = Store.read(chunks, ["doc_id", "position"])
@@ -102,8 +107,10 @@ def serag_graph(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef, ch
 
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
         t0 = time.perf_counter()
-        _, emb = load_embeddings(chunk_embeddings, "chunk_id")
+        _, emb = load_embeddings(chunk_embeddings, _emb_id(params))
         doc, pos = chunk_frame(chunks, Store.read(documents, ["doc_id"])["doc_id"].tolist())
+        if emb.shape[0] != len(doc):
+            raise RuntimeError("chunk embeddings are not aligned with the chunks table")
         inc = coo_matrix(Store.read(chunk_entity), (len(doc), entities.rows))
         w, layers = se.multi_perspective_graph(emb, inc, doc, pos, gp)
         meta = pd.DataFrame([{"n_chunks": len(doc), "W_nnz": int(w.nnz), **layers,
@@ -144,10 +151,10 @@ def serag_tree(ctx: RunContext, W: ArtifactRef, W_meta: ArtifactRef) -> dict[str
 
 @task(name="serag_communities", cache_policy=NO_CACHE)
 def serag_communities(ctx: RunContext, W: ArtifactRef, community: ArtifactRef, chunk_embeddings: ArtifactRef,
-                      ) -> dict[str, ArtifactRef]:
+                      params: SeRAGParams) -> dict[str, ArtifactRef]:
     """Stage: W(v|β) (eq. 8, K = 2: −p log2 p, p = d_v / vol(β)) and h_β (eq. 9) per community."""
     def compute() -> tuple[dict[str, pa.Table], int]:
-        _, emb = load_embeddings(chunk_embeddings, "chunk_id")
+        _, emb = load_embeddings(chunk_embeddings, _emb_id(params))
         comm = Store.read(community)["community"].to_numpy(np.int64)
         n = comm.shape[0]
         adj = coo_matrix(Store.read(W), (n, n))
@@ -158,5 +165,5 @@ def serag_communities(ctx: RunContext, W: ArtifactRef, community: ArtifactRef, c
                                                   "emb": embeddings_to_arrow(h)}),
                 "structural_weight": pa.table({"chunk": np.arange(n), "weight": weight})}, n_comm
 
-    return run_stage(ctx, "serag_communities", code_version(serag_communities), {},
+    return run_stage(ctx, "serag_communities", code_version(serag_communities), {"chunk_unit": params.chunk_unit},
                      input_fps(W=W, community=community, chunk_embeddings=chunk_embeddings), compute)
