@@ -41,3 +41,14 @@ def test_sentence_chunks_get_distance_edges_and_rank_passages(tmp_path):
     assert out["n_chunks"] > 80 and out["graph"]["dist_nnz"] > 0
     hits = pd.read_parquet(tmp_path / "s" / "hits.parquet")
     assert hits.groupby("qid").size().max() == 10 and not hits.duplicated(["qid", "doc_id"]).any()
+
+
+def test_without_community_term_and_entity_bonus_serag_is_dense(tmp_path):
+    # single_layer drops eq. 10's community term; τ > 1 gates every entity out of eq. 12: S = γ_f cos(h_q, h_v)
+    # over the same passage embeddings (title + text) dense searches, so the ranking is dense's
+    base = ["dataset.n_passages=80", "dataset.n_questions=16"]
+    evaluate_flow(make_config(tmp_path, "method=serag", *base, "method.single_layer=true", "method.tau=1.5"),
+                  str(tmp_path / "s"))
+    evaluate_flow(make_config(tmp_path, "method=dense", *base), str(tmp_path / "d"))
+    s, d = (pd.read_parquet(tmp_path / x / "hits.parquet") for x in ("s", "d"))
+    assert s["doc_id"].tolist() == d["doc_id"].tolist()
