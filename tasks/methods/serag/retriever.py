@@ -5,7 +5,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from tasks.core.store import ArtifactRef, Store
 from tasks.eval.retrieve import Hits
@@ -134,7 +133,7 @@ class SeRAGRetriever:
                 "ran WITHOUT self-query (no LLM configured or method.self_query=false)",
                 "self_query_ledger": self.self_query.client.ledger_summary(SELF_QUERY_STAGE)
                 if self.self_query.enabled else None,
-                "n_chunks": int(len(self.chunk_doc)),
+                "n_chunks": len(self.chunk_doc),
                 "graph": {k: (float(v) if isinstance(v, (float, np.floating)) else int(v))
                           for k, v in self.graph_meta.items()},
                 "tree": {k: (v if isinstance(v, str) else float(v)) for k, v in self.tree_meta.items() if k in keep}}
