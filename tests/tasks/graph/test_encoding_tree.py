@@ -135,6 +135,17 @@ def test_two_triangles_with_a_bridge():
     assert optimum - 1e-9 <= tree.entropy_2d < tree.entropy_1d
 
 
+def test_greedy_merge_order_on_the_bridge():
+    # singleton gains: (0,1), (4,5) at log2(14/4), then the bridge (2,3) at log2(14/6) beats adding 2 to {0,1}
+    # (2·log2(14/6) = 2.445 > 2·log2(4/7) + 4·log2(14/7) = 2.385, in units of 1/vol): a greedy local optimum
+    tree = encoding_tree(graph(TWO_TRIANGLES + [(2, 3)], 6))
+    assert tree.community.tolist() == [0, 0, 1, 1, 2, 2]
+    volumes = [4.0, 6.0, 4.0]
+    want = -sum(g / 14 * math.log2(v / 14) for g, v in zip([2, 4, 2], volumes))
+    want -= sum(d / 14 * math.log2(d / v) for d, v in zip([2, 2, 3, 3, 2, 2], [4, 4, 6, 6, 4, 4]))
+    assert tree.entropy_2d == pytest.approx(want, abs=1e-12) and tree.volume.tolist() == volumes
+
+
 def test_two_disjoint_triangles():
     adj = graph(TWO_TRIANGLES, 6)
     tree = encoding_tree(adj)
