@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from flows import bm25, dense, erarag, linearrag, zoomrag
+from flows import bm25, dense, erarag, linearrag, serag, zoomrag
 
 
 @dataclass(frozen=True)
@@ -22,4 +22,5 @@ METHODS: dict[str, Method] = {
     "zoomrag": Method(zoomrag.ZoomRAGParams, zoomrag.index, zoomrag.retriever),
     "linearrag": Method(linearrag.LinearParams, linearrag.index, linearrag.retriever),
     "erarag": Method(erarag.EraParams, erarag.index, erarag.retriever),
+    "serag": Method(serag.SeRAGParams, serag.index, serag.retriever),
 }

@@ -1,0 +1,50 @@
+"""SeRAG DAG (paper 003, Fig. 1): passages → chunks, NER, embeddings → multi-perspective graph (§3.1)
+→ 2-D encoding tree minimising structural entropy (eq. 1, K = 2) → community vectors (§3.2, eqs. 8–9).
+
+Online (§3.3): self-query pseudo-document (with an LLM) → coarse top-k_coarse communities → hybrid
+chunk scores (eqs. 10–13) → passages.
+"""
+from __future__ import annotations
+
+from tasks.core.stage import RunContext
+from tasks.core.store import ArtifactRef
+from tasks.methods.serag.retriever import SelfQuery, SeRAGRetriever, self_query_client
+from tasks.methods.serag.stages import (
+    SeRAGParams,
+    serag_communities,
+    serag_entity_texts,
+    serag_graph,
+    serag_tree,
+)
+from tasks.text.chunk import chunk
+from tasks.text.embed import embed
+from tasks.text.entities import entity_graph
+from tasks.text.ner import QueryRecogniser, ner
+
+__all__ = ["SeRAGParams", "index", "retriever"]
+
+
+def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
+    """Index stages of ``method=serag``."""
+    p, documents = cfg.method, data["documents"]
+    mentions = ner.submit(ctx, documents, "doc_id", cfg.ner, cfg.llm)
+    chunks = chunk(ctx, documents, p.chunking())["chunks"]
+    if p.chunk_unit == "passage":  # one chunk per passage, in passage order: embed it as dense does (title + text)
+        chunk_embeddings = embed(ctx, documents, "doc_id", cfg.embedder, use_template=True)["embeddings"]
+    else:
+        chunk_embeddings = embed(ctx, chunks, "chunk_id", cfg.embedder)["embeddings"]
+    entities = entity_graph(ctx, documents, chunks, mentions.result()["mentions"])
+    entity_texts = serag_entity_texts(ctx, entities["entities"])["entity_texts"]
+    entity_embeddings = embed(ctx, entity_texts, "entity", cfg.embedder)["embeddings"]
+    graph = serag_graph(ctx, documents, chunks, chunk_embeddings, entities["chunk_entity"], entities["entities"], p)
+    tree = serag_tree(ctx, graph["W"], graph["W_meta"])
+    communities = serag_communities(ctx, graph["W"], tree["community"], chunk_embeddings, p)
+    return {"chunks": chunks, "chunk_embeddings": chunk_embeddings, **entities,
+            "entity_embeddings": entity_embeddings, **graph, **tree, **communities}
+
+
+def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> SeRAGRetriever:
+    """Online side of ``method=serag``."""
+    p = cfg.method
+    return SeRAGRetriever(data, index, p, cfg.embedder, QueryRecogniser(cfg.ner, cfg.llm, cfg.artifacts_dir),
+                          SelfQuery(self_query_client(p, cfg.llm, cfg.artifacts_dir), p.self_query_max_tokens))

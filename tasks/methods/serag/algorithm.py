@@ -1,0 +1,244 @@
+"""SeRAG (paper 003) equations: the multi-perspective graph (§3.1, eqs. 3–7), the localized
+structural weight and token-free consolidation (§3.2, eqs. 8–9), and hybrid coarse-to-fine
+scoring (§3.3, eqs. 10–13), batched over queries.
+
+Pure numpy / scipy.sparse: no I/O. The encoding tree (eq. 1, K = 2) comes from
+:mod:`tasks.graph.encoding_tree`; this module only needs its community id per chunk.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from tasks.graph.knn import knn_graph
+
+
+@dataclass(frozen=True)
+class GraphParams:
+    """§3.1 / App. A.3 (Table 5) graph constants and the choices the paper leaves open."""
+
+    lambda_sem: float = 0.45  # λ1 (Table 5)
+    lambda_log: float = 0.45  # λ2 (Table 5); distance weight is 1 − λ1 − λ2 = 0.10
+    k_sem: int = 20  # kNN semantic neighbours (Table 5)
+    sigma_dist: float = 5.0  # σ_dist (Table 5)
+    dist_window: int = 10  # App. A.3 "within a window of 10": read as |i − j| <= 10 inside one document
+    max_entity_chunks: int = 50  # logical-layer cap: an entity in more chunks than this links none (no clique)
+    semantic_only: bool = False  # Table 2 ablation: W = W_sem only (no logical / distance layer)
+
+
+# ---------------------------------------------------------------- §3.1: the three layers
+
+
+def semantic_layer(emb: np.ndarray, k: int) -> sp.csr_array:
+    """Eq. 3 on the kNN-k graph (App. A.3): cosine of unit rows, union-symmetrised (a pair kept by
+    either row, larger weight), self excluded; cosines clipped at 0 so W has no negative entries
+    (the SE logs need vol, g > 0; notes §7)."""
+    g = knn_graph(emb, k=min(k, max(emb.shape[0] - 1, 1)), symmetrise="union", zero_diagonal=True)
+    g.data = np.maximum(g.data, 0.0)
+    g.eliminate_zeros()
+    return g
+
+
+def logical_layer(chunk_entity: sp.sparray, max_entity_chunks: int | None) -> sp.csr_array:
+    """Eq. 4: |E_i ∩ E_j| / max(|E_i|, |E_j|) from the (n × m) chunk–entity incidence, by one sparse product.
+
+    Cap (our choice; the paper is silent, notes §7 "dense layers"): entities found in more than
+    ``max_entity_chunks`` chunks are left out of the intersection (they would make an O(n²) clique),
+    but still count in |E_i| (the denominator is the chunk's full entity set). Chunks without
+    entities get no logical edge. Diagonal zeroed.
+    """
+    b = sp.csr_array(chunk_entity, dtype=np.float64, copy=True)
+    b.data = (b.data > 0).astype(np.float64)
+    b.eliminate_zeros()
+    size = np.asarray(b.sum(axis=1)).ravel()
+    if max_entity_chunks is not None:
+        df = np.asarray(b.sum(axis=0)).ravel()
+        b = b @ sp.diags_array((df <= max_entity_chunks).astype(np.float64))
+    overlap = sp.coo_array(b @ b.T)
+    keep = overlap.row != overlap.col
+    r, c, v = overlap.row[keep], overlap.col[keep], overlap.data[keep]
+    w = v / np.maximum(size[r], size[c])
+    n = b.shape[0]
+    out = sp.csr_array((w, (r, c)), shape=(n, n))
+    out.eliminate_zeros()
+    return out
+
+
+def distance_layer(doc: np.ndarray, position: np.ndarray, sigma: float, window: int) -> sp.csr_array:
+    """Eq. 5: exp(−(i − j)² / 2σ²) for chunks of the SAME document with |i − j| <= window, where i, j
+    are positions inside the document (benchmark passages are independent documents: corpus order
+    is never used). Symmetric, zero diagonal. A corpus of whole-passage chunks gets no edge."""
+    doc, position = np.asarray(doc, np.int64), np.asarray(position, np.int64)
+    n = doc.shape[0]
+    order = np.lexsort((position, doc))
+    rows, cols, vals = [], [], []
+    for d in range(1, window + 1):  # `window` shifts of the sorted order, not a per-chunk loop
+        a, b = order[:-d], order[d:]
+        gap = position[b] - position[a]
+        ok = (doc[a] == doc[b]) & (gap <= window) & (gap > 0)
+        w = np.exp(-(gap[ok].astype(np.float64) ** 2) / (2.0 * sigma ** 2))
+        rows += [a[ok], b[ok]]
+        cols += [b[ok], a[ok]]
+        vals += [w, w]
+    if not rows:
+        return sp.csr_array((n, n), dtype=np.float64)
+    out = sp.csr_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n, n))
+    return out
+
+
+def combine(sem: sp.sparray, log: sp.sparray | None, dist: sp.sparray | None, p: GraphParams) -> sp.csr_array:
+    """Eq. 6: W = λ1 W_sem + λ2 W_log + (1 − λ1 − λ2) W_dist, symmetric, zero diagonal, no negatives.
+
+    ``semantic_only`` (Table 2): W = W_sem alone (weight 1; a common scale does not change eq. 1's optimum).
+    """
+    if p.semantic_only or log is None or dist is None:
+        w = sp.csr_array(sem, dtype=np.float64, copy=True)
+    else:
+        w = sp.csr_array(p.lambda_sem * sem + p.lambda_log * log + (1.0 - p.lambda_sem - p.lambda_log) * dist)
+    w = sp.csr_array(w.maximum(w.T))  # layers are symmetric already; guards against rounding
+    w.setdiag(0.0)
+    w.data = np.maximum(w.data, 0.0)
+    w.eliminate_zeros()
+    w.sort_indices()
+    return w
+
+
+def multi_perspective_graph(emb: np.ndarray, chunk_entity: sp.sparray, doc: np.ndarray, position: np.ndarray,
+                            p: GraphParams) -> tuple[sp.csr_array, dict[str, int]]:
+    """§3.1: the unified adjacency W over chunks and the edge count of each layer."""
+    sem = semantic_layer(emb, p.k_sem)
+    if p.semantic_only:
+        return combine(sem, None, None, p), {"sem_nnz": int(sem.nnz), "log_nnz": 0, "dist_nnz": 0}
+    log = logical_layer(chunk_entity, p.max_entity_chunks)
+    dist = distance_layer(doc, position, p.sigma_dist, p.dist_window)
+    w = combine(sem, log, dist, p)
+    return w, {"sem_nnz": int(sem.nnz), "log_nnz": int(log.nnz), "dist_nnz": int(dist.nnz)}
+
+
+# ---------------------------------------------------------------- §3.2: eqs. 8–9
+
+
+def structural_weight(adj: sp.sparray, community: np.ndarray) -> np.ndarray:
+    """Eq. 8 for a K = 2 tree (notes §5): the path below β holds only the leaf v, g(v) = vol(v) = d_v,
+    so W(v|β) = −p·log2 p with p = d_v / vol(β). 0·log 0 := 0; a singleton (p = 1) gets 0."""
+    d = np.asarray(adj.sum(axis=1), dtype=np.float64).ravel()
+    community = np.asarray(community, np.int64)
+    vol = np.bincount(community, weights=d)
+    denom = vol[community]
+    p = np.divide(d, denom, out=np.zeros_like(d), where=denom > 0)
+    out = np.zeros_like(p)
+    pos = p > 0
+    out[pos] = -p[pos] * np.log2(p[pos])
+    return out
+
+
+def _normalise(x: np.ndarray) -> np.ndarray:
+    norm = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.where(norm > 0, norm, 1.0)
+
+
+def consolidate(emb: np.ndarray, community: np.ndarray, weight: np.ndarray, n_communities: int) -> np.ndarray:
+    """Eq. 9: h_β = Normalize(Σ W(v|β) h_v / Σ W(v|β)), one segment sum.
+
+    Where Σ W(v|β) = 0 (a singleton community, or all members' p in {0, 1}) eq. 9 is 0/0: the
+    unweighted mean of the members is used, so a singleton's vector is its chunk's vector (notes §8.7).
+    """
+    community = np.asarray(community, np.int64)
+    n = emb.shape[0]
+    member = sp.csr_array((np.ones(n), (community, np.arange(n))), shape=(n_communities, n))
+    wsum = np.bincount(community, weights=weight, minlength=n_communities)
+    weighted = member @ (emb.astype(np.float64) * weight[:, None])
+    plain = member @ emb.astype(np.float64)
+    h = np.where(wsum[:, None] > 0, weighted / np.where(wsum > 0, wsum, 1.0)[:, None], plain)
+    return _normalise(h).astype(np.float32)
+
+
+# ---------------------------------------------------------------- §3.3: eqs. 10–13
+
+
+@dataclass(frozen=True)
+class ScoreParams:
+    """App. A.3 (Table 5) retrieval constants and the Table 2 ``single_layer`` ablation."""
+
+    gamma_c: float = 0.4  # γ_c
+    gamma_f: float = 0.6  # γ_f
+    k_coarse: int = 10  # candidate communities (one level at K = 2; notes §4)
+    tau: float = 0.85  # entity denoising threshold (eq. 12)
+    single_layer: bool = False  # Table 2: no community term and no community filter
+
+
+def query_entity_similarity(name_emb: np.ndarray, owner: np.ndarray, vocab_emb: np.ndarray, n_queries: int,
+                            tau: float, block_rows: int = 256) -> sp.csr_array:
+    """sim(e, e_q) of eq. 12 as a sparse (q × m) matrix: cosine between the embedding of each query
+    entity string (row r of ``name_emb``, belonging to query ``owner[r]``) and each vocabulary entity,
+    kept only above τ, max over the query's entities (our reading of sim(e, e_q) for several e_q)."""
+    m = vocab_emb.shape[0]
+    rows, cols, vals = [], [], []
+    for a in range(0, name_emb.shape[0], block_rows):  # blocks bound memory to block_rows × m
+        cos = name_emb[a:a + block_rows] @ vocab_emb.T
+        r, c = np.nonzero(cos > tau)
+        rows.append(np.asarray(owner, np.int64)[a + r])
+        cols.append(c)
+        vals.append(cos[r, c].astype(np.float64))
+    if not rows or not sum(len(r) for r in rows):
+        return sp.csr_array((n_queries, m), dtype=np.float64)
+    r, c, v = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
+    key = r * m + c
+    order = np.lexsort((v, key))
+    key, v = key[order], v[order]
+    last = np.r_[key[1:] != key[:-1], True]  # the largest value of each (query, entity) pair
+    return sp.csr_array((v[last], (key[last] // m, key[last] % m)), shape=(n_queries, m))
+
+
+def entity_bonus(query_entity_sim: sp.sparray, chunk_entity: sp.sparray, tau: float) -> np.ndarray:
+    """Eqs. 12–13, batched: B(q, v) = Σ_{e ∈ E_v, sim(e, e_q) > τ} sim(e, e_q) · log(1 + count(e, v)).
+
+    ``query_entity_sim`` (q × m) holds sim(e, e_q) for each vocabulary entity e (max over the
+    query's entities); ``chunk_entity`` (n × m) holds count(e, v). Natural log (eq. 13 gives no base).
+    """
+    s = sp.csr_array(query_entity_sim, dtype=np.float64, copy=True)
+    s.data = np.where(s.data > tau, s.data, 0.0)
+    s.eliminate_zeros()
+    c = sp.csr_array(chunk_entity, dtype=np.float64, copy=True)
+    c.data = np.log1p(c.data)
+    return np.asarray((s @ c.T).toarray(), dtype=np.float64)
+
+
+def hybrid_scores(q_emb: np.ndarray, chunk_emb: np.ndarray, comm_emb: np.ndarray, community: np.ndarray,
+                  bonus: np.ndarray, p: ScoreParams) -> tuple[np.ndarray, np.ndarray]:
+    """Eqs. 10–11 for every (query, chunk) pair, and the candidate mask of the coarse step.
+
+    S(q, v) = γ_c cos(h_q, h_β(v)) + γ_f [cos(h_q, h_v) + log(1 + B(q, v))]. Candidates: members
+    of the k_coarse communities with the highest cos(h_q, h_β) (a hard filter; our reading of App.
+    A.3). ``single_layer``: S = γ_f s_fine and every chunk a candidate.
+    """
+    community = np.asarray(community, np.int64)
+    s_fine = q_emb @ chunk_emb.T + np.log1p(bonus)
+    if p.single_layer:
+        return p.gamma_f * s_fine, np.ones(s_fine.shape, dtype=bool)
+    cos_c = q_emb @ comm_emb.T  # (q × c)
+    kc = min(p.k_coarse, cos_c.shape[1])
+    top = np.argpartition(-cos_c, kc - 1, axis=1)[:, :kc]
+    chosen = np.zeros(cos_c.shape, dtype=bool)
+    np.put_along_axis(chosen, top, True, axis=1)
+    return p.gamma_c * cos_c[:, community] + p.gamma_f * s_fine, chosen[:, community]
+
+
+def rank_chunks(scores: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    """(q × n) chunk order: candidates by score, then (fallback when fewer than k) the rest by score;
+    ties by chunk index."""
+    order = np.argsort(-scores, axis=1, kind="stable")
+    outside = ~np.take_along_axis(candidates, order, axis=1)
+    return np.take_along_axis(order, np.argsort(outside, axis=1, kind="stable"), axis=1)
+
+
+def rank_documents(chunk_order: np.ndarray, chunk_doc: np.ndarray, n_docs: int, k: int) -> np.ndarray:
+    """Ranked chunks → ranked passages: a passage ranks at its best chunk's rank (q × min(k, n_docs))."""
+    q, n = chunk_order.shape
+    best = np.full((q, n_docs), n, dtype=np.int64)
+    rows = np.repeat(np.arange(q), n)
+    np.minimum.at(best, (rows, np.asarray(chunk_doc, np.int64)[chunk_order.ravel()]),
+                  np.tile(np.arange(n), q))
+    return np.argsort(best, axis=1, kind="stable")[:, :min(k, n_docs)]

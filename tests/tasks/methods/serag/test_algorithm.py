@@ -1,0 +1,137 @@
+"""SeRAG equations on small graphs with answers worked out by hand."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from tasks.methods.serag import algorithm as se
+
+
+def _unit(rng, n, d=8):
+    x = rng.normal(size=(n, d))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def test_distance_layer_never_links_different_documents():
+    doc = np.array([0, 0, 0, 1, 1, 2])
+    pos = np.array([0, 1, 2, 0, 1, 0])
+    w = se.distance_layer(doc, pos, sigma=5.0, window=10).toarray()
+    for i in range(6):
+        for j in range(6):
+            if doc[i] != doc[j] or i == j:
+                assert w[i, j] == 0
+    assert w[0, 2] == pytest.approx(np.exp(-4 / 50))
+    assert w[3, 4] == pytest.approx(np.exp(-1 / 50))
+    np.testing.assert_array_equal(w, w.T)
+
+
+def test_distance_layer_window():
+    doc = np.zeros(15, dtype=int)
+    w = se.distance_layer(doc, np.arange(15), sigma=5.0, window=10).toarray()
+    assert w[0, 10] > 0 and w[0, 11] == 0
+
+
+def test_logical_layer_eq4_and_cap():
+    # chunk 0: {a, b}; chunk 1: {a}; chunk 2: {b, c, d}; entity x in every chunk
+    inc = np.array([[1, 1, 0, 0, 1], [2, 0, 0, 0, 1], [0, 1, 1, 1, 1]], dtype=float)
+    w = se.logical_layer(sp.csr_array(inc), max_entity_chunks=None).toarray()
+    assert w[0, 1] == pytest.approx(2 / 3)  # {a, x} shared, max(3, 2)
+    assert w[0, 2] == pytest.approx(2 / 4)
+    capped = se.logical_layer(sp.csr_array(inc), max_entity_chunks=2).toarray()  # x (3 chunks) links nothing
+    assert capped[0, 1] == pytest.approx(1 / 3)
+    assert capped[0, 2] == pytest.approx(1 / 4)
+    assert capped[1, 2] == 0
+    assert np.all(np.diag(capped) == 0)
+
+
+def test_graph_symmetric_zero_diagonal_nonnegative():
+    rng = np.random.default_rng(0)
+    emb = _unit(rng, 30)
+    inc = sp.csr_array((rng.random((30, 12)) < 0.2).astype(float))
+    doc = np.repeat(np.arange(10), 3)
+    pos = np.tile(np.arange(3), 10)
+    w, counts = se.multi_perspective_graph(emb, inc, doc, pos, se.GraphParams(k_sem=5))
+    d = w.toarray()
+    np.testing.assert_allclose(d, d.T)
+    assert np.all(np.diag(d) == 0) and d.min() >= 0
+    assert counts["dist_nnz"] == 10 * 6
+    only = se.multi_perspective_graph(emb, inc, doc, pos, se.GraphParams(k_sem=5, semantic_only=True))[0]
+    assert only.nnz <= counts["sem_nnz"]
+
+
+def test_structural_weight_by_hand():
+    # path 0-1-2 (unit weights) as one community, 3-4 (weight 2) a second one, 5 isolated singleton
+    adj = sp.csr_array(np.array([
+        [0, 1, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0], [0, 1, 0, 0, 0, 0],
+        [0, 0, 0, 0, 2, 0], [0, 0, 0, 2, 0, 0], [0, 0, 0, 0, 0, 0]], dtype=float))
+    w = se.structural_weight(adj, np.array([0, 0, 0, 1, 1, 2]))
+    h = lambda p: -p * np.log2(p)
+    np.testing.assert_allclose(w, [h(0.25), h(0.5), h(0.25), 0.5, 0.5, 0.0])
+
+
+def test_consolidation_singleton_is_own_vector_and_weighted_mean():
+    rng = np.random.default_rng(1)
+    emb = _unit(rng, 4)
+    community = np.array([0, 0, 1, 0])
+    weight = np.array([1.0, 3.0, 0.0, 0.0])
+    h = se.consolidate(emb, community, weight, 2)
+    np.testing.assert_allclose(h[1], emb[2], atol=1e-6)
+    want = emb[0] * 0.25 + emb[1] * 0.75
+    np.testing.assert_allclose(h[0], want / np.linalg.norm(want), atol=1e-6)
+
+
+def test_entity_bonus_gate_and_count():
+    sim = sp.csr_array(np.array([[1.0, 0.8, 0.9]]))
+    counts = sp.csr_array(np.array([[2.0, 5.0, 0.0], [0.0, 1.0, 3.0]]))
+    b = se.entity_bonus(sim, counts, tau=0.85)
+    np.testing.assert_allclose(b, [[np.log(3), 0.9 * np.log(4)]])
+
+
+def test_hybrid_scores_eq10_and_filter():
+    q = np.array([[1.0, 0.0]], dtype=np.float32)
+    chunks = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]], dtype=np.float32)
+    comm = np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32)
+    community = np.array([0, 1, 1])
+    bonus = np.array([[0.0, 0.0, 1.0]])
+    s, cand = se.hybrid_scores(q, chunks, comm, community, bonus, se.ScoreParams(k_coarse=1))
+    np.testing.assert_allclose(s, [[0.4 + 0.6, 0.0, 0.6 * (0.6 + np.log(2))]], atol=1e-6)
+    np.testing.assert_array_equal(cand, [[True, False, False]])
+    order = se.rank_chunks(s, cand)
+    np.testing.assert_array_equal(order, [[0, 2, 1]])  # fallback beyond the candidates, by score
+    single, all_ = se.hybrid_scores(q, chunks, comm, community, bonus, se.ScoreParams(single_layer=True))
+    assert all_.all()
+    np.testing.assert_allclose(single, 0.6 * (q @ chunks.T + np.log1p(bonus)), atol=1e-6)
+
+
+def test_batched_retrieval_equals_one_query_at_a_time():
+    rng = np.random.default_rng(2)
+    chunks, queries = _unit(rng, 40), _unit(rng, 7)
+    community = rng.integers(0, 12, 40)
+    comm = se.consolidate(chunks, community, rng.random(40), 12)
+    counts = sp.csr_array((rng.random((40, 9)) < 0.3) * rng.integers(1, 4, (40, 9)).astype(float))
+    sim = sp.csr_array((rng.random((7, 9)) < 0.3) * rng.uniform(0.8, 1.0, (7, 9)))
+    chunk_doc = np.arange(40) // 2
+    p = se.ScoreParams(k_coarse=3)
+
+    def run(qe, qs):
+        s, c = se.hybrid_scores(qe, chunks, comm, community, se.entity_bonus(qs, counts, p.tau), p)
+        return s, se.rank_documents(se.rank_chunks(s, c), chunk_doc, 20, 10)
+
+    s_all, d_all = run(queries, sim)
+    for i in range(7):
+        s_i, d_i = run(queries[i:i + 1], sim[[i]])
+        np.testing.assert_allclose(s_i[0], s_all[i], atol=1e-6)  # float32 matmul blocking
+        np.testing.assert_array_equal(d_i[0], d_all[i])
+
+
+def test_rank_documents_best_chunk():
+    order = np.array([[3, 0, 1, 2]])
+    np.testing.assert_array_equal(se.rank_documents(order, np.array([0, 0, 1, 2]), 3, 3), [[2, 0, 1]])
+
+
+def test_query_entity_similarity_gates_and_takes_max():
+    vocab = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+    names = np.array([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])  # query 0 has two entities, query 1 one
+    sim = se.query_entity_similarity(names, np.array([0, 0, 1]), vocab, 3, tau=0.85, block_rows=1).toarray()
+    np.testing.assert_allclose(sim, [[1.0, 0.0, 0.96], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
