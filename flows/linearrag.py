@@ -8,10 +8,10 @@ from __future__ import annotations
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
 from tasks.methods.linearrag.retriever import LinearRetriever
-from tasks.methods.linearrag.stages import LinearParams, entity_texts
+from tasks.methods.linearrag.stages import LinearParams
 from tasks.text.chunk import chunk
 from tasks.text.embed import embed
-from tasks.text.entities import entity_graph
+from tasks.text.entities import entity_graph, entity_texts
 from tasks.text.ner import QueryRecogniser, ner
 
 __all__ = ["LinearParams", "index", "retriever"]

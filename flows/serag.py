@@ -12,13 +12,12 @@ from tasks.methods.serag.retriever import SelfQuery, SeRAGRetriever, self_query_
 from tasks.methods.serag.stages import (
     SeRAGParams,
     serag_communities,
-    serag_entity_texts,
     serag_graph,
     serag_tree,
 )
 from tasks.text.chunk import chunk
 from tasks.text.embed import embed
-from tasks.text.entities import entity_graph
+from tasks.text.entities import entity_graph, entity_texts
 from tasks.text.ner import QueryRecogniser, ner
 
 __all__ = ["SeRAGParams", "index", "retriever"]
@@ -34,8 +33,8 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
     else:
         chunk_embeddings = embed(ctx, chunks, "chunk_id", cfg.embedder)["embeddings"]
     entities = entity_graph(ctx, documents, chunks, mentions.result()["mentions"])
-    entity_texts = serag_entity_texts(ctx, entities["entities"])["entity_texts"]
-    entity_embeddings = embed(ctx, entity_texts, "entity", cfg.embedder)["embeddings"]
+    names = entity_texts(ctx, entities["entities"])["entity_texts"]
+    entity_embeddings = embed(ctx, names, "entity_id", cfg.embedder)["embeddings"]
     graph = serag_graph(ctx, documents, chunks, chunk_embeddings, entities["chunk_entity"], entities["entities"], p)
     tree = serag_tree(ctx, graph["W"], graph["W_meta"])
     communities = serag_communities(ctx, graph["W"], tree["community"], chunk_embeddings, p)

@@ -79,3 +79,17 @@ def entity_graph(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef | 
 
     return run_stage(ctx, "entity_graph", code_version(entity_graph), {},
                      input_fps(documents=documents, chunks=chunks, mentions=doc_mentions), compute)
+
+
+@task(name="entity_texts", cache_policy=NO_CACHE)
+def entity_texts(ctx: RunContext, entities: ArtifactRef) -> dict[str, ArtifactRef]:
+    """Stage: ``entity_texts(entity_id, text)`` in vocabulary order, the shared embed stage's input.
+
+    An entity node is its normalised string, so the id is the string and so is the text.
+    """
+    def compute() -> tuple[dict[str, pd.DataFrame], int]:
+        vocab = Store.read(entities, ["entity_idx", "entity"]).sort_values("entity_idx")
+        names = vocab["entity"].astype(str).to_numpy()
+        return {"entity_texts": pd.DataFrame({"entity_id": names, "text": names})}, len(names)
+
+    return run_stage(ctx, "entity_texts", code_version(entity_texts), {}, input_fps(entities=entities), compute)

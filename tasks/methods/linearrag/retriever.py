@@ -12,7 +12,7 @@ from tasks.eval.retrieve import Hits
 from tasks.graph.sparse import coo_matrix
 from tasks.graph.walk import random_walk
 from tasks.methods.linearrag import algorithm as lr
-from tasks.methods.linearrag.stages import LinearParams, entity_texts
+from tasks.methods.linearrag.stages import LinearParams
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
 from tasks.text.ner import QueryRecogniser
 
@@ -137,4 +137,4 @@ class LinearRetriever:
                 "active_entities_per_query": round(self.active_total / q, 3)}
 
 
-__all__ = ["LinearParams", "LinearRetriever", "entity_texts"]
+__all__ = ["LinearParams", "LinearRetriever"]

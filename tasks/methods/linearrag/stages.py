@@ -9,13 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-import pandas as pd
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
-from tasks.core.code_identity import code_version
-from tasks.core.stage import RunContext, input_fps, run_stage
-from tasks.core.store import ArtifactRef, Store
 from tasks.methods.linearrag import algorithm as lr
 from tasks.text.chunk import ChunkParams
 
@@ -38,17 +31,3 @@ class LinearParams(lr.LinearRAGParams):
     def sentences(self) -> ChunkParams:
         """Passages are cut into sentences (section 3.1)."""
         return ChunkParams(unit="sentence")
-
-
-@task(name="entity_texts", cache_policy=NO_CACHE)
-def entity_texts(ctx: RunContext, entities: ArtifactRef) -> dict[str, ArtifactRef]:
-    """Stage: ``entity_texts(entity_id, text)`` in vocabulary order, the embed stage's input.
-
-    An entity node is its normalised string, so the id is the string and so is the text.
-    """
-    def compute() -> tuple[dict[str, pd.DataFrame], int]:
-        vocab = Store.read(entities, ["entity_idx", "entity"]).sort_values("entity_idx")
-        names = vocab["entity"].astype(str).to_numpy()
-        return {"entity_texts": pd.DataFrame({"entity_id": names, "text": names})}, len(names)
-
-    return run_stage(ctx, "entity_texts", code_version(entity_texts), {}, input_fps(entities=entities), compute)

@@ -79,7 +79,7 @@ class SeRAGRetriever:
         self.vocab_index = dict(zip(vocab["entity"], vocab["entity_idx"]))
         self.entity_names = vocab["entity"].to_numpy(dtype=object)
         self.max_words = int(min(6, vocab["n_words"].to_numpy().max(initial=1)))
-        self.entity_emb = (load_embeddings(index["entity_embeddings"], "entity")[1]
+        self.entity_emb = (load_embeddings(index["entity_embeddings"], "entity_id")[1]
                            if params.entity_sim == "embedding" else None)
         self.chunk_entity = coo_matrix(Store.read(index["chunk_entity"]), (len(self.chunk_doc), self.m))
         self.tree_meta = Store.read(index["tree_meta"]).iloc[0].to_dict()

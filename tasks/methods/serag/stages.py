@@ -87,18 +87,6 @@ def chunk_frame(chunks: ArtifactRef, doc_ids: list[str]) -> tuple[np.ndarray, np
     return doc_pos.loc[ch["doc_id"]].to_numpy(np.int64), ch["position"].to_numpy(np.int64)
 
 
-@task(name="serag_entity_texts", cache_policy=NO_CACHE)
-def serag_entity_texts(ctx: RunContext, entities: ArtifactRef) -> dict[str, ArtifactRef]:
-    """Stage: ``entity_texts(entity, text)``, the vocabulary in the shape the shared ``embed`` stage takes
-    (entity names are embedded for the similarity gate of eq. 12)."""
-    def compute() -> tuple[dict[str, pd.DataFrame], int]:
-        names = Store.read(entities, ["entity"])["entity"]
-        return {"entity_texts": pd.DataFrame({"entity": names, "text": names})}, len(names)
-
-    return run_stage(ctx, "serag_entity_texts", code_version(serag_entity_texts), {},
-                     input_fps(entities=entities), compute)
-
-
 @task(name="serag_graph", cache_policy=NO_CACHE)
 def serag_graph(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef, chunk_embeddings: ArtifactRef,
                 chunk_entity: ArtifactRef, entities: ArtifactRef, params: SeRAGParams) -> dict[str, ArtifactRef]:
