@@ -20,11 +20,10 @@ from tasks.text.embed import embed
 from tasks.text.entities import entity_graph, entity_texts
 from tasks.text.ner import QueryRecogniser, ner
 
-__all__ = ["SeRAGParams", "index", "retriever"]
+__all__ = ["SeRAGParams", "index", "retriever", "update"]
 
 
-def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
-    """Index stages of ``method=serag``."""
+def _dag(ctx: RunContext, data: dict[str, ArtifactRef], cfg, incremental: bool) -> dict[str, ArtifactRef]:
     p, documents = cfg.method, data["documents"]
     mentions = ner.submit(ctx, documents, "doc_id", cfg.ner, cfg.llm)
     chunks = chunk(ctx, documents, p.chunking())["chunks"]
@@ -35,11 +34,23 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
     entities = entity_graph(ctx, documents, chunks, mentions.result()["mentions"])
     names = entity_texts(ctx, entities["entities"])["entity_texts"]
     entity_embeddings = embed(ctx, names, "entity_id", cfg.embedder)["embeddings"]
-    graph = serag_graph(ctx, documents, chunks, chunk_embeddings, entities["chunk_entity"], entities["entities"], p)
+    graph = serag_graph(ctx, documents, chunks, chunk_embeddings, entities["chunk_entity"], entities["entities"], p,
+                        incremental)
     tree = serag_tree(ctx, graph["W"], graph["W_meta"])
     communities = serag_communities(ctx, graph["W"], tree["community"], chunk_embeddings, p)
     return {"chunks": chunks, "chunk_embeddings": chunk_embeddings, **entities,
             "entity_embeddings": entity_embeddings, **graph, **tree, **communities}
+
+
+def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
+    """Index stages of ``method=serag``: a full build of the graph."""
+    return _dag(ctx, data, cfg, incremental=False)
+
+
+def update(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
+    """``flows.update``: the same stages; the graph grows from the latest stored one of this dataset
+    (only rows involving new chunks are computed), the encoding tree and community vectors are rebuilt."""
+    return _dag(ctx, data, cfg, incremental=True)
 
 
 def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> SeRAGRetriever:

@@ -3,23 +3,26 @@
 Same overrides as ``flows.index``. For ``method=erarag`` the hierarchy is updated from the latest
 stored one of this dataset and config (EraRAG Alg. 3): new chunks are embedded (row-incremental
 stage), hashed with the stored hyperplanes, and only segments whose membership changed are
-re-summarised, with their ancestors; removed documents drop their leaves the same way. Every other
-method runs exactly the ``flows.index`` code path (its per-document stages are row-incremental
-already). The last line printed is ``update: {json}``; the summary, with the per-layer table, is
+re-summarised, with their ancestors; removed documents drop their leaves the same way. For
+``method=serag`` the graph grows from the latest stored one (only rows involving new chunks are
+computed; stored under its own fingerprint, which records the base) and the encoding tree is rebuilt,
+its seconds reported. Every other method runs exactly the ``flows.index`` code path (its
+per-document stages are row-incremental already). The last line printed is ``update: {json}``; the summary, with the per-layer table, is
 recorded in the catalog's ``metrics`` table (kind ``update``).
 """
 from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import hydra
 import pandas as pd
 from omegaconf import DictConfig
 from prefect import flow
 
-from flows import erarag
+from flows import erarag, serag
 from flows.config import load_config
 from flows.methods import METHODS
 from flows.pipeline import (
@@ -35,9 +38,11 @@ from tasks.core.ingest import ingest
 from tasks.core.store import ArtifactRef, Store
 from tasks.llm.params import LLMDryRun
 from tasks.methods.erarag.stages import update_summary
+from tasks.methods.serag.stages import update_summary as serag_update_summary
 
 # methods whose update differs from their index DAG: name -> (update DAG, summary of what it did)
-UPDATES: dict[str, tuple[Callable, Callable]] = {"erarag": (erarag.update, update_summary)}
+UPDATES: dict[str, tuple[Callable, Callable]] = {"erarag": (erarag.update, update_summary),
+                                                 "serag": (serag.update, serag_update_summary)}
 
 
 def document_diff(store: Store, dataset: str, documents: ArtifactRef, run_id: str) -> dict[str, int]:
@@ -77,9 +82,10 @@ def update_flow(cfg: dict) -> dict[str, Any]:
     summary: dict[str, Any] = {"method": name, "dataset": ctx.dataset, "n_documents": data["documents"].rows}
     if summarise is not None:
         summary.update(summarise(ctx.store, ctx.run_id, ctx.dataset, index))
-        per_layer = pd.DataFrame(summary["per_layer"])
-        print("\nper layer (layer l: the segments of layer l-1)")
-        print(format_table(per_layer.to_dict("records"), list(per_layer.columns)), flush=True)
+        if "per_layer" in summary:
+            per_layer = pd.DataFrame(summary["per_layer"])
+            print("\nper layer (layer l: the segments of layer l-1)")
+            print(format_table(per_layer.to_dict("records"), list(per_layer.columns)), flush=True)
     else:  # the same code path as flows.index
         summary.update(document_diff(ctx.store, ctx.dataset, data["documents"], ctx.run_id), segments_total=None,
                        segments_resummarized=None, layers=None, full_build_seconds_estimate=None,

@@ -1,9 +1,16 @@
 """SeRAG end to end on the generated sample: index, tree statistics, retrieval, and a fully cached rerun."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pandas as pd
 
 from flows.evaluate import evaluate_flow
+from flows.index import index_flow
+from flows.update import update_flow
+from tasks.core.sample import generate_sample
+from tasks.core.store import Store
 from tests.flows.conftest import make_config
 
 SMALL = ["method=serag", "dataset.n_passages=80", "dataset.n_questions=16"]
@@ -52,3 +59,35 @@ def test_without_community_term_and_entity_bonus_serag_is_dense(tmp_path):
     evaluate_flow(make_config(tmp_path, "method=dense", *base), str(tmp_path / "d"))
     s, d = (pd.read_parquet(tmp_path / x / "hits.parquet") for x in ("s", "d"))
     assert s["doc_id"].tolist() == d["doc_id"].tolist()
+
+
+def _write(path: Path, records: list[dict]) -> None:
+    path.write_text("\n".join(json.dumps(r) for r in records))
+
+
+def test_update_grows_the_graph_rows_of_new_chunks_and_rebuilds_the_tree(tmp_path):
+    records, _ = generate_sample(60, 10, 0)
+    corpus = tmp_path / "corpus.jsonl"
+    cfg = make_config(tmp_path, "method=serag", "dataset=jsonl", f"dataset.path={corpus}", "dataset.name=grow")
+    _write(corpus, records[:55])
+    built = index_flow(cfg)
+    _write(corpus, records)  # grown by 5 passages (5 whole-passage chunks)
+    grown = update_flow(cfg)
+    assert grown["mode"] == "update" and (grown["added_docs"], grown["removed_docs"]) == (5, 0)
+    assert grown["graph_rows_computed"] == grown["added_chunks"] == 5 and grown["graph_rows_total"] == 60
+    assert grown["tree_rebuilt"] and grown["tree_seconds"] > 0 and grown["graph_seconds"] > 0
+    assert grown["communities_before"] > 1 and grown["communities_after"] > 1
+    store = Store(tmp_path / "artifacts")
+    ev = store.events(grown["run_id"]).set_index("stage")
+    assert ev.loc["serag_graph", "rows_computed"] == 5 and ev.loc["serag_tree", "status"] == "computed"
+    # not the full build's fingerprint: the grown graph's inputs name the graph it grew from
+
+    def graph_row(path: str) -> pd.Series:
+        return store.query("SELECT fp, input_fps FROM stages WHERE stage = 'serag_graph' AND path = ?",
+                           [path]).iloc[0]
+
+    assert json.loads(graph_row(grown["artifacts"]["W"])["input_fps"])["base"] == \
+        graph_row(built["artifacts"]["W"])["fp"] == grown["base_fp"]
+    full = index_flow(cfg)  # a full build of the same corpus is another artifact
+    assert full["artifacts"]["W"] != grown["artifacts"]["W"]
+    assert update_flow(cfg)["mode"] == "cached"  # nothing changed: the stored graph of this corpus is reused

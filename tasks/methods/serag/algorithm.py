@@ -2,17 +2,20 @@
 structural weight and token-free consolidation (§3.2, eqs. 8–9), and hybrid coarse-to-fine
 scoring (§3.3, eqs. 10–13), batched over queries.
 
-Pure numpy / scipy.sparse: no I/O. The encoding tree (eq. 1, K = 2) comes from
-:mod:`tasks.graph.encoding_tree`; this module only needs its community id per chunk.
+Pure numpy / scipy.sparse / faiss (pandas only to index chunk ids): no I/O. The encoding tree
+(eq. 1, K = 2) comes from :mod:`tasks.graph.encoding_tree`; this module only needs its community id
+per chunk. Under ``flows.update`` the graph grows by the rows of new chunks (:func:`grow_layers`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import faiss
 import numpy as np
+import pandas as pd
 import scipy.sparse as sp
 
-from tasks.graph.knn import knn_graph
+from tasks.graph.knn import knn_graph, symmetrised
 
 
 @dataclass(frozen=True)
@@ -242,3 +245,222 @@ def rank_documents(chunk_order: np.ndarray, chunk_doc: np.ndarray, n_docs: int, 
     np.minimum.at(best, (rows, np.asarray(chunk_doc, np.int64)[chunk_order.ravel()]),
                   np.tile(np.arange(n), q))
     return np.argsort(best, axis=1, kind="stable")[:, :min(k, n_docs)]
+
+
+# ---------------------------------------------------------------- §3.1 under a growing corpus (flows.update)
+
+
+@dataclass(frozen=True)
+class Layers:
+    """The three §3.1 layers over ``ids`` (chunk ids, row order) and each entity's document frequency
+    (chunks containing it, uncapped) at the time they were built: what an incremental update starts from."""
+
+    ids: np.ndarray
+    sem: sp.csr_array
+    log: sp.csr_array
+    dist: sp.csr_array
+    entity_df: dict[str, int]
+
+
+@dataclass(frozen=True)
+class GrowthReport:
+    """What :func:`grow_layers` computed: rows of new chunks (kNN against all, entity overlap against all,
+    distance within their documents), old rows searched against the new chunks only, and old logical
+    rows refreshed because an entity crossed the ``max_entity_chunks`` cap."""
+
+    added: int
+    removed: int
+    kept: int
+    rows_computed: int  # new chunks' rows
+    rows_total: int
+    log_rows_refreshed: int
+
+
+def build_layers(ids: np.ndarray, emb: np.ndarray, chunk_entity: sp.sparray, entity_names: np.ndarray,
+                 doc: np.ndarray, position: np.ndarray, p: GraphParams) -> Layers:
+    """The three layers of a full build (eqs. 3–5), as :func:`multi_perspective_graph` computes them."""
+    n = emb.shape[0]
+    sem = semantic_layer(emb, p.k_sem)
+    empty = sp.csr_array((n, n), dtype=np.float64)
+    log = empty if p.semantic_only else logical_layer(chunk_entity, p.max_entity_chunks)
+    dist = empty if p.semantic_only else distance_layer(doc, position, p.sigma_dist, p.dist_window)
+    return Layers(np.asarray(ids, dtype=object), sem, log, dist, entity_frequency(chunk_entity, entity_names))
+
+
+def layers_graph(layers: Layers, p: GraphParams) -> tuple[sp.csr_array, dict[str, int]]:
+    """Eq. 6 over stored layers, and the edge count of each layer."""
+    sizes = {"sem_nnz": int(layers.sem.nnz), "log_nnz": int(layers.log.nnz), "dist_nnz": int(layers.dist.nnz)}
+    if p.semantic_only:
+        return combine(layers.sem, None, None, p), sizes
+    return combine(layers.sem, layers.log, layers.dist, p), sizes
+
+
+def entity_frequency(chunk_entity: sp.sparray, entity_names: np.ndarray) -> dict[str, int]:
+    """Chunks containing each entity, by entity string (stable across corpus versions); zeros left out."""
+    b = sp.csr_array(chunk_entity)
+    df = np.bincount(b.indices[b.data > 0], minlength=b.shape[1]) if b.nnz else np.zeros(b.shape[1], np.int64)
+    return {str(entity_names[j]): int(df[j]) for j in np.flatnonzero(df)}
+
+
+def _binary(chunk_entity: sp.sparray) -> sp.csr_array:
+    b = sp.csr_array(chunk_entity, dtype=np.float64, copy=True)
+    b.data = (b.data > 0).astype(np.float64)
+    b.eliminate_zeros()
+    return b
+
+
+def logical_rows(chunk_entity: sp.sparray, rows: np.ndarray, max_entity_chunks: int | None) -> sp.csr_array:
+    """Eq. 4 for the given rows only, against every chunk, symmetric (the rows' entries mirrored):
+    one sparse product of the selected rows against all, so a full build's entries exactly."""
+    b = _binary(chunk_entity)
+    n = b.shape[0]
+    size = np.asarray(b.sum(axis=1)).ravel()
+    if max_entity_chunks is not None:
+        df = np.asarray(b.sum(axis=0)).ravel()
+        b = b @ sp.diags_array((df <= max_entity_chunks).astype(np.float64))
+    rows = np.asarray(rows, np.int64)
+    overlap = sp.coo_array(b[rows] @ b.T)
+    r, c, v = rows[overlap.row], overlap.col.astype(np.int64), overlap.data
+    keep = (r != c) & (v > 0)
+    r, c, v = r[keep], c[keep], v[keep]
+    w = v / np.maximum(size[r], size[c])
+    half = sp.csr_array((w, (r, c)), shape=(n, n))
+    return sp.csr_array(half.maximum(half.T))
+
+
+def _top_k_rows(query: np.ndarray, base: np.ndarray, k: int, exclude_self_offset: int | None,
+                block_rows: int = 1024) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(query row, base col, cosine) of each query row's k best base rows (faiss, exact inner product).
+    ``exclude_self_offset``: query row i is base row offset + i and is not its own neighbour."""
+    q = np.ascontiguousarray(query, dtype=np.float32)
+    x = np.ascontiguousarray(base, dtype=np.float32)
+    extra = int(exclude_self_offset is not None)
+    wanted = min(k + extra, x.shape[0])
+    if k <= 0 or wanted == 0 or q.shape[0] == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    rows, cols, sims = [], [], []
+    for start in range(0, q.shape[0], block_rows):
+        sim, idx = faiss.knn(q[start:start + block_rows], x, wanted, metric=faiss.METRIC_INNER_PRODUCT)
+        row = np.broadcast_to(np.arange(start, start + idx.shape[0])[:, None], idx.shape)
+        keep = idx >= 0
+        if exclude_self_offset is not None:
+            own = idx == row + exclude_self_offset
+            keep &= ~own
+            keep[~own.any(axis=1), -1] = False  # self outside the list: drop the extra hit instead
+        rows.append(row[keep])
+        cols.append(idx[keep].astype(np.int64))
+        sims.append(sim[keep].astype(np.float64))
+    return np.concatenate(rows).astype(np.int64), np.concatenate(cols), np.concatenate(sims)
+
+
+def grow_layers(old: Layers, ids: np.ndarray, emb: np.ndarray, chunk_entity: sp.sparray, entity_names: np.ndarray,
+                doc: np.ndarray, position: np.ndarray, p: GraphParams) -> tuple[Layers, GrowthReport]:
+    """The layers of the current chunks (``ids`` with their embeddings, incidence, document and position,
+    in the current row order) from the stored layers of an earlier corpus, computing only the rows
+    involving new chunks; removed chunks' rows and columns are dropped.
+
+    * distance (eq. 5): a document's chunks are all old or all new (a document id is its content), so the
+      new chunks' rows are eq. 5 within the new documents: a full build's entries exactly.
+    * logical (eq. 4): the new chunks' rows against all chunks, one sparse product; an old row is
+      recomputed only when one of its entities crossed the ``max_entity_chunks`` cap (the stored
+      document frequencies say which): a full build's entries exactly.
+    * semantic (eq. 3, kNN-k, union): each new chunk's k nearest among all chunks, and each old chunk's
+      k nearest among the new ones merged with its stored list (the k-th largest entry of a stored union
+      row is that chunk's own k-th neighbour), so an old chunk gains an edge to a new one exactly when a
+      full build would give it. APPROXIMATION (issue "flows.update adds new chunks' graph rows without
+      recomputing old ones"): old-old edges are not recomputed. A full build would drop an old pair
+      whose only reason was a neighbour list that a new chunk has now entered, and, after removals,
+      would add old pairs to refill the lists that lost a removed chunk; here old-old entries keep their
+      stored values, and an old row that lost neighbours lets only new chunks compete for the free slots.
+      With growth only, every edge involving a new chunk is a full build's edge.
+    """
+    ids = np.asarray(ids, dtype=object)
+    n = ids.shape[0]
+    old_pos = pd.Index(np.asarray(old.ids, dtype=object))
+    where = old_pos.get_indexer(ids)  # old row of each current chunk, -1 for a new one
+    is_old = where >= 0
+    new_rows, kept_rows = np.flatnonzero(~is_old), np.flatnonzero(is_old)
+    removed = int(old.ids.shape[0] - kept_rows.size)
+
+    def carried(layer: sp.csr_array) -> sp.csr_array:
+        """The stored layer's old-old block, in the current row order."""
+        sub = sp.coo_array(layer[where[kept_rows]][:, where[kept_rows]])
+        return sp.csr_array((sub.data, (kept_rows[sub.row], kept_rows[sub.col])), shape=(n, n))
+
+    sem = _grow_semantic(carried(old.sem), old.sem[where[kept_rows]], emb, new_rows, kept_rows, p.k_sem)
+    refreshed = 0
+    if p.semantic_only:
+        log = dist = sp.csr_array((n, n), dtype=np.float64)
+    else:
+        b = _binary(chunk_entity)
+        df_now = np.asarray(b.sum(axis=0)).ravel()
+        df_then = np.array([old.entity_df.get(str(e), 0) for e in entity_names], dtype=np.int64)
+        cap = p.max_entity_chunks
+        crossed = (df_now <= cap) != (df_then <= cap) if cap is not None else np.zeros(b.shape[1], bool)
+        touched = kept_rows[np.asarray(b[kept_rows] @ crossed.astype(np.float64)).ravel() > 0]
+        refreshed = int(touched.size)
+        log = carried(old.log)
+        if touched.size:  # drop the touched rows' stored entries (and their mirror), recompute below
+            mask = np.zeros(n, bool)
+            mask[touched] = True
+            lc = sp.coo_array(log)
+            keep = ~(mask[lc.row] | mask[lc.col])
+            log = sp.csr_array((lc.data[keep], (lc.row[keep], lc.col[keep])), shape=(n, n))
+        fresh = np.concatenate([new_rows, touched])
+        if fresh.size:
+            log = sp.csr_array(log.maximum(logical_rows(chunk_entity, fresh, cap)))
+        dist = carried(old.dist)
+        if new_rows.size:
+            nd = sp.coo_array(distance_layer(np.asarray(doc)[new_rows], np.asarray(position)[new_rows],
+                                             p.sigma_dist, p.dist_window))
+            dist = sp.csr_array(dist + sp.csr_array((nd.data, (new_rows[nd.row], new_rows[nd.col])), shape=(n, n)))
+    for m in (sem, log, dist):
+        m.eliminate_zeros()
+        m.sort_indices()
+    layers = Layers(ids, sem, log, dist, entity_frequency(chunk_entity, entity_names))
+    return layers, GrowthReport(added=int(new_rows.size), removed=removed, kept=int(kept_rows.size),
+                                rows_computed=int(new_rows.size), rows_total=n, log_rows_refreshed=refreshed)
+
+
+def _grow_semantic(carried: sp.csr_array, stored_rows: sp.csr_array, emb: np.ndarray, new_rows: np.ndarray,
+                   kept_rows: np.ndarray, k_sem: int) -> sp.csr_array:
+    """Semantic layer of :func:`grow_layers`: the carried old-old block plus every edge involving a new chunk."""
+    n = emb.shape[0]
+    k = min(k_sem, max(n - 1, 1))
+    if new_rows.size == 0:
+        return carried
+    x = np.asarray(emb, dtype=np.float32)
+    # new chunks' own lists: k nearest among all chunks, self excluded (all rows are searched; only
+    # the new ones are queries)
+    order = np.r_[new_rows, np.setdiff1d(np.arange(n), new_rows)]  # new rows first: query i is base row i
+    r, c, v = _top_k_rows(x[new_rows], x[order], k, exclude_self_offset=0)
+    rows, cols, vals = [new_rows[r]], [order[c]], [v]
+    # old chunks' lists: their k nearest new chunks, merged with the stored row; a new chunk stays when it
+    # ranks within the merged top k (the stored row holds the chunk's own top k, a union row's largest)
+    if kept_rows.size:
+        r, c, v = _top_k_rows(x[kept_rows], x[new_rows], k, exclude_self_offset=None)
+        merged = np.hstack([_row_top(sp.coo_array(stored_rows), k), _row_top(sp.coo_array(
+            sp.csr_array((v, (r, c)), shape=(kept_rows.size, new_rows.size))), k)])
+        kth = -np.partition(-merged, k - 1, axis=1)[:, k - 1]  # each old chunk's k-th best over all chunks
+        ok = v >= kth[r]
+        rows.append(kept_rows[r[ok]])
+        cols.append(new_rows[c[ok]])
+        vals.append(v[ok])
+    directed = sp.csr_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n, n))
+    new_edges = symmetrised(directed, "union")
+    new_edges.data = np.maximum(new_edges.data, 0.0)
+    out = sp.csr_array(carried.maximum(new_edges))  # disjoint: carried has no new row or column
+    out.eliminate_zeros()
+    return out
+
+
+def _row_top(m: sp.coo_array, k: int) -> np.ndarray:
+    """(rows × k) each row's k largest stored values, descending, padded with −inf."""
+    out = np.full((m.shape[0], k), -np.inf)
+    order = np.lexsort((-m.data, m.row))
+    row, val = m.row[order], m.data[order]
+    first = np.searchsorted(row, np.arange(m.shape[0]))
+    rank = np.arange(row.size) - first[row]
+    keep = rank < k
+    out[row[keep], rank[keep]] = val[keep]
+    return out

@@ -134,6 +134,6 @@ class SeRAGRetriever:
                 "self_query_ledger": self.self_query.client.ledger_summary(SELF_QUERY_STAGE)
                 if self.self_query.enabled else None,
                 "n_chunks": len(self.chunk_doc),
-                "graph": {k: (float(v) if isinstance(v, (float, np.floating)) else int(v))
-                          for k, v in self.graph_meta.items()},
+                "graph": {k: (v if isinstance(v, str) else float(v) if isinstance(v, (float, np.floating))
+                              else int(v)) for k, v in self.graph_meta.items()},
                 "tree": {k: (v if isinstance(v, str) else float(v)) for k, v in self.tree_meta.items() if k in keep}}

@@ -4,8 +4,10 @@ vectors (§3.2). The equations live in :mod:`tasks.methods.serag.algorithm`; thi
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -15,11 +17,13 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_stage
-from tasks.core.store import ArtifactRef, Store
+from tasks.core.store import ArtifactRef, Store, fingerprint
 from tasks.graph.sparse import coo_matrix, to_coo
 from tasks.methods.serag import algorithm as se
 from tasks.text.chunk import ChunkParams
 from tasks.text.embed import embeddings_to_arrow, load_embeddings
+
+log = logging.getLogger("dagrag.serag")
 
 try:  # written on branch serag-tree; the tree stage says so clearly when it is missing
     from tasks.graph.encoding_tree import encoding_tree
@@ -87,27 +91,128 @@ def chunk_frame(chunks: ArtifactRef, doc_ids: list[str]) -> tuple[np.ndarray, np
     return doc_pos.loc[ch["doc_id"]].to_numpy(np.int64), ch["position"].to_numpy(np.int64)
 
 
+GRAPH = "serag_graph"
+TREE = "serag_tree"
+LAYERS = ("sem", "log", "dist")
+
+
+def graph_slice(params: SeRAGParams) -> dict[str, Any]:
+    """Config slice of the graph stage, with the code of the layer equations: what a stored graph must
+    share to be the base of an update."""
+    return {**asdict(params.graph()), "layers_code": code_version(se.build_layers, se.grow_layers, se.layers_graph)}
+
+
+def layers_tables(layers: se.Layers, doc_ids: np.ndarray) -> dict[str, pd.DataFrame]:
+    """What an update starts from: each layer as a COO table, the chunk id (and document) of each row,
+    and each entity's chunk frequency."""
+    parts = [to_coo(getattr(layers, name)).assign(layer=name) for name in LAYERS]
+    return {"W_layers": pd.concat(parts, ignore_index=True)[["layer", "row", "col", "value"]],
+            "W_chunks": pd.DataFrame({"chunk_id": layers.ids.astype(str), "doc_id": np.asarray(doc_ids, dtype=str)}),
+            "W_entity_df": pd.DataFrame({"entity": list(layers.entity_df), "df": list(layers.entity_df.values())},
+                                        columns=["entity", "df"]).astype({"entity": str, "df": np.int64})}
+
+
+def load_layers(refs: dict[str, ArtifactRef]) -> tuple[se.Layers, set[str]]:
+    """A stored graph's layers (:func:`layers_tables`) and its documents."""
+    chunks = Store.read(refs["W_chunks"])
+    n = len(chunks)
+    table = Store.read(refs["W_layers"])
+    mats = {name: coo_matrix(table[table["layer"] == name], (n, n)) for name in LAYERS}
+    df = Store.read(refs["W_entity_df"])
+    return (se.Layers(chunks["chunk_id"].to_numpy(dtype=object), mats["sem"], mats["log"], mats["dist"],
+                      dict(zip(df["entity"].tolist(), df["df"].astype(int).tolist()))),
+            set(chunks["doc_id"]))
+
+
+@dataclass(frozen=True)
+class GraphBase:
+    """The stored graph an update starts from."""
+
+    fp: str
+    refs: dict[str, ArtifactRef]
+
+
+def find_base(store: Store, dataset: str, code: str, slice_: dict, inputs: dict[str, str]
+              ) -> tuple[dict[str, str] | None, GraphBase | None]:
+    """For ``flows.update``: (the inputs of a stored graph of exactly these inputs, or None; the latest
+    stored graph of ``dataset`` with the same config slice, made by this code, whose files exist).
+
+    A stored graph of the same inputs (a full build, or an earlier update of this corpus) is reused as
+    it is; otherwise the newest one is the base."""
+    rows = store.query("SELECT fp, params, input_fps FROM stages WHERE stage = ? AND name = 'W_layers' "
+                       "AND dataset = ? ORDER BY created_at DESC", [GRAPH, dataset])
+    want = json.loads(json.dumps(slice_))
+    base = None
+    for r in rows.itertuples():
+        inp = json.loads(r.input_fps)
+        if json.loads(r.params) != want or fingerprint(GRAPH, code, want, inp) != r.fp:
+            continue  # another config, or another version of the code
+        refs = store.lookup(GRAPH, r.fp)
+        if refs is None:
+            continue
+        if {k: v for k, v in inp.items() if k != "base"} == inputs:
+            return inp, None
+        base = base or GraphBase(r.fp, refs)
+    return None, base
+
+
 @task(name="serag_graph", cache_policy=NO_CACHE)
 def serag_graph(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef, chunk_embeddings: ArtifactRef,
-                chunk_entity: ArtifactRef, entities: ArtifactRef, params: SeRAGParams) -> dict[str, ArtifactRef]:
-    """Stage: W = λ1 W_sem + λ2 W_log + (1 − λ1 − λ2) W_dist (eqs. 3–6), a COO table, plus layer sizes."""
+                chunk_entity: ArtifactRef, entities: ArtifactRef, params: SeRAGParams,
+                incremental: bool = False) -> dict[str, ArtifactRef]:
+    """Stage: W = λ1 W_sem + λ2 W_log + (1 − λ1 − λ2) W_dist (eqs. 3–6), a COO table, plus layer sizes,
+    and the stored layers an update starts from.
+
+    ``incremental`` (``flows.update``): starts from the latest stored graph of this dataset with the same
+    slice and computes only the rows involving new chunks (:func:`se.grow_layers`). That W differs from a
+    full build's in old-old semantic edges, so unlike EraRAG it is NOT stored under the full build's
+    fingerprint: its inputs also hold ``base`` (the fingerprint of the graph it grew from)."""
     gp = params.graph()
+    code = code_version(serag_graph)
+    slice_ = graph_slice(params)
+    inputs = input_fps(documents=documents, chunks=chunks, chunk_embeddings=chunk_embeddings,
+                       chunk_entity=chunk_entity, entities=entities)
+    base = None
+    if incremental:
+        same, base = find_base(ctx.store, ctx.dataset, code, slice_, inputs)
+        if same is not None:
+            inputs = same  # this corpus's graph is stored (a full build or an earlier update): cached
+        elif base is not None:
+            inputs = {**inputs, "base": base.fp}
+        else:
+            log.info("serag update: no stored graph of %s with this config; building from scratch", ctx.dataset)
 
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
         t0 = time.perf_counter()
         _, emb = load_embeddings(chunk_embeddings, _emb_id(params))
-        doc, pos = chunk_frame(chunks, Store.read(documents, ["doc_id"])["doc_id"].tolist())
+        doc_ids = Store.read(documents, ["doc_id"])["doc_id"].tolist()
+        doc, pos = chunk_frame(chunks, doc_ids)
+        ch = Store.read(chunks, ["chunk_id", "doc_id"])
+        ids = ch["chunk_id"].to_numpy(dtype=object)
         if emb.shape[0] != len(doc):
             raise RuntimeError("chunk embeddings are not aligned with the chunks table")
+        vocab = Store.read(entities, ["entity_idx", "entity"]).sort_values("entity_idx")
+        names = vocab["entity"].to_numpy(dtype=object)
         inc = coo_matrix(Store.read(chunk_entity), (len(doc), entities.rows))
-        w, layers = se.multi_perspective_graph(emb, inc, doc, pos, gp)
-        meta = pd.DataFrame([{"n_chunks": len(doc), "W_nnz": int(w.nnz), **layers,
+        now_docs = set(ch["doc_id"])
+        info: dict[str, Any] = {"mode": "build", "base_fp": "", "added_docs": len(now_docs), "removed_docs": 0,
+                                "added_chunks": len(ids), "removed_chunks": 0, "rows_computed": len(ids),
+                                "log_rows_refreshed": 0}
+        if base is None:
+            layers = se.build_layers(ids, emb, inc, names, doc, pos, gp)
+        else:
+            old, old_docs = load_layers(base.refs)
+            layers, rep = se.grow_layers(old, ids, emb, inc, names, doc, pos, gp)
+            info.update(mode="update", base_fp=base.fp, added_docs=len(now_docs - old_docs),
+                        removed_docs=len(old_docs - now_docs), added_chunks=rep.added, removed_chunks=rep.removed,
+                        rows_computed=rep.rows_computed, log_rows_refreshed=rep.log_rows_refreshed)
+        w, sizes = se.layers_graph(layers, gp)
+        meta = pd.DataFrame([{"n_chunks": len(doc), "W_nnz": int(w.nnz), **sizes, **info,
                               "seconds": time.perf_counter() - t0}])
-        return {"W": to_coo(w), "W_meta": meta}, int(w.nnz)
+        return {"W": to_coo(w), "W_meta": meta, **layers_tables(layers, ch["doc_id"].to_numpy())}, \
+            int(info["rows_computed"])
 
-    return run_stage(ctx, "serag_graph", code_version(serag_graph), gp,
-                     input_fps(documents=documents, chunks=chunks, chunk_embeddings=chunk_embeddings,
-                               chunk_entity=chunk_entity, entities=entities), compute)
+    return run_stage(ctx, GRAPH, code, slice_, inputs, compute)
 
 
 @task(name="serag_tree", cache_policy=NO_CACHE)
@@ -134,7 +239,7 @@ def serag_tree(ctx: RunContext, W: ArtifactRef, W_meta: ArtifactRef) -> dict[str
         return {"community": pd.DataFrame({"chunk": np.arange(n), "community": community}),
                 "tree_meta": meta}, n
 
-    return run_stage(ctx, "serag_tree", code_version(serag_tree), {}, input_fps(W=W, W_meta=W_meta), compute)
+    return run_stage(ctx, TREE, code_version(serag_tree), {}, input_fps(W=W, W_meta=W_meta), compute)
 
 
 @task(name="serag_communities", cache_policy=NO_CACHE)
@@ -155,3 +260,54 @@ def serag_communities(ctx: RunContext, W: ArtifactRef, community: ArtifactRef, c
 
     return run_stage(ctx, "serag_communities", code_version(serag_communities), {"chunk_unit": params.chunk_unit},
                      input_fps(W=W, community=community, chunk_embeddings=chunk_embeddings), compute)
+
+
+# ---------------------------------------------------------------- update report
+
+
+def _tree_meta_of(store: Store, graph_fp: str) -> dict | None:
+    """The ``tree_meta`` row of the encoding tree built on the graph ``graph_fp``, if one is stored."""
+    rows = store.query("SELECT path, input_fps FROM stages WHERE stage = ? AND name = 'tree_meta' "
+                       "ORDER BY created_at DESC", [TREE])
+    for r in rows.itertuples():
+        if json.loads(r.input_fps).get("W") == graph_fp:
+            try:
+                return Store.read(r.path).iloc[0].to_dict()
+            except OSError:
+                continue
+    return None
+
+
+def update_summary(store: Store, run_id: str, dataset: str, index: dict[str, ArtifactRef]) -> dict[str, Any]:
+    """What a SeRAG update did: documents and chunks added / removed, graph rows computed of the total,
+    the graph's seconds, and the cost of the (global) encoding-tree rebuild, with the communities before
+    (the base graph's tree) and after."""
+    ev = store.events(run_id)
+
+    def computed(stage: str) -> bool:
+        status = ev.loc[ev["stage"] == stage, "status"]
+        return bool((status == "computed").any())
+
+    meta = Store.read(index["W_meta"]).iloc[0].to_dict()
+    tree = Store.read(index["tree_meta"]).iloc[0].to_dict()
+    fresh = computed(GRAPH)
+    before = _tree_meta_of(store, meta["base_fp"]) if fresh and meta["base_fp"] else None
+    community_ev = ev[(ev["stage"] == "serag_communities") & (ev["status"] == "computed")]
+    return {
+        "mode": meta["mode"] if fresh else "cached",
+        "base_fp": meta["base_fp"] if fresh else index["W"].fp,
+        "added_docs": int(meta["added_docs"]) if fresh else 0,
+        "removed_docs": int(meta["removed_docs"]) if fresh else 0,
+        "added_chunks": int(meta["added_chunks"]) if fresh else 0,
+        "removed_chunks": int(meta["removed_chunks"]) if fresh else 0,
+        "graph_rows_computed": int(meta["rows_computed"]) if fresh else 0,
+        "graph_rows_total": int(meta["n_chunks"]),
+        "graph_log_rows_refreshed": int(meta["log_rows_refreshed"]) if fresh else 0,
+        "graph_seconds": round(float(meta["seconds"]), 3) if fresh else 0.0,
+        "tree_rebuilt": computed(TREE),
+        "tree_seconds": round(float(tree["seconds"]), 3) if computed(TREE) else 0.0,
+        "communities_seconds": round(float(community_ev["seconds"].sum()), 3),
+        "communities_before": None if before is None else int(before["n_communities"]),
+        "communities_after": int(tree["n_communities"]),
+        "segments_total": None, "segments_resummarized": None, "layers": None,
+    }
