@@ -122,21 +122,26 @@ def _dense_rows(emb: np.ndarray, k: int | None, min_similarity: float | None, k_
     return np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
 
 
-def _faiss_top_k(emb: np.ndarray, k: int, min_similarity: float | None, transform: Transform | None,
-                 zero_diagonal: bool, block_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(rows, cols, weights) of each row's k nearest rows by exact inner product (faiss.knn)."""
-    x = np.ascontiguousarray(emb, dtype=np.float32)
-    n = x.shape[0]
-    wanted = min(k + int(zero_diagonal), n)  # one extra hit: the row itself, dropped below
-    if k <= 0 or wanted == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+def knn_rows(query: np.ndarray, base: np.ndarray, k: int, *, self_offset: int | None = None,
+             min_similarity: float | None = None, block_rows: int = 1024,
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(query row, base row, inner product) of each query row's k nearest base rows (faiss.knn, exact).
+
+    ``self_offset``: query row i is base row ``self_offset + i`` and is not its own neighbour (one extra
+    hit is asked for and the row itself dropped). Similarities are faiss's float32.
+    """
+    q = np.ascontiguousarray(query, dtype=np.float32)
+    x = np.ascontiguousarray(base, dtype=np.float32)
+    wanted = min(k + int(self_offset is not None), x.shape[0])
+    if k <= 0 or wanted == 0 or q.shape[0] == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
     rows, cols, sims = [], [], []
-    for start in range(0, n, block_rows):
-        sim, idx = faiss.knn(x[start : start + block_rows], x, wanted, metric=faiss.METRIC_INNER_PRODUCT)
+    for start in range(0, q.shape[0], block_rows):
+        sim, idx = faiss.knn(q[start : start + block_rows], x, wanted, metric=faiss.METRIC_INNER_PRODUCT)
         row = np.broadcast_to(np.arange(start, start + idx.shape[0])[:, None], idx.shape)
         keep = idx >= 0
-        if zero_diagonal:
-            own = idx == row
+        if self_offset is not None:
+            own = idx == row + self_offset
             keep &= ~own
             keep[~own.any(axis=1), -1] = False  # self tied outside the list: drop the extra hit instead
         if min_similarity is not None:
@@ -144,9 +149,16 @@ def _faiss_top_k(emb: np.ndarray, k: int, min_similarity: float | None, transfor
         rows.append(row[keep])
         cols.append(idx[keep].astype(np.int64))
         sims.append(sim[keep])
-    sim = np.concatenate(sims)
+    return np.concatenate(rows).astype(np.int64), np.concatenate(cols), np.concatenate(sims)
+
+
+def _faiss_top_k(emb: np.ndarray, k: int, min_similarity: float | None, transform: Transform | None,
+                 zero_diagonal: bool, block_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, cols, weights) of each row's k nearest rows by exact inner product (faiss.knn)."""
+    rows, cols, sim = knn_rows(emb, emb, k, self_offset=0 if zero_diagonal else None,
+                               min_similarity=min_similarity, block_rows=block_rows)
     weights = sim if transform is None else transform(sim)
-    return np.concatenate(rows).astype(np.int64), np.concatenate(cols), weights.astype(np.float64)
+    return rows, cols, weights.astype(np.float64)
 
 
 def symmetrised(graph: sp.sparray, mode: Symmetrise) -> sp.csr_array:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import faiss
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from tasks.graph.knn import knn_graph, symmetrised
+from tasks.graph.knn import knn_graph, knn_rows, symmetrised
 
 
 @dataclass(frozen=True)
@@ -328,31 +327,6 @@ def logical_rows(chunk_entity: sp.sparray, rows: np.ndarray, max_entity_chunks: 
     return sp.csr_array(half.maximum(half.T))
 
 
-def _top_k_rows(query: np.ndarray, base: np.ndarray, k: int, exclude_self_offset: int | None,
-                block_rows: int = 1024) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(query row, base col, cosine) of each query row's k best base rows (faiss, exact inner product).
-    ``exclude_self_offset``: query row i is base row offset + i and is not its own neighbour."""
-    q = np.ascontiguousarray(query, dtype=np.float32)
-    x = np.ascontiguousarray(base, dtype=np.float32)
-    extra = int(exclude_self_offset is not None)
-    wanted = min(k + extra, x.shape[0])
-    if k <= 0 or wanted == 0 or q.shape[0] == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
-    rows, cols, sims = [], [], []
-    for start in range(0, q.shape[0], block_rows):
-        sim, idx = faiss.knn(q[start:start + block_rows], x, wanted, metric=faiss.METRIC_INNER_PRODUCT)
-        row = np.broadcast_to(np.arange(start, start + idx.shape[0])[:, None], idx.shape)
-        keep = idx >= 0
-        if exclude_self_offset is not None:
-            own = idx == row + exclude_self_offset
-            keep &= ~own
-            keep[~own.any(axis=1), -1] = False  # self outside the list: drop the extra hit instead
-        rows.append(row[keep])
-        cols.append(idx[keep].astype(np.int64))
-        sims.append(sim[keep].astype(np.float64))
-    return np.concatenate(rows).astype(np.int64), np.concatenate(cols), np.concatenate(sims)
-
-
 def grow_layers(old: Layers, ids: np.ndarray, emb: np.ndarray, chunk_entity: sp.sparray, entity_names: np.ndarray,
                 doc: np.ndarray, position: np.ndarray, p: GraphParams) -> tuple[Layers, GrowthReport]:
     """The layers of the current chunks (``ids`` with their embeddings, incidence, document and position,
@@ -433,12 +407,14 @@ def _grow_semantic(carried: sp.csr_array, stored_rows: sp.csr_array, emb: np.nda
     # new chunks' own lists: k nearest among all chunks, self excluded (all rows are searched; only
     # the new ones are queries)
     order = np.r_[new_rows, np.setdiff1d(np.arange(n), new_rows)]  # new rows first: query i is base row i
-    r, c, v = _top_k_rows(x[new_rows], x[order], k, exclude_self_offset=0)
+    r, c, v = knn_rows(x[new_rows], x[order], k, self_offset=0)
+    v = v.astype(np.float64)
     rows, cols, vals = [new_rows[r]], [order[c]], [v]
     # old chunks' lists: their k nearest new chunks, merged with the stored row; a new chunk stays when it
     # ranks within the merged top k (the stored row holds the chunk's own top k, a union row's largest)
     if kept_rows.size:
-        r, c, v = _top_k_rows(x[kept_rows], x[new_rows], k, exclude_self_offset=None)
+        r, c, v = knn_rows(x[kept_rows], x[new_rows], k)
+        v = v.astype(np.float64)
         merged = np.hstack([_row_top(sp.coo_array(stored_rows), k), _row_top(sp.coo_array(
             sp.csr_array((v, (r, c)), shape=(kept_rows.size, new_rows.size))), k)])
         kth = -np.partition(-merged, k - 1, axis=1)[:, k - 1]  # each old chunk's k-th best over all chunks
