@@ -230,20 +230,42 @@ def hybrid_scores(q_emb: np.ndarray, chunk_emb: np.ndarray, comm_emb: np.ndarray
 
 def rank_chunks(scores: np.ndarray, candidates: np.ndarray) -> np.ndarray:
     """(q × n) chunk order: candidates by score, then (fallback when fewer than k) the rest by score;
-    ties by chunk index."""
-    order = np.argsort(-scores, axis=1, kind="stable")
-    outside = ~np.take_along_axis(candidates, order, axis=1)
-    return np.take_along_axis(order, np.argsort(outside, axis=1, kind="stable"), axis=1)
+    ties by chunk index. One stable lexsort per row (key: outside the candidates, then −score)."""
+    return np.lexsort((-scores, ~np.asarray(candidates, dtype=bool)), axis=1)
+
+
+def segment_reduce(values: np.ndarray, group: np.ndarray, n_groups: int, ufunc: np.ufunc, fill) -> np.ndarray:
+    """(q × n) → (q × n_groups): ``ufunc`` reduced over the columns of each group (``group[j]`` is
+    column j's group), ``fill`` where a group has no column. One sort of the columns and one
+    ``reduceat`` (not ``ufunc.at``, which is slow on q × n elements)."""
+    group = np.asarray(group, np.int64)
+    perm = np.argsort(group, kind="stable")
+    g = group[perm]
+    out = np.full((values.shape[0], n_groups), fill, dtype=np.result_type(values.dtype, np.asarray(fill).dtype))
+    if g.size:
+        starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+        out[:, g[starts]] = ufunc.reduceat(values[:, perm], starts, axis=1)
+    return out
+
+
+def smallest_k(values: np.ndarray, k: int, distinct_below: int) -> np.ndarray:
+    """``argsort(values, stable)[:, :k]`` per row, by argpartition when every row has at least k values
+    below ``distinct_below`` and those are distinct (then no tie can reach the first k)."""
+    if k < values.shape[1] and int((values < distinct_below).sum(axis=1).min(initial=values.shape[1])) >= k:
+        part = np.argpartition(values, k - 1, axis=1)[:, :k]
+        inner = np.argsort(np.take_along_axis(values, part, axis=1), axis=1, kind="stable")
+        return np.take_along_axis(part, inner, axis=1)
+    return np.argsort(values, axis=1, kind="stable")[:, :k]
 
 
 def rank_documents(chunk_order: np.ndarray, chunk_doc: np.ndarray, n_docs: int, k: int) -> np.ndarray:
-    """Ranked chunks → ranked passages: a passage ranks at its best chunk's rank (q × min(k, n_docs))."""
+    """Ranked chunks → ranked passages: a passage ranks at its best chunk's rank (q × min(k, n_docs));
+    passages without a chunk come last, by index."""
     q, n = chunk_order.shape
-    best = np.full((q, n_docs), n, dtype=np.int64)
-    rows = np.repeat(np.arange(q), n)
-    np.minimum.at(best, (rows, np.asarray(chunk_doc, np.int64)[chunk_order.ravel()]),
-                  np.tile(np.arange(n), q))
-    return np.argsort(best, axis=1, kind="stable")[:, :min(k, n_docs)]
+    rank = np.empty_like(chunk_order)  # rank[i, chunk] = its position in row i's order
+    np.put_along_axis(rank, chunk_order, np.broadcast_to(np.arange(n, dtype=chunk_order.dtype), (q, n)), axis=1)
+    best = segment_reduce(rank, chunk_doc, n_docs, np.minimum, n)
+    return smallest_k(best, min(k, n_docs), n)
 
 
 # ---------------------------------------------------------------- §3.1 under a growing corpus (flows.update)

@@ -118,9 +118,7 @@ class SeRAGRetriever:
         docs = se.rank_documents(order, self.chunk_doc, len(self.doc_ids), k)
         t.append(time.perf_counter())
         # a passage's score: its best chunk's S
-        best = np.full((len(questions), len(self.doc_ids)), -np.inf)
-        rows = np.repeat(np.arange(len(questions)), scores.shape[1])
-        np.maximum.at(best, (rows, np.tile(self.chunk_doc, len(questions))), scores.ravel())
+        best = se.segment_reduce(scores, self.chunk_doc, len(self.doc_ids), np.maximum, -np.inf)
         parts = dict(zip(["self_query", "query_encoding", "scoring"], np.diff(t)))
         return Hits(docs, np.take_along_axis(best, docs, axis=1), parts)
 

@@ -135,3 +135,33 @@ def test_query_entity_similarity_gates_and_takes_max():
     names = np.array([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]])  # query 0 has two entities, query 1 one
     sim = se.query_entity_similarity(names, np.array([0, 0, 1]), vocab, 3, tau=0.85, block_rows=1).toarray()
     np.testing.assert_allclose(sim, [[1.0, 0.0, 0.96], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+
+
+def _rank_chunks_two_sorts(scores, candidates):  # the original two-argsort form
+    order = np.argsort(-scores, axis=1, kind="stable")
+    outside = ~np.take_along_axis(candidates, order, axis=1)
+    return np.take_along_axis(order, np.argsort(outside, axis=1, kind="stable"), axis=1)
+
+
+def _rank_documents_ufunc_at(chunk_order, chunk_doc, n_docs, k):  # the original np.minimum.at form
+    q, n = chunk_order.shape
+    best = np.full((q, n_docs), n, dtype=np.int64)
+    np.minimum.at(best, (np.repeat(np.arange(q), n), chunk_doc[chunk_order.ravel()]), np.tile(np.arange(n), q))
+    return np.argsort(best, axis=1, kind="stable")[:, :min(k, n_docs)]
+
+
+def test_vectorised_ranking_equals_the_elementwise_forms_with_ties_and_empty_passages():
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        q, n, n_docs = rng.integers(1, 5), rng.integers(1, 30), rng.integers(1, 25)
+        chunk_doc = rng.integers(0, n_docs, n)  # several chunks a passage, some passages without any
+        scores = rng.integers(0, 4, (q, n)).astype(float)  # many ties
+        cand = rng.random((q, n)) < 0.5
+        order = se.rank_chunks(scores, cand)
+        np.testing.assert_array_equal(order, _rank_chunks_two_sorts(scores, cand))
+        for k in (1, 3, 10, 40):
+            np.testing.assert_array_equal(se.rank_documents(order, chunk_doc, n_docs, k),
+                                          _rank_documents_ufunc_at(order, chunk_doc, n_docs, k))
+        best = np.full((q, n_docs), -np.inf)
+        np.maximum.at(best, (np.repeat(np.arange(q), n), np.tile(chunk_doc, q)), scores.ravel())
+        np.testing.assert_array_equal(se.segment_reduce(scores, chunk_doc, n_docs, np.maximum, -np.inf), best)
