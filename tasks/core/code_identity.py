@@ -97,7 +97,7 @@ def _name(obj: Any) -> str:
 
 def _is_project(obj: Any, packages: tuple[str, ...]) -> bool:
     module = obj.__name__ if isinstance(obj, ModuleType) else getattr(obj, "__module__", None)
-    return isinstance(module, str) and module.split(".")[0] in packages and module not in MACHINERY
+    return isinstance(module, str) and _is_project_module_name(module, packages)
 
 
 @functools.lru_cache(maxsize=None)

@@ -227,6 +227,15 @@ class Store:
             return None
         return {r.name: ArtifactRef(r.name, r.path, fp, int(r.rows)) for r in rows.itertuples()}
 
+    def versions(self, stage: str, name: str, dataset: str, params: Any) -> list[tuple[str, str, dict[str, str]]]:
+        """Stored ``(fp, path, input_fps)`` of output ``name`` of ``stage`` for ``dataset`` made with these
+        params, newest first, whose file still exists: the bases an incremental update may start from."""
+        rows = self.query("SELECT fp, path, params, input_fps FROM stages WHERE stage = ? AND name = ? "
+                          "AND dataset = ? ORDER BY created_at DESC", [stage, name, dataset])
+        want = json.loads(json.dumps(params, default=_json_default))
+        return [(r.fp, r.path, json.loads(r.input_fps)) for r in rows.itertuples()
+                if json.loads(r.params) == want and Path(r.path).exists()]
+
     def record(self, stage: str, fp: str, dataset: str, refs: Mapping[str, ArtifactRef], *,
                input_fps: Mapping[str, str], params: Any, rows_computed: int,
                seconds: float, peak_rss_mb: float, run_id: str) -> None:

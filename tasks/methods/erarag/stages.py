@@ -227,14 +227,9 @@ class Base:
 
 def find_base(store: Store, dataset: str, slice_: dict, planes_fp: str, current_fp: str) -> Optional[Base]:
     """Latest stored hierarchy of ``dataset`` with the same config slice and hyperplanes whose files exist."""
-    rows = store.query("SELECT fp, path, params, input_fps FROM stages WHERE stage = ? AND name = 'nodes' "
-                       "AND dataset = ? ORDER BY created_at DESC", [HIERARCHY, dataset])
-    want = json.loads(json.dumps(slice_))
-    for r in rows.itertuples():
-        if r.fp == current_fp or json.loads(r.params) != want or json.loads(r.input_fps).get("planes") != planes_fp:
-            continue
-        if Path(r.path).exists():
-            return Base(r.fp, r.path)
+    for fp, path, inputs in store.versions(HIERARCHY, "nodes", dataset, slice_):
+        if fp != current_fp and inputs.get("planes") == planes_fp:
+            return Base(fp, path)
     return None
 
 

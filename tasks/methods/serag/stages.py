@@ -139,20 +139,16 @@ def find_base(store: Store, dataset: str, code: str, slice_: dict, inputs: dict[
 
     A stored graph of the same inputs (a full build, or an earlier update of this corpus) is reused as
     it is; otherwise the newest one is the base."""
-    rows = store.query("SELECT fp, params, input_fps FROM stages WHERE stage = ? AND name = 'W_layers' "
-                       "AND dataset = ? ORDER BY created_at DESC", [GRAPH, dataset])
-    want = json.loads(json.dumps(slice_))
     base = None
-    for r in rows.itertuples():
-        inp = json.loads(r.input_fps)
-        if json.loads(r.params) != want or fingerprint(GRAPH, code, want, inp) != r.fp:
-            continue  # another config, or another version of the code
-        refs = store.lookup(GRAPH, r.fp)
+    for fp, _, inp in store.versions(GRAPH, "W_layers", dataset, slice_):
+        if fingerprint(GRAPH, code, slice_, inp) != fp:
+            continue  # another version of the code
+        refs = store.lookup(GRAPH, fp)
         if refs is None:
             continue
         if {k: v for k, v in inp.items() if k != "base"} == inputs:
             return inp, None
-        base = base or GraphBase(r.fp, refs)
+        base = base or GraphBase(fp, refs)
     return None, base
 
 
