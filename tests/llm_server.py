@@ -25,7 +25,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 FAULT_KINDS = ("rate_limit", "server_error", "delay", "malformed", "bad_json", "bad_request")
 
@@ -110,12 +110,15 @@ class FakeLLMServer:
     """Threaded OpenAI-compatible test server; use as a context manager."""
 
     def __init__(self, latency_s: float = 0.0, max_lifetime_s: float = 120.0,
-                 poison: str | None = None) -> None:
+                 poison: str | None = None, responder: Callable[[dict[str, Any]], str] | None = None) -> None:
         """``latency_s``: sleep for every request; ``poison``: any request whose
-        messages contain this string always gets schema-invalid JSON content."""
+        messages contain this string always gets schema-invalid JSON content;
+        ``responder``: a test's own reply rule (request body -> reply text), used
+        instead of :func:`deterministic_reply`."""
         self.latency_s = latency_s
         self.max_lifetime_s = max_lifetime_s
         self.poison = poison
+        self.responder = responder
         self.stats = ServerStats()
         self._faults: deque[Fault] = deque()
         self._stop = threading.Event()
@@ -261,7 +264,7 @@ def _make_handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             fault = server._next_fault()
             if fault is not None and self._apply_fault(fault, body):
                 return
-            text = deterministic_reply(body)
+            text = (server.responder or deterministic_reply)(body)
             everything = json.dumps(body.get("messages"))
             if server.poison and server.poison in everything:
                 text = '{"wrong": "shape"}'
