@@ -1,0 +1,476 @@
+"""ArchRAG index stages: entity attributes, the attributed-community hierarchy (Algorithm 1, with a
+summary per community), and the C-HNSW index (§3.1.3). The knowledge graph itself comes from
+:mod:`tasks.methods.archrag.kg_stages`; the equations live in :mod:`tasks.methods.archrag.algorithm`.
+
+Summaries are content-addressed: a community's summary is keyed by the summariser's identity and the
+exact text it is given (its members and relations, or its children's summaries), in a row cache shared by
+every run, so an unchanged community is never summarised twice (what ``flows.update`` relies on).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Optional
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import scipy.sparse as sp
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.core.code_identity import code_version
+from tasks.core.stage import RunContext, input_fps, run_stage
+from tasks.core.store import ArtifactRef, Store, short_hash
+from tasks.llm.ledger import estimate_text_tokens
+from tasks.llm.params import LLMDryRun, LLMParams, Messages
+from tasks.methods.archrag import algorithm as alg
+from tasks.methods.archrag.chnsw import CHNSW, CHNSWParams
+from tasks.text.chunk import ChunkParams
+from tasks.text.embed import EmbedderParams, cached_encode, embeddings_to_arrow, load_embeddings
+
+log = logging.getLogger("dagrag.archrag")
+
+SUMMARISERS = ("auto", "extractive", "llm")
+GENERATIONS = ("filter", "direct")
+RELATION_SCOPES = ("among", "incident")
+REPORT_STAGE = "archrag_report"  # LLM ledger stage of the community reports
+TEXT_EMB = "archrag_text_emb"  # row cache of community-text embeddings, by content
+
+
+@dataclass(frozen=True)
+class ArchParams:
+    """``method=archrag``: every knob of §3 / App. B.2 with the paper's (else the authors' code's) default."""
+
+    name: str = "archrag"
+    top_k: int = 10  # passages ranked per query (the harness's recall@k rule, see retriever)
+    # §3.1.1 chunks (code: GraphRAG's 600-token windows with 100 overlap; whitespace tokens here)
+    chunk_unit: str = "window"
+    window_tokens: int = 600
+    overlap_tokens: int = 100
+    # §3.1.2 Algorithm 1 (ClusterParams)
+    augment: bool = True
+    k_scale: float = 1.0
+    percentile: float = 0.8
+    edge_weight: str = "cos"
+    attribute_weights: bool = True
+    clustering: str = "leiden"
+    max_cluster_size: int = 15
+    resolution: float = 1.0
+    min_clusters: int = 10
+    max_level: int = 6
+    seed: int = 0
+    # community summaries (Alg. 1 line 7)
+    summariser: str = "auto"  # auto: llm when an LLM is configured, else extractive (recorded, never silent)
+    summary_tokens: int = 100  # extractive: whitespace tokens of a summary
+    report_input_tokens: int = 4000  # code: members + relations packed to 4,000 tokens per report
+    report_max_tokens: int = 1500  # completion budget of one JSON report
+    # §3.1.3 C-HNSW (App. B.3: M 32, ef 100/100)
+    hnsw_m: int = 32
+    ef_construction: int = 100
+    ef_search: int = 100
+    exact_search: bool = False  # brute force per layer instead of the graphs (tests, checks)
+    # §3.2.1 hierarchical search (§4.1: k = 5 per layer; every layer searched)
+    k_per_layer: tuple[int, ...] = (5,)  # one k for all layers, or one per layer (0 = entities first)
+    entity_only: bool = False  # Table 4 "Entity-Only": search and use entities only
+    relation_scope: str = "among"  # §3.2.1: relations among the retrieved entities | incident: touching one
+    max_relations: int = 10  # code's topk_e: relations given with layer 0
+    # §3.2.2 adaptive filtering-based generation (eqs. 3–4)
+    generation: str = "filter"  # filter | direct (Table 4 "Direct Prompt")
+    filter_budget_tokens: int = 4000
+    merge_budget_tokens: int = 4000
+    filter_max_tokens: int = 1000
+    answer_max_tokens: int = 512
+
+    def __post_init__(self) -> None:
+        checks = {"summariser": SUMMARISERS, "generation": GENERATIONS, "relation_scope": RELATION_SCOPES}
+        for key, allowed in checks.items():
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"method.{key} must be one of {allowed}, got {getattr(self, key)!r}")
+        if isinstance(self.k_per_layer, int):
+            object.__setattr__(self, "k_per_layer", (self.k_per_layer,))
+        if not self.k_per_layer or min(self.k_per_layer) < 0:
+            raise ValueError("method.k_per_layer must be one or more non-negative ints")
+        self.clustering_params()  # validates Algorithm 1's knobs
+        ChunkParams(unit=self.chunk_unit, window_tokens=self.window_tokens, overlap_tokens=self.overlap_tokens)
+
+    def clustering_params(self) -> alg.ClusterParams:
+        names = {f.name for f in fields(alg.ClusterParams)}
+        return alg.ClusterParams(**{k: v for k, v in asdict(self).items() if k in names})
+
+    def chunking(self) -> ChunkParams:
+        return ChunkParams(unit=self.chunk_unit, window_tokens=self.window_tokens, overlap_tokens=self.overlap_tokens)
+
+    def chnsw(self) -> CHNSWParams:
+        return CHNSWParams(M=self.hnsw_m, ef_construction=self.ef_construction, ef_search=self.ef_search,
+                           exact=self.exact_search)
+
+    def k_of_layer(self, layer: int) -> int:
+        """k of one layer: the last given k repeats upwards."""
+        return self.k_per_layer[min(layer, len(self.k_per_layer) - 1)]
+
+    def resolved_summariser(self, llm: Optional[LLMParams]) -> str:
+        """``auto`` → llm when an LLM is configured, else extractive; ``llm`` without one is an error."""
+        has_llm = llm is not None and llm.provider != "none"
+        if self.summariser == "llm" and not has_llm:
+            raise ValueError("method.summariser=llm needs an LLM (llm=local or llm=openai); "
+                             "use method.summariser=extractive or auto")
+        if self.summariser == "auto":
+            return "llm" if has_llm else "extractive"
+        return self.summariser
+
+
+# ---------------------------------------------------------------- entity attributes
+
+
+def entity_text(name: str, description: str) -> str:
+    """Layer-0 attribute text (code: name + " " + description)."""
+    return f"{name} {description}".strip()
+
+
+@task(name="archrag_entity_texts", cache_policy=NO_CACHE)
+def entity_texts_stage(ctx: RunContext, entities: ArtifactRef) -> dict[str, ArtifactRef]:
+    """Stage: ``entity_texts(entity_id, text)`` in entity-id order, the shared embed stage's input."""
+    def compute() -> tuple[dict[str, pd.DataFrame], int]:
+        e = Store.read(entities, ["entity_id", "name", "description"]).sort_values("entity_id")
+        texts = [entity_text(n, d) for n, d in zip(e["name"].tolist(), e["description"].tolist())]
+        return {"entity_texts": pd.DataFrame({"entity_id": e["entity_id"].astype(str), "text": texts})}, len(e)
+
+    return run_stage(ctx, "archrag_entity_texts", code_version(entity_texts_stage, entity_text), {},
+                     input_fps(entities=entities), compute)
+
+
+# ---------------------------------------------------------------- community summaries
+
+
+def relation_matrix(relations: pd.DataFrame, n: int) -> sp.csr_array:
+    """Symmetric entities x entities matrix of relation weights (mention counts)."""
+    h, t = relations["head"].to_numpy(np.int64), relations["tail"].to_numpy(np.int64)
+    w = relations["weight"].to_numpy(np.float64)
+    return alg.symmetric_pattern(sp.csr_array((w, (h, t)), shape=(n, n)))
+
+
+def pack_lines(lines: list[str], budget_tokens: int) -> list[str]:
+    """Lines in order while they fit ``budget_tokens`` (estimated); the first is cut to fit if alone too long."""
+    out, used = [], 0
+    for line in lines:
+        cost = estimate_text_tokens(line)
+        if used + cost > budget_tokens:
+            if not out and budget_tokens > 0:
+                out.append(line[: budget_tokens * 4])
+            break
+        out.append(line)
+        used += cost
+    return out
+
+
+@dataclass(frozen=True)
+class Community:
+    """What one community's summary is made from: its lines (members, relations, children) and a title hint."""
+
+    layer: int
+    index: int
+    lines: tuple[str, ...]
+    line_emb: np.ndarray  # embeddings of the lines the extractive summariser may pick from
+    n_extractive: int  # the first n_extractive lines have embeddings (members or children)
+    title_hint: str
+
+
+REPORT_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["title", "summary", "rating", "findings"],
+    "properties": {"title": {"type": "string"}, "summary": {"type": "string"}, "rating": {"type": "number"},
+                   "findings": {"type": "array", "items": {"type": "object", "required": ["summary"],
+                                                           "properties": {"summary": {"type": "string"},
+                                                                          "explanation": {"type": "string"}}}}}}
+
+
+def report_messages(lines: tuple[str, ...]) -> Messages:
+    """Alg. 1 line 7 with an LLM: a JSON report (title, summary, 0–10 rating, findings) of one community."""
+    system = ("You write short reports about groups of related entities from a knowledge graph, for a retrieval "
+              "system. Use only the facts given. Reply with JSON only: {\"title\": a short name for the group "
+              "naming its key entities, \"summary\": a few sentences on how the entities relate and what matters "
+              "about them, \"rating\": a number from 0 to 10 for how important the group is, \"findings\": a list "
+              "of 3 to 8 objects {\"summary\": one key fact, \"explanation\": a sentence of support}}.")
+    return [{"role": "system", "content": system}, {"role": "user", "content": "Group data:\n" + "\n".join(lines)}]
+
+
+def report_text(title: str, summary: str, findings: list[str]) -> str:
+    """The text the filter prompt sees for a community (title, summary, findings)."""
+    body = f"{title}: {summary}".strip()
+    return body + ("".join(f"\n- {f}" for f in findings) if findings else "")
+
+
+class Summaries:
+    """Alg. 1 line 7 with a content-addressed cache: one summary per community, extractive or an LLM report."""
+
+    def __init__(self, ctx: RunContext, params: ArchParams, kind: str, llm: Optional[LLMParams],
+                 embedder: EmbedderParams) -> None:
+        self.ctx, self.params, self.kind, self.embedder = ctx, params, kind, embedder
+        self.client = None
+        if kind == "llm":
+            from pathlib import Path
+
+            from tasks.llm.client import make_client
+            self.client = make_client(llm, Path(ctx.artifacts_dir) / "llm_cache.duckdb")
+        identity: dict[str, Any] = {"kind": kind, "code": code_version(report_messages, report_text)}
+        if kind == "llm":
+            from tasks.text.ner import llm_identity
+            identity.update(llm=llm_identity(llm), max_tokens=params.report_max_tokens)
+        else:
+            identity.update(tokens=params.summary_tokens)
+        self.cache = ctx.store.row_cache("archrag_summary", short_hash(identity), "key")
+        self.summarised = 0
+        self.total = 0
+        self.failures = 0
+        self.estimate = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
+
+    def __call__(self, communities: list[Community]) -> pd.DataFrame:
+        """title, summary, report, rating, source per community (cached by content), in order."""
+        keys = [short_hash({"lines": c.lines, "title": c.title_hint}) for c in communities]
+        self.total += len(keys)
+        wanted = list(dict.fromkeys(keys))
+        missing = set(self.cache.missing(wanted))
+        todo = list({k: c for c, k in zip(communities, keys) if k in missing}.items())
+        if todo:
+            self.summarised += len(todo)
+            frame = self._compute([c for _, c in todo])
+            frame.insert(0, "key", [k for k, _ in todo])
+            if not (self.ctx.llm_dry_run and self.client is not None):  # stand-ins are never cached
+                self.cache.append(frame)
+            else:
+                return self._dry(communities, keys, frame, dict(todo))
+        rows = self.cache.read(wanted).to_pandas().drop_duplicates("key").set_index("key")
+        return rows.loc[keys].reset_index(drop=True)
+
+    def _dry(self, communities, keys, frame, todo) -> pd.DataFrame:
+        cached = [k for k in dict.fromkeys(keys) if k not in todo]
+        rows = frame.set_index("key")
+        if cached:
+            rows = pd.concat([rows, self.cache.read(cached).to_pandas().set_index("key")])
+        return rows.loc[keys].reset_index(drop=True)
+
+    def _compute(self, todo: list[Community]) -> pd.DataFrame:
+        extractive = self._extractive(todo)
+        if self.client is None:
+            return extractive
+        msgs = [report_messages(c.lines) for c in todo]
+        if self.ctx.llm_dry_run:
+            for k, v in self.client.dry_run_estimate(msgs, self.params.report_max_tokens,
+                                                     max_tokens=self.params.report_max_tokens).items():
+                self.estimate[k] += v
+            return extractive
+        replies = self.client.chat_json(msgs, REPORT_SCHEMA, stage=REPORT_STAGE,
+                                        max_tokens=self.params.report_max_tokens)
+        rows = []
+        for reply, fallback in zip(replies, extractive.to_dict("records")):
+            if reply is None:  # invalid after one repair: counted, logged, and the row says so
+                self.failures += 1
+                rows.append({**fallback, "source": "extractive_after_invalid_report"})
+                continue
+            findings = [f.get("summary", "") for f in reply.get("findings") or [] if isinstance(f, dict)]
+            title, summary = str(reply["title"]).strip(), str(reply["summary"]).strip()
+            rows.append({"title": title, "summary": summary, "report": report_text(title, summary, findings),
+                         "rating": float(np.clip(reply["rating"], 0, 10)), "source": "llm"})
+        if self.failures:
+            log.warning("archrag: %d community reports invalid after repair (extractive summaries kept for them)",
+                        self.failures)
+        return pd.DataFrame(rows, columns=["title", "summary", "report", "rating", "source"])
+
+    def _extractive(self, todo: list[Community]) -> pd.DataFrame:
+        from tasks.llm.summarize import extractive_summary
+
+        rows = []
+        for c in todo:
+            summary = extractive_summary(c.lines[:c.n_extractive], c.line_emb, self.params.summary_tokens)
+            rows.append({"title": c.title_hint, "summary": summary, "report": f"{c.title_hint}: {summary}",
+                         "rating": float("nan"), "source": "extractive"})
+        return pd.DataFrame(rows, columns=["title", "summary", "report", "rating", "source"])
+
+    def embed(self, frame: pd.DataFrame) -> np.ndarray:
+        """Community attributes: the embedding of title + summary (code: community text = title + summary)."""
+        texts = [f"{t}\n{s}" for t, s in zip(frame["title"].tolist(), frame["summary"].tolist())]
+        return alg_unit(cached_encode(self.ctx.store, texts, self.embedder, TEXT_EMB))
+
+
+def alg_unit(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float32)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+class CommunityInputs:
+    """Builds each new community's lines (Alg. 1 line 7's input) from the KG and the layer below."""
+
+    def __init__(self, entities: pd.DataFrame, relations: pd.DataFrame, entity_emb: np.ndarray,
+                 budget_tokens: int) -> None:
+        self.names = entities["name"].astype(str).to_numpy(dtype=object)
+        kinds = entities["type"].astype(str).to_numpy(dtype=object)
+        descs = entities["description"].astype(str).to_numpy(dtype=object)
+        self.entity_lines = np.array([f"{n} ({k}): {d}" if d else f"{n} ({k})"
+                                      for n, k, d in zip(self.names, kinds, descs)], dtype=object)
+        n = len(self.names)
+        self.degree = np.diff(relation_matrix(relations, n).indptr)
+        self.rel = relations.assign(rank=-(self.degree[relations["head"]] + self.degree[relations["tail"]]))
+        self.rel_lines = np.array([f"{self.names[h]} -- {self.names[t]}: {d}" if d else f"{self.names[h]} -- "
+                                   f"{self.names[t]}" for h, t, d in zip(relations["head"], relations["tail"],
+                                                                           relations["description"])],
+                                  dtype=object)
+        self.entity_emb, self.budget = entity_emb, budget_tokens
+        self.layers: list[pd.DataFrame] = []  # summaries of each community layer, filled as layers are built
+        self.layer_emb: list[np.ndarray] = [entity_emb]
+        self.parents: list[np.ndarray] = []  # labels of each layer built so far
+
+    def communities(self, level: int, labels: np.ndarray) -> list[Community]:
+        """Level ``level``'s communities, given the labels of the layer below."""
+        below = self.layer_emb[level - 1]
+        members = pd.Series(np.arange(labels.size)).groupby(labels).apply(np.asarray)
+        entity_comm = labels[self._entity_to_node(level - 1)]  # entity -> its community at this level
+        rel_comm_h = entity_comm[self.rel["head"].to_numpy()]
+        rel_comm_t = entity_comm[self.rel["tail"].to_numpy()]
+        inside = rel_comm_h == rel_comm_t
+        rel_by_comm = pd.Series(np.flatnonzero(inside)).groupby(rel_comm_h[inside]).apply(np.asarray)
+        ent_by_comm = pd.Series(np.arange(entity_comm.size)).groupby(entity_comm).apply(np.asarray)
+        out = []
+        for c in range(int(labels.max()) + 1):
+            ents = ent_by_comm.get(c, np.zeros(0, np.int64))
+            ents = ents[np.argsort(-self.degree[ents], kind="stable")]
+            rels = rel_by_comm.get(c, np.zeros(0, np.int64))
+            rels = rels[np.argsort(self.rel["rank"].to_numpy()[rels], kind="stable")]
+            kids = members[c]
+            if level == 1:
+                head = list(self.entity_lines[kids[np.argsort(-self.degree[kids], kind="stable")]])
+                head_emb = self.entity_emb[kids[np.argsort(-self.degree[kids], kind="stable")]]
+                title = ", ".join(self.names[ents[:3]])
+                rest = list(self.rel_lines[rels])
+            else:  # code: the children's reports first, then the member entities and their relations
+                prev = self.layers[level - 2]
+                order = kids[np.argsort(-prev["n_entities"].to_numpy()[kids], kind="stable")]
+                head = [f"{t}: {s}" for t, s in zip(prev["title"].to_numpy()[order], prev["summary"].to_numpy()[order])]
+                head_emb = below[order]
+                title = "; ".join(prev["title"].to_numpy()[order[:3]])
+                rest = list(self.entity_lines[ents]) + list(self.rel_lines[rels])
+            lines = pack_lines(head + rest, self.budget)
+            n_ex = min(len(head), len(lines))
+            out.append(Community(level, c, tuple(lines), head_emb[:n_ex], n_ex, title))
+        return out
+
+    def _entity_to_node(self, layer: int) -> np.ndarray:
+        """For each entity, its node in ``layer``."""
+        node = np.arange(len(self.names))
+        for parent in self.parents[:layer]:
+            node = parent[node]
+        return node
+
+    def add_layer(self, labels: np.ndarray, frame: pd.DataFrame, emb: np.ndarray) -> None:
+        entity_comm = labels[self._entity_to_node(len(self.parents))]
+        self.parents.append(labels)
+        self.layers.append(frame.assign(n_entities=np.bincount(entity_comm, minlength=len(frame))))
+        self.layer_emb.append(emb)
+
+
+# ---------------------------------------------------------------- the hierarchy stage
+
+
+def hierarchy_slice(params: ArchParams, kind: str, llm: Optional[LLMParams], embedder: EmbedderParams) -> dict:
+    """What a stored hierarchy depends on beyond its inputs: Algorithm 1's knobs, the summariser, the encoder."""
+    out: dict[str, Any] = {"clustering": asdict(params.clustering_params()), "summariser": kind,
+                           "report_input_tokens": params.report_input_tokens, "embedder": embedder.model}
+    if kind == "llm":
+        from tasks.text.ner import llm_identity
+        out.update(llm=llm_identity(llm), report_max_tokens=params.report_max_tokens)
+    else:
+        out.update(summary_tokens=params.summary_tokens)
+    return out
+
+
+def hierarchy_code() -> str:
+    return code_version(alg.hierarchical_clustering, Summaries, CommunityInputs, hierarchy_tables)
+
+
+def hierarchy_tables(h: alg.Hierarchy, inputs: CommunityInputs) -> dict[str, Any]:
+    """The stored form of a hierarchy: communities, parent links and community embeddings."""
+    comm = [f.assign(layer=l + 1, community=np.arange(len(f))) for l, f in enumerate(inputs.layers)]
+    communities = (pd.concat(comm, ignore_index=True) if comm else
+                   pd.DataFrame(columns=["title", "summary", "report", "rating", "source", "n_entities", "layer",
+                                         "community"]))
+    communities = communities[["layer", "community", "title", "summary", "report", "rating", "source",
+                               "n_entities"]].astype({"layer": "int64", "community": "int64", "n_entities": "int64",
+                                                      "rating": "float64"})
+    parents = pd.DataFrame({"layer": np.concatenate([np.full(p.size, l, np.int64) for l, p in enumerate(h.parent)]
+                                                    or [np.zeros(0, np.int64)]),
+                            "node": np.concatenate([np.arange(p.size) for p in h.parent] or [np.zeros(0, np.int64)]),
+                            "parent": np.concatenate(h.parent or [np.zeros(0, np.int64)])}).astype("int64")
+    emb = np.concatenate(h.embeddings[1:]) if h.n_layers > 1 else np.zeros((0, h.embeddings[0].shape[1]), np.float32)
+    emb_table = pa.table({"layer": communities["layer"].to_numpy(), "community": communities["community"].to_numpy(),
+                          "emb": embeddings_to_arrow(emb)})
+    return {"communities": communities, "parents": parents, "community_embeddings": emb_table}
+
+
+@task(name="archrag_hierarchy", cache_policy=NO_CACHE)
+def hierarchy_stage(ctx: RunContext, entities: ArtifactRef, relations: ArtifactRef, entity_embeddings: ArtifactRef,
+                    kg_meta: ArtifactRef, params: ArchParams, llm: Optional[LLMParams],
+                    embedder: EmbedderParams) -> dict[str, ArtifactRef]:
+    """Stage: Algorithm 1 over the KG, a summary per community (cached by content), its meta row."""
+    kind = params.resolved_summariser(llm)
+
+    def compute() -> tuple[dict[str, Any], int]:
+        ent = Store.read(entities).sort_values("entity_id").reset_index(drop=True)
+        rel = Store.read(relations)
+        _, emb = load_embeddings(entity_embeddings, "entity_id")
+        emb = alg_unit(emb)
+        inputs = CommunityInputs(ent, rel, emb, params.report_input_tokens)
+        summaries = Summaries(ctx, params, kind, llm, embedder)
+
+        def summarise(level: int, labels: np.ndarray) -> np.ndarray:
+            frame = summaries(inputs.communities(level, labels))
+            out = summaries.embed(frame)
+            inputs.add_layer(labels, frame, out)
+            return out
+
+        h = alg.hierarchical_clustering(relation_matrix(rel, len(ent)), emb, params.clustering_params(), summarise)
+        if summaries.client is not None and ctx.llm_dry_run:
+            raise LLMDryRun(REPORT_STAGE, summaries.estimate)
+        tables = hierarchy_tables(h, inputs)
+        builder = Store.read(kg_meta)["builder"].iloc[0]
+        meta = {"kg_builder": builder, "summariser": kind, "layers": h.n_layers, "stop_reason": h.stop_reason,
+                "communities": int(len(tables["communities"])), "summaries_computed": summaries.summarised,
+                "summaries_total": summaries.total, "report_failures": summaries.failures,
+                "per_layer": json.dumps(h.stats)}
+        if summaries.client is not None:
+            ledger = summaries.client.ledger_summary(REPORT_STAGE)
+            meta.update(report_calls=int(ledger.get("llm_calls", 0)), report_cache_hits=int(ledger.get("llm_cache_hits", 0)))
+            ctx.store.record_ledger(ctx.run_id, REPORT_STAGE, ledger)
+        log.info("archrag hierarchy (%s KG, %s summaries): %d layers, %d communities, %d of %d summaries computed; %s",
+                 builder, kind, h.n_layers, meta["communities"], summaries.summarised, summaries.total, h.stop_reason)
+        return {**tables, "hierarchy_meta": pd.DataFrame([meta])}, int(len(tables["communities"]))
+
+    return run_stage(ctx, "archrag_hierarchy", hierarchy_code(), hierarchy_slice(params, kind, llm, embedder),
+                     input_fps(entities=entities, relations=relations, embeddings=entity_embeddings), compute)
+
+
+# ---------------------------------------------------------------- C-HNSW
+
+
+def layer_vectors(entity_embeddings: ArtifactRef, community_embeddings: ArtifactRef) -> list[np.ndarray]:
+    """C-HNSW's layers: entity attributes, then each community layer's (in community order)."""
+    _, ent = load_embeddings(entity_embeddings, "entity_id")
+    table = Store.read_arrow(community_embeddings)
+    from tasks.core.store import arrow_to_embeddings
+    emb = arrow_to_embeddings(table.column("emb")) if table.num_rows else np.zeros((0, ent.shape[1]), np.float32)
+    layer = np.asarray(table.column("layer").to_pylist(), dtype=np.int64)
+    return [alg_unit(ent)] + [alg_unit(emb[layer == l]) for l in range(1, int(layer.max(initial=0)) + 1)]
+
+
+@task(name="archrag_chnsw", cache_policy=NO_CACHE)
+def chnsw_stage(ctx: RunContext, entity_embeddings: ArtifactRef, community_embeddings: ArtifactRef,
+                params: ArchParams) -> dict[str, ArtifactRef]:
+    """Stage: the C-HNSW index over entities and every community layer (§3.1.3), stored as one file."""
+    def compute() -> tuple[dict[str, bytes], int]:
+        layers = layer_vectors(entity_embeddings, community_embeddings)
+        index = CHNSW.build(layers, params.chnsw())
+        return {"chnsw": index.to_bytes()}, sum(x.shape[0] for x in layers)
+
+    slice_ = {"M": params.hnsw_m, "ef_construction": params.ef_construction}
+    return run_stage(ctx, "archrag_chnsw", code_version(chnsw_stage, CHNSW), slice_,
+                     input_fps(entities=entity_embeddings, communities=community_embeddings), compute,
+                     ext={"chnsw": "bin"})
