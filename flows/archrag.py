@@ -1,0 +1,39 @@
+"""ArchRAG DAG (paper 002, Fig. 2): passages → chunks → knowledge graph (``kg=llm``, the paper's; or the
+LLM-free ``kg=cooccur``) → entity attributes → attributed communities layer by layer with a summary each
+(Algorithm 1) → C-HNSW over entities and every community layer (§3.1.3).
+
+Online (§3.2): encode → hierarchical search, k per layer → passages by the harness's rule (recall@k); with
+an LLM, adaptive filtering-based generation over the retrieved items (eqs. 3–4).
+"""
+from __future__ import annotations
+
+from tasks.core.stage import RunContext
+from tasks.core.store import ArtifactRef
+from tasks.methods.archrag.kg_stages import archrag_kg
+from tasks.methods.archrag.retriever import ArchRetriever
+from tasks.methods.archrag.stages import ArchParams, chnsw_stage, entity_texts_stage, hierarchy_stage
+from tasks.text.chunk import chunk
+from tasks.text.embed import embed
+from tasks.text.ner import ner
+
+__all__ = ["ArchParams", "index", "retriever"]
+
+
+def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
+    """Index stages of ``method=archrag``; ``flows.update`` runs the same ones (per-chunk stages are
+    row-incremental, communities are recomputed, unchanged communities keep their cached summaries)."""
+    p, documents = cfg.method, data["documents"]
+    chunks = chunk(ctx, documents, p.chunking())["chunks"]
+    mentions = ner(ctx, documents, "doc_id", cfg.ner, cfg.llm)["mentions"] if cfg.kg.builder == "cooccur" else None
+    kg = archrag_kg(ctx, documents, chunks, mentions, cfg.kg, cfg.llm)
+    texts = entity_texts_stage(ctx, kg["entities"])["entity_texts"]
+    entity_embeddings = embed(ctx, texts, "entity_id", cfg.embedder)["embeddings"]
+    hierarchy = hierarchy_stage(ctx, kg["entities"], kg["relations"], entity_embeddings, kg["kg_meta"], p, cfg.llm,
+                                cfg.embedder)
+    chnsw = chnsw_stage(ctx, entity_embeddings, hierarchy["community_embeddings"], p)
+    return {"chunks": chunks, **kg, "entity_embeddings": entity_embeddings, **hierarchy, **chnsw}
+
+
+def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> ArchRetriever:
+    """Online side of ``method=archrag``."""
+    return ArchRetriever(data, index, cfg.method, cfg.embedder)
