@@ -1,4 +1,5 @@
-"""QA answer metrics: SQuAD-style EM / token F1, containment accuracy, LLM judge.
+"""QA answer metrics: SQuAD-style EM / token F1, containment accuracy, LLM judge, and the ArchRAG
+paper's Accuracy / Recall (scored on raw generations).
 
 Normalisation (SQuAD convention): lower-case, drop punctuation, drop the
 articles a/an/the, collapse whitespace. Every metric takes a list of gold
@@ -69,6 +70,54 @@ def aggregate(preds: Sequence[str | None], answers_list: Sequence[Sequence[str]]
     return {"em": 100.0 * sum(exact_match(p, a) for p, a in pairs) / n,
             "f1": 100.0 * sum(f1(p, a) for p, a in pairs) / n,
             "contain_acc": 100.0 * sum(contain_acc(p, a) for p, a in pairs) / n}
+
+
+# ----------------------------------------------------------------------------- ArchRAG paper metrics
+
+def paper_accuracy(pred: str | None, answers: Sequence[str]) -> bool:
+    """ArchRAG "Accuracy" (paper §4.1 Metrics, §B.1): a normalised gold alias is a substring of the
+    normalised prediction (same test as :func:`contain_acc`; empty aliases never match).
+
+    Score it on the RAW model output (the whole generation, reasoning included), not the extracted
+    short answer: the paper checks "whether gold answers are included in the generations" (§4.1);
+    the authors' code scores both and logs the raw one (notes §5).
+    """
+    return contain_acc(pred, answers)
+
+
+def _token_recall(pred_norm: str, gold_norm: str) -> float:
+    """|common tokens| / |gold tokens| of two normalised strings (yes/no/noanswer must match exactly)."""
+    # §B.1 says recall is 0 if gold or output "contains" yes/no; like the authors' code (HotpotQA
+    # f1_score, notes §5) and _token_f1 we zero it only when either side IS yes/no/noanswer and differs.
+    if (pred_norm in _SPECIAL or gold_norm in _SPECIAL) and pred_norm != gold_norm:
+        return 0.0
+    g_toks = gold_norm.split()
+    if not g_toks:
+        return 0.0
+    common = sum((Counter(pred_norm.split()) & Counter(g_toks)).values())
+    return common / len(g_toks)
+
+
+def token_recall(pred: str | None, answers: Sequence[str]) -> float:
+    """ArchRAG "Recall" (paper §4.1, §B.1): token-level recall of the gold in the prediction, max
+    over aliases (in [0, 1]). Like :func:`paper_accuracy`, scored on the raw model output.
+    (The authors' code joins the aliases into one gold; we take the best alias, as :func:`f1` does.)
+    """
+    p = normalize_answer(pred)
+    return max((_token_recall(p, normalize_answer(a)) for a in answers), default=0.0)
+
+
+def paper_metrics(raw_outputs: Sequence[str | None], answers_list: Sequence[Sequence[str]]) -> dict[str, float]:
+    """Mean :func:`paper_accuracy` and :func:`token_recall` over raw outputs, in percent
+    (keys ``accuracy``, ``recall``; 0.0 for no questions)."""
+    if len(raw_outputs) != len(answers_list):
+        raise ValueError(f"{len(raw_outputs)} outputs vs {len(answers_list)} answer lists")
+    n = len(raw_outputs)
+    if n == 0:
+        return {"accuracy": 0.0, "recall": 0.0}
+    pairs = list(zip(raw_outputs, answers_list))
+    return {"accuracy": 100.0 * sum(paper_accuracy(p, a) for p, a in pairs) / n,
+            "recall": 100.0 * sum(token_recall(p, a) for p, a in pairs) / n}
 
 
 JUDGE_SCHEMA: dict = {"type": "object", "required": ["correct"],

@@ -13,6 +13,9 @@ from tasks.eval.answer_metrics import (
     f1,
     llm_judge,
     normalize_answer,
+    paper_accuracy,
+    paper_metrics,
+    token_recall,
 )
 from tasks.llm.client import LLMClient
 from tasks.llm.params import LLMParams
@@ -77,3 +80,47 @@ def test_llm_judge(tmp_path: Path) -> None:
         assert verdicts == [True, True]  # the fake server always says correct
         assert server.requests == 2
         assert client.ledger_summary("llm_judge")["llm_calls"] == 2
+
+
+# ---- ArchRAG paper metrics (on raw generations) --------------------------------
+RAW = "The tower was designed by Gustave Eiffel's firm.\nAnswer: Eiffel Tower"
+
+
+def test_paper_accuracy_substring_of_raw_output() -> None:
+    assert paper_accuracy(RAW, ["The Eiffel Tower"])           # articles/punctuation normalised away
+    assert paper_accuracy(RAW, ["London", "gustave eiffels"])  # any alias; "Eiffel's" -> "eiffels"
+    assert not paper_accuracy(RAW, ["Gustave Eiffel Tower"])   # the whole gold must appear contiguously
+    assert not paper_accuracy(RAW, ["", "a"])                  # empty normalised aliases never match
+    assert paper_accuracy("I do not know", ["no"])             # plain substring (as the authors' code): "not" holds "no"
+
+
+def test_token_recall_hand_computed() -> None:
+    # gold {new, york, city}: 2 of 3 gold tokens in the prediction
+    assert token_recall("New York is big", ["New York City"]) == pytest.approx(2 / 3)
+    # recall ignores extra prediction tokens: all 3 gold tokens present -> 1
+    assert token_recall("it is the city of New York", ["New York City"]) == pytest.approx(1.0)
+    # max over aliases: "Big Apple" -> 1/2, "New York City" -> 1/3
+    assert token_recall("apple pie in york", ["New York City", "Big Apple"]) == pytest.approx(0.5)
+    # multiset overlap: pred {b:2, c:1}, gold {b:1, c:2} -> common 2 of 3 gold tokens
+    assert token_recall("b b c", ["b c c"]) == pytest.approx(2 / 3)
+    assert token_recall("", ["x"]) == 0.0 and token_recall("x", [""]) == 0.0 and token_recall("x", []) == 0.0
+
+
+def test_token_recall_yes_no_rule() -> None:
+    assert token_recall("Yes.", ["yes"]) == 1.0
+    assert token_recall("no", ["yes"]) == 0.0
+    assert token_recall("yes, they are", ["yes"]) == 0.0     # a yes/no gold needs exactly yes/no
+    assert token_recall("no", ["no answer"]) == 0.0          # a yes/no prediction vs another gold
+    assert token_recall("no answer given", ["no answer"]) == 1.0   # neither side IS yes/no/noanswer
+
+
+def test_paper_metrics_percent() -> None:
+    raws = [RAW, "It is in New York.\nAnswer: New York", "yes"]
+    golds = [["Eiffel Tower"], ["New York City"], ["no"]]
+    # accuracy: hit, miss, miss; recall: 1, 2/3, 0
+    m = paper_metrics(raws, golds)
+    assert m["accuracy"] == pytest.approx(100 / 3)
+    assert m["recall"] == pytest.approx(100 * (1 + 2 / 3 + 0) / 3)
+    assert paper_metrics([], []) == {"accuracy": 0.0, "recall": 0.0}
+    with pytest.raises(ValueError):
+        paper_metrics(["a"], [])
