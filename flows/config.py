@@ -83,6 +83,7 @@ class Config:
     method: Any
     embedder: EmbedderParams
     ner: NERParams
+    kg: Any  # tasks.methods.archrag.kg_stages.KGParams (read by method=archrag only)
     llm: Any
     runner: RunnerParams
     eval: EvalParams
@@ -96,6 +97,7 @@ def load_config(cfg: Mapping[str, Any]) -> Config:
     """A resolved Hydra config (plain dict) → :class:`Config`."""
     from flows.methods import METHODS
     from tasks.llm.params import LLMParams
+    from tasks.methods.archrag.kg_stages import KGParams
 
     kind = cfg["dataset"].get("kind")
     if kind not in DATASET_KINDS:
@@ -106,11 +108,15 @@ def load_config(cfg: Mapping[str, Any]) -> Config:
     if cfg["ner"].get("backend") == "llm" and cfg["llm"].get("provider") == "none":
         raise ConfigError("ner=llm extracts entities with the chat model: add llm=local llm.base_url=... "
                           "or llm=openai, or use ner=spacy")
+    if name == "archrag" and cfg.get("kg", {}).get("builder") == "llm" and cfg["llm"].get("provider") == "none":
+        raise ConfigError("kg=llm extracts ArchRAG's knowledge graph with the chat model: add llm=local "
+                          "llm.base_url=... or llm=openai, or use kg=cooccur (LLM-free, not the paper's)")
     return Config(
         dataset=build(DATASET_KINDS[kind], "dataset", cfg["dataset"]),
         method=build(METHODS[name].params, "method", cfg["method"]),
         embedder=build(EmbedderParams, "embedder", cfg["embedder"]),
         ner=build(NERParams, "ner", cfg["ner"]),
+        kg=build(KGParams, "kg", cfg.get("kg", {})),
         llm=build(LLMParams, "llm", cfg["llm"]),
         runner=build(RunnerParams, "runner", cfg["runner"]),
         eval=build(EvalParams, "eval", cfg["eval"]),

@@ -97,7 +97,7 @@ def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
         "shuffle_seed": conf.dataset.shuffle_seed, "run_id": ctx.run_id,
         **{k: v for k, v in result.items() if k not in {"hits", "latency", "qids", "load_seconds"}},
     }
-    metrics.update(answer(ctx, conf, data, hits, run_dir))
+    metrics.update(answer(ctx, conf, data, index, hits, run_dir))
     ctx.store.record_metrics(ctx.run_id, "evaluate", conf.method.name, ctx.dataset, metrics)
     write_json(Path(run_dir) / "metrics.json", metrics)
     write_json(Path(run_dir) / "manifest.json", manifest)
@@ -105,28 +105,39 @@ def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
     return metrics
 
 
-def answer(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], hits: pd.DataFrame,
-           run_dir: str) -> dict[str, Any]:
-    """Generation and answer metrics when an LLM is configured (``llm=none``: skipped, one log line)."""
+def answer(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef],
+           hits: pd.DataFrame, run_dir: str) -> dict[str, Any]:
+    """Generation and answer metrics when an LLM is configured (``llm=none``: skipped, one log line).
+
+    A method with its own generation (``Method.answer``: ArchRAG's adaptive filtering) answers from what it
+    retrieved (its traces); every other method's top passages go to the shared reader.
+    """
     client = make_client(conf.llm, Path(ctx.artifacts_dir) / "llm_cache.duckdb") if conf.eval.generate else None
     if client is None:
         return {}
     questions = Store.read(data["questions"]).set_index("qid").loc[hits["qid"].unique()].reset_index()
     trace_path = Path(run_dir) / "trace.parquet"
-    contexts = contexts_for(hits, Store.read(data["documents"]), Store.read(trace_path) if trace_path.exists()
-                            else None, conf.eval.context_passages)
-    if conf.eval.llm_dry_run:
-        msgs = [build_reader_messages(q, contexts.get(i, []), conf.eval.max_context_tokens)
-                for i, q in zip(questions["qid"], questions["question"])]
-        estimate = client.dry_run_estimate(msgs, expected_completion_tokens=conf.llm.max_tokens)
-        log.info("llm dry run: generation would make %s", estimate)
-        return {"llm_dry_run": estimate}
-    predictions, scores = generate(client, questions, contexts, conf.eval.max_context_tokens, conf.eval.llm_judge)
+    traces = Store.read(trace_path) if trace_path.exists() else None
+    own = METHODS[conf.method.name].answer
+    if own is not None:
+        predictions, scores = own(client, data, index, conf, questions, traces, conf.eval.llm_dry_run)
+        if predictions is None:
+            log.info("llm dry run: generation would make %s", scores["llm_dry_run"])
+            return scores
+    else:
+        contexts = contexts_for(hits, Store.read(data["documents"]), traces, conf.eval.context_passages)
+        if conf.eval.llm_dry_run:
+            msgs = [build_reader_messages(q, contexts.get(i, []), conf.eval.max_context_tokens)
+                    for i, q in zip(questions["qid"], questions["question"])]
+            estimate = client.dry_run_estimate(msgs, expected_completion_tokens=conf.llm.max_tokens)
+            log.info("llm dry run: generation would make %s", estimate)
+            return {"llm_dry_run": estimate}
+        predictions, scores = generate(client, questions, contexts, conf.eval.max_context_tokens, conf.eval.llm_judge)
     Store.write_parquet(predictions, Path(run_dir) / "predictions.parquet")
     ledger = client.ledger_summary()
     for stage in {e.stage for e in client.ledger_entries()}:
         ctx.store.record_ledger(ctx.run_id, stage, client.ledger_summary(stage))
-    return {**{k: round(v, 2) for k, v in scores.items()},
+    return {**{k: round(v, 2) if isinstance(v, float) else v for k, v in scores.items()},
             **{k: ledger[k] for k in ["prompt_tokens", "completion_tokens", "llm_calls", "llm_cache_hits"]}}
 
 
@@ -136,7 +147,7 @@ def report(metrics: dict[str, Any], split: pd.DataFrame) -> None:
     print(stage_table(split))
     keys = [k for k in metrics if k.startswith("recall@")] + ["query_ms_mean", "query_ms_p50", "query_ms_p95",
                                                               "index_seconds"]
-    keys += [k for k in ["em", "f1", "contain_acc", "llm_acc", "prompt_tokens", "completion_tokens"] if k in metrics]
+    keys += [k for k in ["em", "f1", "contain_acc", "accuracy", "recall", "llm_acc", "prompt_tokens", "completion_tokens"] if k in metrics]
     print(f"\n{metrics['method']} on {metrics['dataset']} ({metrics['n_questions']} questions, "
           f"{metrics['n_documents']} passages)")
     print(format_table([metrics], keys), flush=True)

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
-from flows import bm25, dense, erarag, linearrag, serag, zoomrag
+from flows import archrag, bm25, dense, erarag, linearrag, serag, zoomrag
 
 
 @dataclass(frozen=True)
@@ -14,6 +14,9 @@ class Method:
     params: type
     index: Callable  # (ctx, data refs, cfg) -> {name: ArtifactRef}
     retriever: Callable  # (data refs, index refs, cfg) -> tasks.eval.retrieve.Retriever
+    # the method's own generation, when it is not "read the top passages" (ArchRAG's adaptive filtering):
+    # (client, data refs, index refs, cfg, questions, traces, dry_run) -> (predictions | None, scores)
+    answer: Optional[Callable] = None
 
 
 METHODS: dict[str, Method] = {
@@ -23,4 +26,5 @@ METHODS: dict[str, Method] = {
     "linearrag": Method(linearrag.LinearParams, linearrag.index, linearrag.retriever),
     "erarag": Method(erarag.EraParams, erarag.index, erarag.retriever),
     "serag": Method(serag.SeRAGParams, serag.index, serag.retriever),
+    "archrag": Method(archrag.ArchParams, archrag.index, archrag.retriever, archrag.answer),
 }

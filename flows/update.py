@@ -6,7 +6,9 @@ stage), hashed with the stored hyperplanes, and only segments whose membership c
 re-summarised, with their ancestors; removed documents drop their leaves the same way. For
 ``method=serag`` the graph grows from the latest stored one (only rows involving new chunks are
 computed; stored under its own fingerprint, which records the base) and the encoding tree is rebuilt,
-its seconds reported. Every other method runs exactly the ``flows.index`` code path (its
+its seconds reported. For ``method=archrag`` the index DAG runs as is (chunk, NER / extraction and embedding
+stages are row-incremental, the communities are recomputed) and the summary says how many community summaries
+were made anew: an unchanged community's summary comes from the content-addressed cache. Every other method runs exactly the ``flows.index`` code path (its
 per-document stages are row-incremental already). The last line printed is ``update: {json}``; the summary, with the per-layer table, is
 recorded in the catalog's ``metrics`` table (kind ``update``).
 """
@@ -22,7 +24,7 @@ import pandas as pd
 from omegaconf import DictConfig
 from prefect import flow
 
-from flows import erarag, serag
+from flows import archrag, erarag, serag
 from flows.config import load_config
 from flows.methods import METHODS
 from flows.pipeline import (
@@ -37,12 +39,14 @@ from flows.pipeline import (
 from tasks.core.ingest import ingest
 from tasks.core.store import ArtifactRef, Store
 from tasks.llm.params import LLMDryRun
+from tasks.methods.archrag.stages import update_summary as archrag_update_summary
 from tasks.methods.erarag.stages import update_summary
 from tasks.methods.serag.stages import update_summary as serag_update_summary
 
 # methods whose update differs from their index DAG: name -> (update DAG, summary of what it did)
 UPDATES: dict[str, tuple[Callable, Callable]] = {"erarag": (erarag.update, update_summary),
-                                                 "serag": (serag.update, serag_update_summary)}
+                                                 "serag": (serag.update, serag_update_summary),
+                                                 "archrag": (archrag.index, archrag_update_summary)}
 
 
 def document_diff(store: Store, dataset: str, documents: ArtifactRef, run_id: str) -> dict[str, int]:

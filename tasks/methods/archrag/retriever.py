@@ -139,3 +139,46 @@ class ArchRetriever:
         names = self.entities["name"].to_numpy(dtype=object)
         return [f"{names[h]} -- {names[t]}: {d}" if d else f"{names[h]} -- {names[t]}"
                 for h, t, d in zip(rel["head"], rel["tail"], rel["description"])]
+
+
+# ---------------------------------------------------------------- §3.2.2 generation (the evaluate hook)
+
+
+def filter_params(params: ArchParams):
+    """The generation knobs of ``method=archrag`` as :class:`FilterParams`."""
+    from tasks.methods.archrag.filtering import FilterParams
+
+    return FilterParams(filter_budget_tokens=params.filter_budget_tokens,
+                        merge_budget_tokens=params.merge_budget_tokens, filter_max_tokens=params.filter_max_tokens,
+                        answer_max_tokens=params.answer_max_tokens, mode=params.generation)
+
+
+def retrieved_layers(retriever: ArchRetriever, questions: pd.DataFrame, traces: pd.DataFrame) -> list[list[list[str]]]:
+    """Per question (in ``questions`` order), the texts of what it retrieved on each layer."""
+    by_qid = dict(zip(traces["qid"], traces["retrieved"]))
+    out = []
+    for qid in questions["qid"]:
+        ids = by_qid[qid]
+        out.append(retriever.layer_texts(json.loads(ids) if isinstance(ids, str) else list(ids)))
+    return out
+
+
+def answer(client, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg, questions: pd.DataFrame,
+           traces: pd.DataFrame, dry_run: bool) -> tuple[pd.DataFrame | None, dict]:
+    """Adaptive filtering-based generation (eqs. 3–4; ``generation=direct``: Table 4's Direct Prompt) over what
+    each question retrieved. Scores: EM / F1 / contain-acc of the extracted answer, and the paper's accuracy
+    and recall of the raw output. ``dry_run``: the estimate only, nothing sent."""
+    from tasks.eval.answer_metrics import aggregate, paper_metrics
+    from tasks.methods.archrag.filtering import filter_estimate, generate_answers
+
+    retriever = ArchRetriever(data, index, cfg.method, cfg.embedder)
+    layers = retrieved_layers(retriever, questions, traces)
+    params = filter_params(cfg.method)
+    texts = questions["question"].tolist()
+    if dry_run:
+        return None, {"llm_dry_run": filter_estimate(client, texts, layers, params)}
+    gen = generate_answers(client, texts, layers, params)
+    answers = questions["answers"].map(list).tolist()
+    scores = {**aggregate(gen.answers, answers), **paper_metrics(gen.raw, answers)}
+    table = pd.DataFrame({"qid": questions["qid"], "prediction": gen.answers, "raw": gen.raw})
+    return table, {**scores, "generation": cfg.method.generation, **{f"gen_{k}": v for k, v in gen.stats.items()}}

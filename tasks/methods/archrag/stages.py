@@ -474,3 +474,23 @@ def chnsw_stage(ctx: RunContext, entity_embeddings: ArtifactRef, community_embed
     return run_stage(ctx, "archrag_chnsw", code_version(chnsw_stage, CHNSW), slice_,
                      input_fps(entities=entity_embeddings, communities=community_embeddings), compute,
                      ext={"chnsw": "bin"})
+
+
+# ---------------------------------------------------------------- flows.update
+
+
+def update_summary(store: Store, run_id: str, dataset: str, index: dict[str, ArtifactRef]) -> dict[str, Any]:
+    """What an ArchRAG update did: chunks extracted anew (row stages), whether the communities were
+    recomputed, and how many community summaries had to be made (the rest came from the content cache)."""
+    ev = store.events(run_id)
+    meta = Store.read(index["hierarchy_meta"]).iloc[0].to_dict()
+    hier = ev[ev["stage"] == "archrag_hierarchy"]
+    recomputed = bool((hier["status"] == "computed").any())
+    rows = ev[ev["status"] == "computed"].groupby("stage")["rows_computed"].sum().astype(int).to_dict()
+    return {"kg_builder": meta["kg_builder"], "summariser": meta["summariser"],
+            "communities_recomputed": recomputed, "layers": int(meta["layers"]),
+            "segments_total": int(meta["communities"]),
+            "segments_resummarized": int(meta["summaries_computed"]) if recomputed else 0,
+            "rows_computed_by_stage": rows,
+            "per_layer": [{k: s[k] for k in ("level", "nodes_below", "communities", "max_size", "chi", "sim")}
+                          for s in json.loads(meta["per_layer"])]}
