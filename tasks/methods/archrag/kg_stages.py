@@ -1,0 +1,194 @@
+"""ArchRAG KG stages (paper §3.1.1): ``entities``, ``relations`` and ``kg_meta`` from the chunks.
+
+``builder=llm`` (the paper's): a per-chunk row stage ``archrag_extract`` (cached by chunk text, so a
+grown corpus extracts only its new chunks), then the merge stage ``archrag_kg_llm`` (descriptions
+consolidated by the LLM, cached in the client's response cache). ``builder=cooccur`` (LLM-free, not
+the paper's): the stage ``archrag_kg_cooccur`` over the shared spaCy ``ner`` mentions. The builder
+is in every stage name and catalog params, so no table can pass for the other builder's.
+The algorithms are in :mod:`tasks.methods.archrag.kg`.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.core.code_identity import code_version
+from tasks.core.stage import RunContext, input_fps, run_row_stage, run_stage
+from tasks.core.store import ArtifactRef, Store, text_key
+from tasks.methods.archrag import kg
+from tasks.text.entities import chunk_mentions
+from tasks.text.ner import llm_identity
+
+if TYPE_CHECKING:
+    from tasks.llm.client import LLMClient
+    from tasks.llm.params import LLMParams
+
+log = logging.getLogger("dagrag.archrag")
+
+KG_STAGES = {b: f"archrag_kg_{b}" for b in kg.BUILDERS}  # the stage (and artifact folder) of each builder
+META_COUNTERS = ("chunks_extracted", "extract_calls", "extract_cache_hits", "describe_calls",
+                 "describe_cache_hits", "invalid_replies", "empty_extractions", "descriptions_summarised")
+
+
+@dataclass(frozen=True)
+class KGParams:
+    """ArchRAG KG settings. ``builder``: ``cooccur`` (spaCy co-occurrence, LLM-free, not the paper's) or
+    ``llm`` (the paper's §3.1.1 extraction). ``description_tokens`` caps cooccur descriptions;
+    ``max_empty_fraction``, ``describe_max_tokens`` and ``extract_max_tokens`` (completion budget of
+    one chunk's JSON, which the llm group's default 512 would often truncate) are llm's."""
+
+    builder: str = "cooccur"
+    description_tokens: int = 100
+    max_empty_fraction: float = 0.5
+    describe_max_tokens: int = 300
+    extract_max_tokens: int = 1500
+
+    def __post_init__(self) -> None:
+        if self.builder not in kg.BUILDERS:
+            raise ValueError(f"archrag kg builder must be one of {kg.BUILDERS}, got {self.builder!r}")
+        if self.description_tokens < 1 or self.describe_max_tokens < 1 or self.extract_max_tokens < 1:
+            raise ValueError("description_tokens, describe_max_tokens and extract_max_tokens must be >= 1")
+
+
+def kg_meta(builder: str, entities: pd.DataFrame, relations: pd.DataFrame, n_chunks: int,
+            counters: dict[str, int]) -> pd.DataFrame:
+    """The one-row ``kg_meta`` table (same columns for both builders; counters absent are 0)."""
+    row: dict[str, Any] = {"builder": builder, "n_entities": len(entities), "n_relations": len(relations),
+                           "n_chunks": n_chunks, **{c: int(counters.get(c, 0)) for c in META_COUNTERS}}
+    return pd.DataFrame([row]).astype({c: "int64" for c in row if c != "builder"})
+
+
+def kg_client(llm: "LLMParams | None", artifacts_dir: str) -> "LLMClient":
+    """The chat client of ``builder=llm``; a clear error when no LLM is configured."""
+    from tasks.llm.client import make_client
+
+    if llm is None or llm.provider == "none":
+        raise ValueError("archrag kg builder=llm extracts the graph with the chat model: configure one with "
+                         "llm=local (llm.base_url=...) or llm=openai, or use builder=cooccur")
+    return make_client(llm, Path(artifacts_dir) / "llm_cache.duckdb")
+
+
+@task(name="archrag_kg", cache_policy=NO_CACHE)
+def archrag_kg(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef, mentions: ArtifactRef | None,
+               params: KGParams, llm: "LLMParams | None" = None) -> dict[str, ArtifactRef]:
+    """Stage: ArchRAG's KG ``{"entities", "relations", "kg_meta"}`` by ``params.builder``.
+
+    ``mentions`` (the shared ``ner`` stage's document mentions) is required by ``cooccur`` and
+    ignored by ``llm``; ``llm`` needs a configured chat model. ``documents`` is recorded as an
+    input (chunks and mentions derive from it).
+    """
+    if params.builder == "cooccur":
+        if mentions is None:
+            raise ValueError("archrag kg builder=cooccur needs the ner stage's mentions")
+        return cooccur_stage(ctx, documents, chunks, mentions, params)
+    return llm_stage(ctx, documents, chunks, params, llm)
+
+
+def cooccur_stage(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef, mentions: ArtifactRef,
+                  params: KGParams) -> dict[str, ArtifactRef]:
+    """``archrag_kg_cooccur``: :func:`kg.cooccur_kg` over the chunk mentions (LLM-free, not the paper's)."""
+    def compute() -> tuple[dict[str, pa.Table | pd.DataFrame], int]:
+        ch = Store.read(chunks, ["chunk_id", "doc_id", "text", "start", "end"])
+        cm = chunk_mentions(Store.read(mentions, ["doc_id", "surface", "label", "start", "end", "entity"]), ch)
+        entities, relations = kg.cooccur_kg(ch, cm, params.description_tokens)
+        empty = len(ch) - int(cm["chunk_id"].nunique())
+        meta = kg_meta("cooccur", entities, relations, len(ch), {"empty_extractions": empty})
+        ent, rel = kg.to_arrow(entities, relations)
+        return {"entities": ent, "relations": rel, "kg_meta": meta}, len(entities)
+
+    slice_ = {"builder": "cooccur", "description_tokens": params.description_tokens}
+    return run_stage(ctx, KG_STAGES["cooccur"], code_version(cooccur_stage), slice_,
+                     input_fps(documents=documents, chunks=chunks, mentions=mentions), compute)
+
+
+def extract_stage(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef, params: KGParams,
+                  llm: "LLMParams", client: "LLMClient", counters: dict[str, int]) -> dict[str, ArtifactRef]:
+    """``archrag_extract``: the raw records of every chunk (``extractions``: ``chunk_id`` + the columns of
+    :data:`kg.EXTRACTION_SCHEMA`), extracted once per distinct chunk text under this model and prompt.
+
+    A batch of new chunks more than ``max_empty_fraction`` of which give no entity raises before
+    its rows are stored (so a fixed model re-asks them); under ``ctx.llm_dry_run`` a batch with
+    new chunks raises ``LLMDryRun`` with its estimate instead of calling the LLM.
+    """
+    from tasks.llm.params import LLMDryRun
+    from tasks.llm.schema import JSON_FORMAT, check_empty_fraction
+
+    frame = Store.read(chunks, ["chunk_id", "text"])
+    keys = frame["text"].map(text_key)
+
+    def compute_rows(missing: list[str]) -> pa.Table:
+        texts = frame.assign(key=keys).drop_duplicates("key").set_index("key").loc[missing, "text"].tolist()
+        if ctx.llm_dry_run:
+            fmt = {"response_format": JSON_FORMAT} if llm.json_mode else {}
+            msgs = [kg.extract_messages(t) for t in texts]
+            raise LLMDryRun(kg.EXTRACT_STAGE, client.dry_run_estimate(msgs, params.extract_max_tokens,
+                                                                       max_tokens=params.extract_max_tokens, **fmt))
+        replies = kg.llm_extract(client, texts, params.extract_max_tokens)
+        rows = kg.extraction_rows(missing, replies)
+        check_empty_fraction([r if r is None else r.get("entities") for r in replies], params.max_empty_fraction,
+                             f"{kg.EXTRACT_STAGE} (archrag kg builder=llm)")
+        counters["chunks_extracted"] = len(missing)
+        return rows
+
+    def assemble(rows: pa.Table | None) -> dict[str, pd.DataFrame]:
+        if rows is None:
+            cached = kg.EXTRACTION_SCHEMA.empty_table().to_pandas()
+        else:
+            cached = rows.to_pandas().set_index("key").loc[keys.tolist()].reset_index(drop=True)
+        cached.insert(0, "chunk_id", frame["chunk_id"].to_numpy())
+        return {"extractions": cached.drop(columns="key", errors="ignore")}
+
+    row_params = {"builder": "llm", "llm": llm_identity(llm), "max_tokens": params.extract_max_tokens,
+                  "code": code_version(kg.llm_extract, kg.extraction_rows)}
+    stage_params = {**row_params, "max_empty_fraction": params.max_empty_fraction}
+    return run_row_stage(ctx, kg.EXTRACT_STAGE, code_version(extract_stage), stage_params, row_params,
+                         input_fps(documents=documents, chunks=chunks), keys, compute_rows, "key", assemble)
+
+
+def llm_stage(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef, params: KGParams,
+              llm: "LLMParams | None") -> dict[str, ArtifactRef]:
+    """``archrag_kg_llm``: merge the chunks' extractions (:func:`kg.merge_extractions`) and let the LLM
+    consolidate every entity or relation with two or more distinct descriptions (§3.1.1)."""
+    from tasks.llm.params import LLMDryRun
+
+    client = kg_client(llm, ctx.artifacts_dir)
+    counters: dict[str, int] = {}
+    extractions = extract_stage(ctx, documents, chunks, params, llm, client, counters)["extractions"]
+
+    def compute() -> tuple[dict[str, pa.Table | pd.DataFrame], int]:
+        ext = Store.read(extractions)
+        merged = kg.merge_extractions(*kg.extraction_mentions(ext))
+        requests = kg.describe_requests(merged)
+        if ctx.llm_dry_run:
+            words = kg.describe_words(params.describe_max_tokens)
+            estimate = client.dry_run_estimate([kg.describe_messages(r, words) for r in requests],
+                                               params.describe_max_tokens, max_tokens=params.describe_max_tokens)
+            if estimate["calls"]:
+                raise LLMDryRun(kg.DESCRIBE_STAGE, estimate)
+        summaries = kg.llm_describe(client, requests, params.describe_max_tokens)
+        entities, relations = kg.apply_descriptions(merged, requests, summaries)
+        ex, de = client.ledger_summary(kg.EXTRACT_STAGE), client.ledger_summary(kg.DESCRIBE_STAGE)
+        n_ent = ext["ent_name"].map(len).to_numpy() if len(ext) else np.zeros(0, np.int64)
+        counters.update(extract_calls=ex["llm_calls"], extract_cache_hits=ex["llm_cache_hits"],
+                        describe_calls=de["llm_calls"], describe_cache_hits=de["llm_cache_hits"],
+                        invalid_replies=int(ext["invalid"].sum()), empty_extractions=int((n_ent == 0).sum()),
+                        descriptions_summarised=len(requests))
+        meta = kg_meta("llm", entities, relations, len(ext), counters)
+        ent, rel = kg.to_arrow(entities, relations)
+        return {"entities": ent, "relations": rel, "kg_meta": meta}, len(entities)
+
+    slice_ = {"builder": "llm", "llm": llm_identity(llm), "extract_max_tokens": params.extract_max_tokens,
+              "describe_max_tokens": params.describe_max_tokens}
+    refs = run_stage(ctx, KG_STAGES["llm"], code_version(llm_stage), slice_,
+                     input_fps(documents=documents, chunks=chunks, extractions=extractions), compute)
+    for stage in (kg.EXTRACT_STAGE, kg.DESCRIBE_STAGE):
+        ctx.store.record_ledger(ctx.run_id, stage, client.ledger_summary(stage))
+    return refs
