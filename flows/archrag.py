@@ -11,7 +11,12 @@ from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
 from tasks.methods.archrag.kg_stages import archrag_kg
 from tasks.methods.archrag.retriever import ArchRetriever, answer
-from tasks.methods.archrag.stages import ArchParams, chnsw_stage, entity_texts_stage, hierarchy_stage
+from tasks.methods.archrag.stages import (
+    ArchParams,
+    chnsw_stage,
+    entity_texts_stage,
+    hierarchy_stage,
+)
 from tasks.text.chunk import chunk
 from tasks.text.embed import embed
 from tasks.text.ner import ner

@@ -28,7 +28,12 @@ from tasks.llm.params import LLMDryRun, LLMParams, Messages
 from tasks.methods.archrag import algorithm as alg
 from tasks.methods.archrag.chnsw import CHNSW, CHNSWParams
 from tasks.text.chunk import ChunkParams
-from tasks.text.embed import EmbedderParams, cached_encode, embeddings_to_arrow, load_embeddings
+from tasks.text.embed import (
+    EmbedderParams,
+    cached_encode,
+    embeddings_to_arrow,
+    load_embeddings,
+)
 
 log = logging.getLogger("dagrag.archrag")
 

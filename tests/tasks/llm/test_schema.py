@@ -8,7 +8,12 @@ from typing import Sequence
 import pytest
 
 from tasks.llm.params import ExtractionMostlyEmpty, Messages
-from tasks.llm.schema import check_empty_fraction, parse_json_text, structured_replies, validate_schema
+from tasks.llm.schema import (
+    check_empty_fraction,
+    parse_json_text,
+    structured_replies,
+    validate_schema,
+)
 
 SCHEMA = {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}
 

@@ -7,8 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from tasks.methods.linearrag import algorithm as lr
 from tasks.methods.linearrag.algorithm import (
