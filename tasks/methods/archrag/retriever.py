@@ -90,6 +90,7 @@ class ArchRetriever:
         self.spread = spread_matrices(Store.read(index["parents"]), len(self.entities))
         self.meta = Store.read(index["hierarchy_meta"]).iloc[0].to_dict()
         self.layers = [0] if params.entity_only else list(range(len(self.index.sizes)))
+        encode_queries(["warm-up"], embedder)  # load the model outside the timed path
 
     def search(self, questions: list[str], k: int) -> Hits:
         t0 = time.perf_counter()
