@@ -99,6 +99,10 @@ def test_paper_path_with_an_llm_then_zero_calls_on_rerun(tmp_path):
     with FakeLLMServer(responder=responder) as server:
         llm = ["llm=local", f"llm.base_url={server.base_url}", "llm.model=fake", "kg=llm"]
         cfg = make_config(tmp_path, *SMALL, "dataset.n_passages=30", "dataset.n_questions=6", *llm)
+        dry = evaluate_flow(make_config(tmp_path, *SMALL, "dataset.n_passages=30", "dataset.n_questions=6", *llm,
+                                        "eval.llm_dry_run=true"), str(tmp_path / "dry"))
+        assert dry["stopped_at"] == "archrag_extract" and dry["llm_dry_run"]["archrag_extract"]["calls"] > 0
+        assert server.requests == 0  # the estimate sends nothing
         first = evaluate_flow(cfg, str(tmp_path / "a"))
         assert first["kg_builder"] == "llm" and first["summariser"] == "llm" and first["generation"] == "filter"
         assert {"em", "f1", "contain_acc", "accuracy", "recall"} <= set(first)
