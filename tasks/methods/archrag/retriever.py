@@ -51,21 +51,26 @@ def spread_matrices(parents: pd.DataFrame, n_entities: int) -> list[sp.csr_array
     return out
 
 
-def rank_passages(found: list[tuple[np.ndarray, np.ndarray]], spread: list[sp.csr_array],
-                  entity_docs: sp.csr_array, k: int) -> tuple[np.ndarray, np.ndarray]:
+def passage_spread(spread: list[sp.csr_array], entity_docs: sp.csr_array) -> list[sp.csr_array]:
+    """Per layer, items x documents: how much of an item's similarity each document receives (spread @ docs),
+    computed once at load so a query batch never materialises its entity scores."""
+    return [sp.csr_array(s @ entity_docs) for s in spread]
+
+
+def rank_passages(found: list[tuple[np.ndarray, np.ndarray]], doc_spread: list[sp.csr_array],
+                  k: int) -> tuple[np.ndarray, np.ndarray]:
     """The harness's passage rule (module doc), batched: (doc_idx (B, k) with -1 padding, scores)."""
-    b = found[0][0].shape[0]
-    entity_score = sp.csr_array((b, entity_docs.shape[0]))
+    b, n_docs = found[0][0].shape[0], doc_spread[0].shape[1]
+    scores = np.zeros((b, n_docs))
     for layer, (ids, sims) in enumerate(found):
         if ids.size == 0:
             continue
         rows = np.broadcast_to(np.arange(b)[:, None], ids.shape)
         ok = ids >= 0
         item = sp.csr_array((np.clip(sims[ok], 0, None).astype(np.float64), (rows[ok], ids[ok])),
-                            shape=(b, spread[layer].shape[0]))
-        entity_score = entity_score + item @ spread[layer]
-    scores = (entity_score @ entity_docs).toarray()
-    k = min(k, scores.shape[1])
+                            shape=(b, doc_spread[layer].shape[0]))
+        scores += (item @ doc_spread[layer]).toarray()
+    k = min(k, n_docs)
     top = np.argpartition(-scores, k - 1, axis=1)[:, :k] if k else np.zeros((b, 0), np.int64)
     top_scores = np.take_along_axis(scores, top, axis=1)
     order = np.lexsort((top, -top_scores), axis=1)
@@ -86,8 +91,8 @@ class ArchRetriever:
         self.communities = Store.read(index["communities"])
         self.index = CHNSW.from_bytes(Path(index["chnsw"].path).read_bytes())
         chunks = Store.read(index["chunks"], ["chunk_id", "doc_id"])
-        self.entity_docs = entity_documents(self.entities, chunks, self.doc_ids)
-        self.spread = spread_matrices(Store.read(index["parents"]), len(self.entities))
+        self.doc_spread = passage_spread(spread_matrices(Store.read(index["parents"]), len(self.entities)),
+                                         entity_documents(self.entities, chunks, self.doc_ids))
         self.meta = Store.read(index["hierarchy_meta"]).iloc[0].to_dict()
         self.layers = [0] if params.entity_only else list(range(len(self.index.sizes)))
         encode_queries(["warm-up"], embedder)  # load the model outside the timed path
@@ -99,7 +104,7 @@ class ArchRetriever:
         ks = [self.params.k_of_layer(l) for l in range(len(self.index.sizes))]
         found = self.index.search(q, ks, layers=self.layers)
         t2 = time.perf_counter()
-        doc_idx, scores = rank_passages(found, self.spread, self.entity_docs, k)
+        doc_idx, scores = rank_passages(found, self.doc_spread, k)
         t3 = time.perf_counter()
         trace = [{"retrieved": [ids[i][ids[i] >= 0].tolist() for ids, _ in found],
                   "similarity": [np.round(s[i][ids[i] >= 0], 4).tolist() for ids, s in found]}
