@@ -7,7 +7,9 @@ Two kinds of stage:
   only its new rows and a shrunk one simply selects fewer.
 
 Prefect sees every stage as a task named ``stage[fp]``; the catalog, not Prefect's result store,
-decides what is skipped, because only the catalog knows whether the files still exist.
+decides what is skipped, because only the catalog knows whether the files still exist. A stage
+is computed under a per-(stage, fingerprint) file lock, so two runs sharing an ``artifacts_dir``
+compute it once: the second waits and reuses it.
 """
 from __future__ import annotations
 
@@ -64,21 +66,41 @@ def run_stage(ctx: RunContext, stage: str, code: str, params: Any, inputs: Mappi
               ) -> dict[str, ArtifactRef]:
     """Run ``compute`` unless a stage with the same fingerprint is in the catalog; return output refs.
 
-    ``compute`` returns ``({name: table-or-bytes}, rows_computed)``.
+    ``compute`` returns ``({name: table-or-bytes}, rows_computed)``. After a catalog miss the stage's
+    lock is taken (:meth:`Store.stage_lock`) and the catalog is read again: a run that finds another
+    process computing the same stage waits for it and then reuses its outputs ('cached'), so
+    concurrent runs on one ``artifacts_dir`` compute each stage once. If the other process fails or
+    is killed, the lock is released and this run computes the stage itself.
     """
     store = ctx.store
     fp = fingerprint(stage, code, params_dict(params), inputs)
     t0 = time.perf_counter()
     hit = store.lookup(stage, fp)
-    if hit is not None:
-        rows = sum(r.rows for r in hit.values())
-        store.event(ctx.run_id, stage, fp, ctx.dataset, "cached", rows=rows, rows_computed=0,
-                    seconds=time.perf_counter() - t0, peak_rss_mb=0.0)
-        log.info("%-14s cached    [%s]", stage, fp)
-        return hit
+    if hit is None:
+        def waiting(pid: int | None) -> None:
+            log.info("waiting for %s [%s], being computed by another run%s", stage, fp,
+                     f" (pid {pid})" if pid else "")
+
+        with store.stage_lock(stage, fp, on_wait=waiting):
+            hit = store.lookup(stage, fp)  # another run may have finished it while we waited
+            if hit is None:
+                return _compute(ctx, store, stage, fp, params, inputs, compute, ext or {})
+    rows = sum(r.rows for r in hit.values())
+    seconds = time.perf_counter() - t0  # includes any wait for another run computing it
+    store.event(ctx.run_id, stage, fp, ctx.dataset, "cached", rows=rows, rows_computed=0,
+                seconds=seconds, peak_rss_mb=0.0)
+    log.info("%-14s cached    [%s]%s", stage, fp, f" after waiting {seconds:.1f} s" if seconds >= 1 else "")
+    return hit
+
+
+def _compute(ctx: RunContext, store: Store, stage: str, fp: str, params: Any, inputs: Mapping[str, str],
+             compute: Callable[[], tuple[Mapping[str, Output], int]], ext: Mapping[str, str],
+             ) -> dict[str, ArtifactRef]:
+    """Compute a stage, write its outputs, record it (the caller holds its lock)."""
+    t0 = time.perf_counter()
     with PeakRSS() as mem:
         outputs, rows_computed = compute()
-        refs = _write_outputs(store, ctx.dataset, stage, fp, outputs, ext or {})
+        refs = _write_outputs(store, ctx.dataset, stage, fp, outputs, ext)
     seconds = time.perf_counter() - t0
     store.record(stage, fp, ctx.dataset, refs, input_fps=inputs, params=params_dict(params),
                  rows_computed=rows_computed, seconds=seconds, peak_rss_mb=mem.mb, run_id=ctx.run_id)

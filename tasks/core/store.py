@@ -3,6 +3,7 @@
 Layout under ``artifacts_dir``::
 
     catalog.duckdb                              the catalog (stages, stage_events, runs, metrics, views)
+    _locks/<stage>-<fp>.lock                    held while a process computes that stage (holder's pid inside)
     <dataset>/<stage>/<name>-<fp>.parquet       a stage's outputs, addressed by its fingerprint
     _rows/<stage>/<param_fp>/part-*.parquet     row caches of per-row stages (chunk, ner, embed)
 
@@ -11,7 +12,9 @@ holding it and the pure functions it calls, its config slice, its input fingerpr
 Outputs are written to a temp file and renamed into place; the catalog row is written
 last, so a run killed at any point leaves nothing that a later run trusts. The catalog
 is opened only for short, file-locked transactions, so two processes sharing one
-``artifacts_dir`` queue behind each other instead of corrupting it.
+``artifacts_dir`` queue behind each other instead of corrupting it; and a stage being
+computed is locked (:meth:`Store.stage_lock`), so a second run waits for it and reuses it
+instead of computing it again.
 """
 from __future__ import annotations
 
@@ -21,13 +24,14 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import threading
 import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import duckdb
 import numpy as np
@@ -37,7 +41,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 CATALOG = "catalog.duckdb"
+LOCKS = "_locks"
 LOCK_TIMEOUT_S = 120.0
+# DuckDB's own file lock on the catalog can be held by a program outside dagrag's file lock (a
+# `duckdb` shell, a notebook): opening it is retried with backoff for this long before giving up.
+CATALOG_OPEN_TIMEOUT_S = 30.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS stages (
@@ -141,6 +149,45 @@ class PeakRSS:
         self.mb = max(self.mb, self._proc.memory_info().rss / 2**20)
 
 
+# ----------------------------------------------------------------------------- locks
+
+def _connect_catalog(path: Path) -> duckdb.DuckDBPyConnection:
+    """Open the catalog, retrying with backoff while another program holds DuckDB's lock on it.
+
+    dagrag's own processes never collide here (they queue on the catalog's file lock first); a
+    `duckdb` shell or notebook with the file open does, and is given ``CATALOG_OPEN_TIMEOUT_S``.
+    """
+    deadline = time.monotonic() + CATALOG_OPEN_TIMEOUT_S
+    delay = 0.05
+    while True:
+        try:
+            return duckdb.connect(str(path))
+        except duckdb.IOException as err:
+            if "lock" not in str(err).lower():
+                raise StoreError(f"cannot open the catalog {path}: {err}") from err
+            if time.monotonic() + delay > deadline:
+                raise StoreError(f"the catalog {path} has been held by another program for "
+                                 f"{CATALOG_OPEN_TIMEOUT_S:.0f} s (close it, e.g. a duckdb shell): {err}") from err
+            time.sleep(delay)
+            delay = min(2 * delay, 1.0)
+
+
+def _read_pid(fd: int) -> int | None:
+    """The pid a stage lock's holder wrote into it (None while it is being written)."""
+    try:
+        return int(os.pread(fd, 32, 0).decode().strip())
+    except (ValueError, OSError):
+        return None
+
+
+def _is_at(fd: int, path: Path) -> bool:
+    """Whether the open file ``fd`` is still the file at ``path`` (not removed or replaced)."""
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
 # ----------------------------------------------------------------------------- the store
 
 class Store:
@@ -167,16 +214,60 @@ class Store:
                             f"another dagrag process has held {self.root / CATALOG} for {LOCK_TIMEOUT_S:.0f} s; "
                             "wait for it to finish or point artifacts_dir elsewhere") from None
                     time.sleep(0.05)
-            try:
-                con = duckdb.connect(str(self.root / CATALOG))
-            except duckdb.IOException as err:
-                raise StoreError(f"cannot open the catalog {self.root / CATALOG}: {err}") from err
+            con = _connect_catalog(self.root / CATALOG)
             try:
                 con.execute(_SCHEMA)
                 yield con
             finally:
                 con.close()
                 fcntl.flock(fh, fcntl.LOCK_UN)
+
+    @contextmanager
+    def stage_lock(self, stage: str, fp: str, *, on_wait: Callable[[int | None], None] | None = None,
+                   timeout_s: float | None = None, poll_s: float = 0.1) -> Iterator[None]:
+        """Hold the exclusive lock on computing ``(stage, fp)`` in this ``artifacts_dir``.
+
+        An ``flock`` on ``_locks/<stage>-<fp>.lock``, which holds the holder's pid. If another
+        process (or thread) holds it, ``on_wait(holder_pid or None)`` is called once and this waits:
+        forever with ``timeout_s=None`` (a stage may take hours), else up to ``timeout_s`` and then
+        :class:`StoreError`. Released on exit, exceptions included; a killed holder's lock is
+        released by the OS when its process dies, so a crash never blocks a later run (the stale
+        file is taken over). The file is removed on release; a waiter that locked a removed file
+        notices (its inode is no longer at the path) and locks the new one.
+        """
+        path = self.root / LOCKS / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', stage)}-{fp}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        told = False
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if not told:
+                            told = True
+                            if on_wait is not None:
+                                on_wait(_read_pid(fd))
+                        if deadline is not None and time.monotonic() > deadline:
+                            raise StoreError(f"{stage} [{fp}] has been computed by another run (pid "
+                                             f"{_read_pid(fd)}) for over {timeout_s:.0f} s; lock: {path}") from None
+                        time.sleep(poll_s)
+                if _is_at(fd, path):
+                    break
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)  # the holder removed this file on release: lock the one now at the path
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            yield
+        finally:
+            path.unlink(missing_ok=True)  # before unlocking, so no waiter trusts a removed file
+            os.close(fd)  # releases the flock
 
     def query(self, sql: str, params: list | None = None) -> pd.DataFrame:
         """Run a read query on the catalog and return a frame (fully consumed)."""
