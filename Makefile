@@ -1,6 +1,8 @@
 # Two commands do all set-up on a fresh machine with Python 3.11:
-#   make run    creates .venv on first use, installs, runs flows.evaluate on the embedded sample
+#   make run    creates .venv on first use, installs, runs `dagrag evaluate` on the embedded sample
 #   make test   creates .venv on first use, installs, runs the test suite
+# Installing puts the `dagrag` command in .venv/bin (pyproject's [project.scripts]): run it as
+# .venv/bin/dagrag COMMAND [overrides], or as plain `dagrag` after `source .venv/bin/activate`.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -19,7 +21,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m flows.evaluate $(ARGS)
+	$(VENV)/bin/dagrag evaluate $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)

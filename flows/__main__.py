@@ -1,4 +1,7 @@
-"""``python -m flows`` = ``python -m flows.evaluate``."""
-from flows.evaluate import main
+"""``python -m flows COMMAND [overrides]`` = ``dagrag COMMAND [overrides]``; with no command it evaluates
+(``python -m flows method=bm25`` = ``python -m flows.evaluate method=bm25``)."""
+import sys
 
-main()
+from flows.cli import main
+
+sys.exit(main(default="evaluate"))

@@ -119,9 +119,11 @@ def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any) -> dict[str, An
     print the machine-readable last line."""
     from omegaconf import OmegaConf
 
+    from flows.api_server import ensure_api
     from flows.config import with_runner
 
     plain = OmegaConf.to_container(cfg, resolve=True)
+    ensure_api()  # Prefect's temporary server, if needed, dies with this process (no orphan on SIGKILL)
     result = with_runner(flow_fn, plain)(plain, *args)
     print_last_line(prefix, result)
     return result

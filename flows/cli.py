@@ -1,0 +1,56 @@
+"""``dagrag COMMAND [hydra overrides]``: the console script (``[project.scripts]``) over the four commands.
+
+``dagrag evaluate method=bm25`` is ``python -m flows.evaluate method=bm25``, run exactly as ``python -m``
+would run it (the command module executes as ``__main__``, so Hydra finds ``conf/`` next to it and every
+flag, ``-m`` sweeps and ``--cfg job`` included, means what it means there).
+"""
+from __future__ import annotations
+
+import runpy
+import sys
+
+COMMANDS = {
+    "evaluate": ("flows.evaluate", "index (cached) → batched retrieval → recall@k, latency [, answers]"),
+    "index": ("flows.index", "build or update an index only"),
+    "update": ("flows.update", "bring an index up to date with a grown or shrunk corpus"),
+    "benchmark": ("flows.benchmark", "latency per query at several batch sizes, memory, per-part split"),
+}
+
+USAGE = "usage: dagrag COMMAND [overrides] [hydra flags]\n\ncommands:\n" + "\n".join(
+    f"  {name:<10} {what}" for name, (_, what) in COMMANDS.items()
+) + "\n\n`dagrag COMMAND --help` lists the config groups and keys."
+
+
+def main(argv: list[str] | None = None, default: str | None = None) -> int:
+    """Run ``COMMAND`` with the remaining arguments as its command line; returns the exit status.
+
+    ``default`` names the command used when the first argument is not one (``python -m flows`` passes
+    ``evaluate``); without it such a call prints the usage and returns 2.
+    """
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] in COMMANDS:
+        command, rest = args[0], args[1:]
+    elif args[:1] in (["-h"], ["--help"], ["help"]):
+        print(USAGE)
+        return 0
+    elif default is not None:
+        command, rest = default, args
+    else:
+        what = f"unknown command {args[0]!r}" if args else "no command given"
+        print(f"dagrag: {what}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    module = COMMANDS[command][0]
+    sys.argv = [module, *rest]  # runpy puts the module's file in argv[0], as `python -m` does
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as done:  # the command's own `sys.exit(...)`
+        code = done.code
+        if code is None or isinstance(code, int):
+            return code or 0
+        print(code, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""A killed command leaves no process behind (issue #12): not Prefect's temporary API server, not anything.
+
+The command runs as a user runs it (``python -m flows.cli evaluate …``, what ``.venv/bin/dagrag`` calls) in a
+subprocess with no ``PREFECT_API_URL``, so it starts its own temporary server. Every descendant it ever has
+is recorded while it runs; it is killed at a chosen moment; then every recorded process must be gone.
+``flows.api_server.tied_popen`` is also tested alone, with a plain ``Popen`` as the control that shows the
+check does see an orphan.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from flows.api_server import tied_popen
+
+REPO = Path(__file__).resolve().parents[2]
+GRACE_S = 15.0          # how long a killed process's descendants may take to go (they go in milliseconds)
+START_LIMIT_S = 240.0   # how long a command may take to reach the moment the test kills it at
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _survivors(procs: list[psutil.Process], grace_s: float = GRACE_S) -> list[psutil.Process]:
+    """The processes still alive once ``grace_s`` has passed (returns as soon as none is)."""
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        alive = [p for p in procs if _alive(p)]
+        if not alive:
+            return []
+        time.sleep(0.05)
+    return [p for p in procs if _alive(p)]
+
+
+def _describe(procs: list[psutil.Process]) -> list[str]:
+    out = []
+    for p in procs:
+        try:
+            out.append(f"{p.pid}: {' '.join(p.cmdline())[:160]}")
+        except psutil.Error:
+            out.append(str(p.pid))
+    return out
+
+
+def _kill_all(procs: list[psutil.Process]) -> None:
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied_popen", "plain_popen_control"])
+def test_tied_popen_child_dies_with_its_parent(tied):
+    """A parent SIGKILLed after ``tied_popen``: its child goes too. With a plain Popen the child survives
+    (the control: the check below sees an orphan when there is one)."""
+    starter = "tied_popen" if tied else "subprocess.Popen"
+    code = textwrap.dedent(f"""
+        import subprocess, sys, time
+        from flows.api_server import tied_popen
+        child = {starter}([sys.executable, "-c", "import time; time.sleep(120)"])
+        print(child.pid, flush=True)
+        time.sleep(120)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        child = psutil.Process(int(parent.stdout.readline()))
+        assert _alive(child)
+    finally:
+        parent.kill()
+        parent.wait()
+    try:
+        if tied:
+            assert not _survivors([child])
+        else:
+            assert _survivors([child], grace_s=1.0) == [child]
+    finally:
+        _kill_all([child])
+
+
+def test_tied_popen_in_a_worker_thread_does_not_die_with_the_thread():
+    """PR_SET_PDEATHSIG follows the forking *thread*: from a worker thread tied_popen must be a plain Popen,
+    or the child would die when that thread ends while the process lives on."""
+    box = {}
+    worker = threading.Thread(target=lambda: box.setdefault(
+        "child", tied_popen([sys.executable, "-c", "import time; time.sleep(60)"])))
+    worker.start()
+    worker.join()
+    child = box["child"]
+    try:
+        time.sleep(0.5)  # a SIGKILL on thread exit would have landed by now
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_tied_popen_refuses_a_second_preexec_fn():
+    with pytest.raises(ValueError):
+        tied_popen(["true"], preexec_fn=lambda: None)
+
+
+@pytest.fixture(scope="module")
+def prefect_home(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("prefect-home"))
+
+
+@pytest.mark.parametrize("moment, sig", [
+    ("server_starting", signal.SIGKILL),   # the server child exists, its start-up is not finished
+    ("indexing", signal.SIGKILL),          # the flow run began: ingest, then loading and running the embedder
+    ("indexing", signal.SIGTERM),          # Python runs no atexit hook on SIGTERM
+])
+def test_killed_command_leaves_no_process(moment, sig, tmp_path, prefect_home):
+    log_path = tmp_path / "out.log"
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = prefect_home
+    argv = [sys.executable, "-m", "flows.cli", "evaluate", "method=dense", "dataset.n_passages=60",
+            "dataset.n_questions=10", f"artifacts_dir={tmp_path / 'artifacts'}"]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    me = psutil.Process(proc.pid)
+    seen: dict[int, psutil.Process] = {}
+    servers: set[int] = set()  # Prefect's temporary API server (python -m uvicorn … prefect.server…)
+
+    def record() -> None:
+        try:
+            for p in me.children(recursive=True):
+                if p.pid not in seen:
+                    seen[p.pid] = p
+                    try:
+                        if "uvicorn" in p.cmdline():
+                            servers.add(p.pid)
+                    except psutil.Error:
+                        pass
+        except psutil.NoSuchProcess:
+            pass
+
+    def reached() -> bool:
+        began = "Beginning flow run" in log_path.read_text()
+        return bool(servers) or began if moment == "server_starting" else began
+
+    deadline = time.monotonic() + START_LIMIT_S
+    try:
+        while not reached():
+            record()
+            assert proc.poll() is None, f"the command ended (rc {proc.returncode}) before {moment}:\n" \
+                                        f"{log_path.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"never reached {moment}"
+            time.sleep(0.02)
+        record()
+        assert proc.poll() is None, f"the command ended before it could be killed at {moment}"
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        survivors = _survivors(list(seen.values()))
+        assert not survivors, f"orphans after {sig.name} at {moment}: {_describe(survivors)}"
+        # with no PREFECT_API_URL the command starts Prefect's temporary server: the check above covered it
+        assert servers, f"no temporary server was seen: {_describe(list(seen.values()))}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        _kill_all(list(seen.values()))
+
+
+def test_ensure_api_starts_nothing_when_an_api_is_configured():
+    """With an API configured (here the test session's server, as with ``PREFECT_API_URL`` and a long-lived
+    ``prefect server start``), :func:`ensure_api` returns its URL and starts no process."""
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.api_server import ensure_api
+
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    assert PREFECT_API_URL.value()
+    assert ensure_api() == PREFECT_API_URL.value()
+    assert {p.pid for p in me.children(recursive=True)} <= before

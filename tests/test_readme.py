@@ -1,0 +1,332 @@
+"""Every command in the README's ```bash blocks works as printed, in a new shell, from the repository root.
+
+Each command is checked without running it: the program exists (``.venv/bin/dagrag`` and its subcommand,
+a ``make`` target, ``.venv/bin/prefect server start`` and its flags), every Hydra override names a config
+group or key, the config builds (``flows.config.load_config``), and every ``PREFECT_*`` variable it sets is
+a Prefect setting. The quick ones (``dagrag evaluate|index`` with ``method=bm25`` on the generated sample
+dataset, no LLM) are then run for real in a subprocess, with ``artifacts_dir`` and ``PREFECT_HOME`` under
+a temp dir. The others are listed and skipped with the reason (an LLM endpoint, ``../shared/datasets``, a
+user's own files, minutes of work, a long-lived server, an install).
+
+``.venv/bin/dagrag`` is run as it is when the checkout has one (a ``make``-installed checkout); otherwise
+as ``python -m flows.cli``, the module that console script calls, and ``test_console_script_entry_point``
+checks that pyproject declares exactly that.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+CONF = REPO / "conf"
+
+PLACEHOLDERS = {"[overrides]"}          # the synopsis lines' stand-in for any overrides
+HYDRA_FLAGS_OFFLINE = {"-m", "--multirun"}  # checked in-process; any other flag is checked by the CLI itself
+CHEAP_METHODS = {"bm25"}               # seconds on the sample dataset (dense embeds: minutes on 2 cores)
+CHEAP_PASSAGES = 1000
+LAST_LINE = {"evaluate": "metrics", "index": "index", "update": "update", "benchmark": "benchmark"}
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command line of a README ```bash block."""
+
+    line: int                      # 1-based line in README.md
+    text: str                      # as printed, comment removed
+    argv: tuple[str, ...]          # after the leading VAR=value assignments
+    env: tuple[tuple[str, str], ...] = ()       # leading VAR=value assignments
+    block_env: tuple[str, ...] = ()             # variables exported earlier in the same block
+    synopsis: bool = False         # had a placeholder such as [overrides]
+
+
+@dataclass
+class Plan:
+    """What the check decided for one command: the argv to run it with, or why it is not run."""
+
+    run: list[str] | None = None
+    prefix: str | None = None      # the last line's prefix when it runs
+    skip: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+class ReadmeCommandError(AssertionError):
+    """A README command names a program, subcommand, flag, config group or key that does not exist."""
+
+
+def readme_commands(text: str) -> list[Command]:
+    """The command lines of the ```bash blocks (comments stripped, ``\\`` continuations joined)."""
+    out: list[Command] = []
+    in_block, pending, start, exported = False, "", 0, []
+    for number, raw in enumerate(text.splitlines(), 1):
+        stripped = raw.strip()
+        if stripped.startswith("```"):
+            in_block, exported = stripped == "```bash" and not in_block, []
+            continue
+        if not in_block:
+            continue
+        if not pending:
+            start = number
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        line, pending = pending + stripped, ""
+        tokens = shlex.split(line, comments=True)
+        if not tokens:
+            continue
+        synopsis = any(t in PLACEHOLDERS for t in tokens)
+        tokens = [t for t in tokens if t not in PLACEHOLDERS]
+        env = []
+        while tokens and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", tokens[0]):
+            env.append(tuple(tokens.pop(0).split("=", 1)))
+        text_ = " ".join(shlex.quote(t) for t in [*(f"{k}={v}" for k, v in env), *tokens])
+        out.append(Command(start, text_, tuple(tokens), tuple(env), tuple(exported), synopsis))
+        if tokens and tokens[0] == "export":
+            exported += [t.split("=", 1)[0] for t in tokens[1:]]
+    return out
+
+
+def dagrag_argv() -> list[str]:
+    """How to run ``.venv/bin/dagrag`` here: the script itself when installed, else its module."""
+    script = REPO / ".venv" / "bin" / "dagrag"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "flows.cli"]
+
+
+@cache
+def prefect_settings() -> frozenset[str]:
+    """Every environment variable name Prefect reads as a setting."""
+    from prefect.settings import Settings
+    from prefect.settings.legacy import _get_valid_setting_names
+
+    return frozenset(_get_valid_setting_names(Settings))
+
+
+@cache
+def prefect_server_start_help() -> str:
+    out = subprocess.run([sys.executable, "-m", "prefect", "server", "start", "--help"], capture_output=True,
+                         text=True, timeout=120, cwd=REPO, env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def make_targets() -> set[str]:
+    return set(re.findall(r"^([A-Za-z][\w-]*):", (REPO / "Makefile").read_text(), flags=re.M))
+
+
+def check_env_names(names: list[str], where: str) -> None:
+    unknown = [n for n in names if n.startswith("PREFECT_") and n not in prefect_settings()]
+    if unknown:
+        raise ReadmeCommandError(f"{where}: {unknown} are not Prefect settings")
+
+
+def composed_configs(overrides: list[str]) -> list[dict]:
+    """The resolved config of every job the overrides describe (a sweep expands to its jobs); raises on an
+    unknown group, key or malformed override, as the command would."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+    from omegaconf import OmegaConf
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    choices = []
+    for ov in parsed:
+        if ov.is_sweep_override():
+            if ov.type != OverrideType.CHANGE:
+                raise ReadmeCommandError(f"{ov.input_line}: only plain sweeps are checked")
+            choices.append([f"{ov.get_key_element()}={v}" for v in ov.sweep_string_iterator()])
+        else:
+            choices.append([ov.input_line])
+    jobs = list(itertools.product(*choices))
+    out = []
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for job in jobs:
+            cfg = compose("config", overrides=list(job))
+            out.append(OmegaConf.to_container(cfg, resolve=True))
+    return out
+
+
+def plan_dagrag(cmd: Command, sub: str, args: list[str]) -> Plan:
+    from flows.cli import COMMANDS
+    from flows.config import load_config
+
+    if sub not in COMMANDS:
+        raise ReadmeCommandError(f"line {cmd.line}: `dagrag {sub}` is not a command ({sorted(COMMANDS)})")
+    flags = [a for a in args if a.startswith("-")]
+    overrides = [a for a in args if not a.startswith("-")]
+    other_flags = [f for f in flags if f not in HYDRA_FLAGS_OFFLINE]
+    if other_flags:  # the command's own parser decides (nothing runs with --cfg job)
+        out = subprocess.run([*dagrag_argv(), sub, *args, "--cfg", "job"], capture_output=True, text=True,
+                             timeout=120, cwd=REPO)
+        if out.returncode != 0:
+            raise ReadmeCommandError(f"line {cmd.line}: {cmd.text}\n{out.stderr[-2000:]}")
+    try:
+        configs = composed_configs(overrides)
+        for cfg in configs:
+            load_config(cfg)
+    except ReadmeCommandError:
+        raise
+    except Exception as err:  # noqa: BLE001 - Hydra's and the config's own errors, reported with the line
+        raise ReadmeCommandError(f"line {cmd.line}: {cmd.text}\n{type(err).__name__}: {err}") from err
+    cfg = configs[0]
+    method, dataset, llm = cfg["method"]["name"], cfg["dataset"], cfg["llm"]["provider"]
+    if cmd.synopsis:
+        return Plan(skip="a synopsis: [overrides] stands for any overrides")
+    if llm != "none":
+        return Plan(skip=f"needs an LLM endpoint (llm={llm})")
+    if cmd.block_env:
+        return Plan(skip=f"needs the environment exported above it ({', '.join(cmd.block_env)})")
+    if set(flags) & HYDRA_FLAGS_OFFLINE:
+        return Plan(skip=f"a sweep of {len(configs)} jobs (method={method}: minutes)")
+    if dataset["kind"] == "hipporag":
+        return Plan(skip=f"needs ../shared/datasets ({dataset['name']})")
+    if dataset["kind"] != "sample":
+        return Plan(skip=f"needs the user's own files (dataset.path={dataset.get('path')})")
+    if dataset["n_passages"] > CHEAP_PASSAGES:
+        return Plan(skip=f"a long run (dataset.n_passages={dataset['n_passages']})")
+    if method not in CHEAP_METHODS or sub not in {"evaluate", "index"}:
+        return Plan(skip=f"a long run (dagrag {sub} method={method}: minutes on 2 cores)")
+    return Plan(run=[*dagrag_argv(), sub, *args], prefix=LAST_LINE[sub])
+
+
+def plan(cmd: Command) -> Plan:
+    """Check ``cmd`` (raises :class:`ReadmeCommandError`) and decide whether it runs here."""
+    check_env_names([k for k, _ in cmd.env], f"line {cmd.line}")
+    argv = list(cmd.argv)
+    prog = argv[0]
+    if prog == "export":
+        check_env_names([a.split("=", 1)[0] for a in argv[1:]], f"line {cmd.line}")
+        return Plan(skip="shell set-up for the commands after it")
+    if prog == "make":
+        targets = [a for a in argv[1:] if "=" not in a and not a.startswith("-")]
+        missing = sorted(set(targets) - make_targets())
+        if missing:
+            raise ReadmeCommandError(f"line {cmd.line}: no make target {missing}")
+        args = dict(a.split("=", 1) for a in argv[1:] if "=" in a)
+        if "run" in targets:  # make run ARGS="…" = dagrag evaluate …
+            plan_dagrag(cmd, "evaluate", shlex.split(args.get("ARGS", "")))
+        return Plan(skip="installs .venv (minutes); `make run` also indexes with the default method")
+    if prog == ".venv/bin/dagrag":
+        if len(argv) < 2:
+            raise ReadmeCommandError(f"line {cmd.line}: dagrag needs a command")
+        return plan_dagrag(cmd, argv[1], argv[2:])
+    if prog == ".venv/bin/python" and argv[1:2] == ["-m"] and len(argv) > 2:
+        from flows.cli import COMMANDS
+
+        modules = {m: name for name, (m, _) in COMMANDS.items()}
+        if argv[2] not in modules:
+            raise ReadmeCommandError(f"line {cmd.line}: {argv[2]} is not a command module ({sorted(modules)})")
+        return plan_dagrag(cmd, modules[argv[2]], argv[3:])
+    if prog == ".venv/bin/prefect":
+        if argv[1:3] != ["server", "start"]:
+            raise ReadmeCommandError(f"line {cmd.line}: only `prefect server start` is checked")
+        help_text = prefect_server_start_help()
+        unknown = [a.split("=")[0] for a in argv[3:] if a.startswith("--") and
+                   not re.search(rf"(?<![\w-]){re.escape(a.split('=')[0])}(?![\w-])", help_text)]
+        if unknown:
+            raise ReadmeCommandError(f"line {cmd.line}: prefect server start has no {unknown}")
+        return Plan(skip="a long-lived server (runs until stopped)")
+    raise ReadmeCommandError(f"line {cmd.line}: `{prog}` does not work as printed in a new shell from the "
+                             "repository root (use .venv/bin/dagrag, .venv/bin/python, .venv/bin/prefect or make)")
+
+
+COMMANDS_IN_README = readme_commands(README.read_text())
+
+
+def _id(cmd: Command) -> str:
+    return f"L{cmd.line}:{cmd.text[:70]}"
+
+
+def test_readme_has_commands_and_a_quick_one():
+    assert len(COMMANDS_IN_README) >= 10
+    runs = [c for c in COMMANDS_IN_README if plan(c).run]
+    assert runs, "no README command is quick enough to run: add one on the sample dataset with method=bm25"
+
+
+@pytest.mark.parametrize("cmd", COMMANDS_IN_README, ids=_id)
+def test_readme_command_is_valid(cmd: Command):
+    plan(cmd)
+
+
+@pytest.fixture(scope="module")
+def prefect_home(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("prefect-home"))
+
+
+@pytest.mark.parametrize("cmd", COMMANDS_IN_README, ids=_id)
+def test_readme_command_runs(cmd: Command, tmp_path, prefect_home):
+    p = plan(cmd)
+    if p.run is None:
+        pytest.skip(p.skip)
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(dict(cmd.env), PREFECT_HOME=prefect_home)
+    out = subprocess.run([*p.run, f"artifacts_dir={tmp_path / 'artifacts'}"], capture_output=True, text=True,
+                         timeout=600, cwd=REPO, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    last = out.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"{p.prefix}: "), last
+    payload = json.loads(last.split(": ", 1)[1])
+    assert payload["method"] == next(a.split("=", 1)[1] for a in cmd.argv if a.startswith("method="))
+    assert (tmp_path / "artifacts" / "catalog.duckdb").exists()
+
+
+@pytest.mark.parametrize("sub", ["evaluate", "index", "update", "benchmark"])
+def test_every_subcommand_dispatches(sub):
+    """`dagrag SUB --cfg job` reaches the command's Hydra entry point (it prints the config, runs nothing)."""
+    out = subprocess.run([*dagrag_argv(), sub, "--cfg", "job", "method=bm25"], capture_output=True, text=True,
+                         timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "name: bm25" in out.stdout
+
+
+@pytest.mark.parametrize("line, error", [
+    (".venv/bin/dagrag evalute method=bm25", "is not a command"),
+    (".venv/bin/dagrag evaluate method=nosuch", "nosuch"),
+    (".venv/bin/dagrag evaluate method.no_such_key=1", "no_such_key"),
+    (".venv/bin/dagrag evaluate -m method=bm25 method.no_such_key=1,2", "no_such_key"),
+    (".venv/bin/dagrag evaluate --no-such-flag method=bm25", "no-such-flag"),
+    (".venv/bin/python -m flows.evalute method=bm25", "is not a command module"),
+    ("python -m flows.evaluate method=bm25", "does not work as printed"),
+    ("dagrag evaluate method=bm25", "does not work as printed"),
+    ("make runn", "no make target"),
+    ('make run ARGS="method.no_such_key=1"', "no_such_key"),
+    (".venv/bin/prefect server start --no-such-flag", "no-such-flag"),
+    ("export PREFECT_NO_SUCH_SETTING=1", "not Prefect settings"),
+])
+def test_the_check_rejects_a_broken_command(line, error):
+    (cmd,) = readme_commands(f"```bash\n{line}\n```\n")
+    with pytest.raises(ReadmeCommandError, match=re.escape(error)):
+        plan(cmd)
+
+
+def test_parser_reads_blocks_comments_continuations_and_exports():
+    text = ("```bash\nmake run   # x\n```\n\n```python\nnot = 'a command'\n```\n"
+            "```bash\nexport PREFECT_API_URL=http://h/api\n.venv/bin/dagrag index \\\n  method=bm25  # c\n```\n"
+            "```bash\nPREFECT_UI_API_URL=u .venv/bin/prefect server start [overrides]\n```\n")
+    cmds = readme_commands(text)
+    assert [c.argv for c in cmds] == [("make", "run"), ("export", "PREFECT_API_URL=http://h/api"),
+                                      (".venv/bin/dagrag", "index", "method=bm25"),
+                                      (".venv/bin/prefect", "server", "start")]
+    assert cmds[2].block_env == ("PREFECT_API_URL",) and cmds[2].line == 10
+    assert cmds[3].env == (("PREFECT_UI_API_URL", "u"),) and cmds[3].block_env == () and cmds[3].synopsis
+
+
+def test_console_script_entry_point():
+    """pyproject installs `dagrag` = flows.cli:main, the function the fallback above runs."""
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["dagrag"] == "flows.cli:main"
+    from flows import cli
+
+    assert cli.main(["--help"]) == 0
+    assert cli.main(["no-such-command"]) == 2
+    assert cli.main([]) == 2
