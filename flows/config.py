@@ -2,8 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+import re
+import types
+import typing
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping, Union
 
 from tasks.core.ingest import DATASET_KINDS, DatasetParams
 from tasks.text.embed import EmbedderParams
@@ -62,16 +67,214 @@ class BenchmarkParams:
     repeat: int = 1
 
 
+CHUNK_UNITS = ("passage", "sentence", "window")  # tasks.text.chunk.ChunkParams.unit
+
+
+@functools.cache
+def field_limits() -> dict[type, dict[str, str | tuple]]:
+    """What a field allows beyond its annotated type: an interval (``"[0, 1]"``, ``"(0, inf)"``,
+    ``"[1, inf)"``; a round bracket excludes its end; a tuple field's elements each) or a tuple of choices.
+
+    Keyed by params class; a subclass inherits its bases' limits. Kept here rather than on the
+    dataclasses: a stage's code identity hashes every class its code names, whole
+    (``tasks.core.code_identity``), so metadata added there would rebuild cached stages. Checks
+    that tie fields together (``segment_min <= segment_avg``) stay in the classes' ``__post_init__``.
+    """
+    from tasks.core.ingest import HippoRAGParams, SampleParams, UserCorpusParams
+    from tasks.llm.params import PROVIDERS, LLMParams
+    from tasks.methods.archrag import algorithm as arch_alg
+    from tasks.methods.archrag import kg as arch_kg
+    from tasks.methods.archrag import stages as arch
+    from tasks.methods.archrag.kg_stages import KGParams
+    from tasks.methods.bm25 import BM25Params
+    from tasks.methods.dense import DenseParams
+    from tasks.methods.erarag import stages as era
+    from tasks.methods.erarag.algorithm import EraRAGParams
+    from tasks.methods.linearrag.algorithm import LinearRAGParams
+    from tasks.methods.serag.stages import SeRAGParams
+    from tasks.methods.zoomrag.algorithm import ZoomParams
+    from tasks.methods.zoomrag.stages import ZoomRAGParams
+    from tasks.text.embed import QUERY_RUNTIMES
+    from tasks.text.ner import BACKENDS
+
+    count, count0, prob, pos = "[1, inf)", "[0, inf)", "[0, 1]", "(0, inf)"
+    seed = {"shuffle_seed": count0}  # numpy's default_rng takes seeds >= 0
+    return {
+        SampleParams: {"n_passages": "[20, inf)", "n_questions": count0, **seed},  # tasks.core.sample: >= 20
+        HippoRAGParams: seed,
+        UserCorpusParams: {"kind": ("jsonl", "folder"), **seed},
+        EmbedderParams: {"batch_size": count, "max_seq_length": count, "query_batch_size": count,
+                         "query_runtime": QUERY_RUNTIMES},
+        NERParams: {"backend": BACKENDS, "batch_size": count, "n_process": count, "min_chars": count0,
+                    "max_empty_fraction": prob},
+        KGParams: {"builder": arch_kg.BUILDERS, "description_tokens": count, "max_empty_fraction": prob,
+                   "describe_max_tokens": count, "extract_max_tokens": count},
+        LLMParams: {"provider": PROVIDERS, "temperature": "[0, 2]", "max_tokens": count, "timeout_s": pos,
+                    "max_retries": count0, "backoff_base_s": count0, "backoff_max_s": count0, "concurrency": count},
+        RunnerParams: {"max_workers": count},
+        EvalParams: {"ks": count, "batch_size": count, "max_questions": count, "context_passages": count0,
+                     "max_context_tokens": count},
+        BenchmarkParams: {"batch_sizes": count, "n_questions": count, "repeat": count},
+        DenseParams: {"top_k": count, "batch_size": count},
+        BM25Params: {"k1": count0, "b": prob, "top_k": count, "batch_size": count},
+        ZoomParams: {"alpha": prob, "steps": count, "beta": prob, "top_k_docs": count, "sigma": pos,
+                     "omega": prob, "keep_ratio": "(0, 1]", "batch_size": count,
+                     "walk_dtype": ("float32", "float64"), "chunk_iterations": count},
+        ZoomRAGParams: {"top_k": count, "chunk_unit": CHUNK_UNITS, "max_entity_words": count,
+                        "doc_block_rows": count, "chunk_group_size": count},
+        LinearRAGParams: {"max_iterations": count, "top_k_sentence": count, "passage_ratio": count0,
+                          "passage_node_weight": count0, "damping": prob,
+                          "edge_weighting": ("share", "count", "indicator"), "top_k": count,
+                          "min_similarity": "[-1, 1]", "ppr_tol": pos, "ppr_max_iter": count,
+                          "ppr_dtype": ("float32", "float64")},
+        EraRAGParams: {"n_hyperplanes": "[1, 64]", "segment_min": "[2, inf)", "segment_avg": "[2, inf)",
+                       "segment_max": "[2, inf)", "max_layers": count0, "stop_nodes": count,
+                       "summary_tokens": count, "top_k": count, "token_budget": count, "detail_proportion": prob},
+        era.EraParams: {"window_tokens": count, "overlap_tokens": count0,
+                        "summariser": era.SUMMARISERS, "extractive_rank": ("lead", "centroid"),
+                        "recall_view": era.VIEWS},
+        SeRAGParams: {"top_k": count, "lambda_sem": prob, "lambda_log": prob, "k_sem": count, "sigma_dist": pos,
+                      "dist_window": count0, "max_entity_chunks": count, "gamma_c": prob, "gamma_f": prob,
+                      "k_coarse": count, "tau": "[-1, 1]", "entity_sim": ("embedding", "exact"),
+                      "chunk_unit": CHUNK_UNITS, "self_query_max_tokens": count, "batch_size": count},
+        arch.ArchParams: {
+            "top_k": count, "chunk_unit": CHUNK_UNITS, "window_tokens": count, "overlap_tokens": count0,
+            "k_scale": count0, "percentile": prob, "edge_weight": arch_alg.EDGE_WEIGHTS,
+            "clustering": arch_alg.CLUSTERINGS, "max_cluster_size": count, "resolution": pos,
+            "min_clusters": count, "max_level": count0, "summariser": arch.SUMMARISERS,
+            "summary_tokens": count, "report_input_tokens": count, "report_max_tokens": count, "hnsw_m": count,
+            "ef_construction": count, "ef_search": count, "k_per_layer": count0,
+            "relation_scope": arch.RELATION_SCOPES, "max_relations": count0,
+            "generation": arch.GENERATIONS, "filter_budget_tokens": count,
+            "merge_budget_tokens": count, "filter_max_tokens": count, "answer_max_tokens": count},
+    }
+
+
+def limits_of(cls: type) -> dict[str, str | tuple]:
+    """The limits of ``cls``'s fields, its bases' included."""
+    table = field_limits()
+    out: dict[str, str | tuple] = {}
+    for base in reversed(cls.__mro__):
+        out.update(table.get(base, {}))
+    return out
+
+
+_INTERVAL = re.compile(r"^([\[(])\s*([^,\s]+)\s*,\s*([^,\s]+)\s*([\])])$")
+
+
+def in_interval(value: float, interval: str) -> bool:
+    """``value`` lies in ``interval`` (``"[0, 1]"``, ``"(0, inf)"``, ...); NaN lies in none."""
+    m = _INTERVAL.match(interval)
+    if m is None:
+        raise ValueError(f"not an interval: {interval!r}")
+    lo, hi = float(m.group(2)), float(m.group(3))
+    if math.isnan(value):
+        return False
+    above = value > lo if m.group(1) == "(" else value >= lo
+    below = value < hi if m.group(4) == ")" else value <= hi
+    return above and below
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """The fields' annotations, resolved (none when one cannot be: the dataclass alone checks then)."""
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - e.g. a name imported only under TYPE_CHECKING
+        return {}
+
+
+def _optional(tp: Any) -> tuple[Any, bool]:
+    """``X | None`` → (X, True); anything else → (tp, False)."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(args) < len(typing.get_args(tp)):
+            return args[0], True
+    return tp, False
+
+
+def _accept(tp: Any, limit: str | tuple | None, value: Any) -> tuple[bool, Any]:
+    """Whether ``value`` is a valid ``tp`` within ``limit``, and the value to use (lists become tuples,
+    numbers given for a string become that string)."""
+    tp, nullable = _optional(tp)
+    if value is None:
+        return nullable, value
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return value in args, value
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        if not isinstance(value, (list, tuple)):  # one value for a list field: a list of one
+            ok, one = _accept(args[0], limit, value)
+            return ok, (one,)
+        checked = [_accept(args[0], limit, v) for v in value]
+        return all(ok for ok, _ in checked), tuple(v for _, v in checked)
+    if tp is bool:
+        return isinstance(value, bool), value
+    if tp is str:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)  # Hydra reads dataset.name=2021 as an int
+        return isinstance(value, str) and (not isinstance(limit, tuple) or value in limit), value
+    if tp in (int, float):
+        numeric = (int,) if tp is int else (int, float)  # Hydra gives 1 for method.alpha=1
+        ok = isinstance(value, numeric) and not isinstance(value, bool)
+        return ok and (not isinstance(limit, str) or in_interval(value, limit)), value
+    return True, tuple(value) if isinstance(value, list) else value  # a type not known here: the dataclass decides
+
+
+def _describe(tp: Any, limit: str | tuple | None, plural: bool = False) -> str:
+    """What a field allows, in words: ``a float in [0, 1]``, ``one of ['a', 'b']``, ``a list of ints``."""
+    tp, nullable = _optional(tp)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal or (isinstance(limit, tuple) and tp is str):
+        text = f"one of {list(args if origin is Literal else limit)}"
+    elif origin is tuple:
+        text = "a list of " + _describe(args[0], limit, plural=True)
+    else:
+        name = {bool: "bool", int: "int", float: "float", str: "string"}.get(tp, getattr(tp, "__name__", str(tp)))
+        text = (f"{name}s" if plural else ("an " if name[0] in "aeiou" else "a ") + name) + (
+            " (true or false)" if tp is bool else f" in {limit}" if isinstance(limit, str) else "")
+    return text + (" or null" if nullable else "")
+
+
+def _show(value: Any) -> str:
+    """A value as the user would type it (YAML words for None and booleans)."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return repr(list(value)) if isinstance(value, tuple) else repr(value)
+
+
+def check_values(cls: type, group: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The constructor arguments of ``cls`` from a config group, checked against the fields' annotated
+    types and :func:`field_limits`; every problem is named (``method.alpha='abc' is not a float in [0, 1]``)."""
+    hints, limits = _hints(cls), limits_of(cls)
+    kwargs, problems = {}, []
+    for key, value in values.items():
+        tp = hints.get(key, Any)
+        ok, kwargs[key] = _accept(tp, limits.get(key), value)
+        if value == "???":  # OmegaConf's mandatory value, left unset
+            problems.append(f"{group}.{key} must be set: add {group}.{key}=...")
+        elif not ok:
+            problems.append(f"{group}.{key}={_show(value)} is not {_describe(tp, limits.get(key))}")
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return kwargs
+
+
 def build(cls: type, group: str, values: Mapping[str, Any]) -> Any:
-    """Instantiate a params dataclass from a config group, failing on unknown or missing keys."""
+    """Instantiate a params dataclass from a config group, failing on unknown or missing keys and on
+    values of the wrong type or out of range (:func:`check_values`)."""
+    from tasks.llm.params import LLMConfigError
+
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - fields)
     if unknown:
         raise ConfigError(f"{group}: unknown key(s) {unknown}; {cls.__name__} accepts {sorted(fields)}")
-    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    kwargs = check_values(cls, group, values)
     try:
         return cls(**kwargs)
-    except TypeError as err:
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, LLMConfigError) as err:
         raise ConfigError(f"{group}: {err}") from None
 
 

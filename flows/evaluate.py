@@ -52,8 +52,13 @@ def retrieve(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index:
     t0 = time.perf_counter()
     retriever = METHODS[conf.method.name].retriever(data, index, conf)
     load_s = time.perf_counter() - t0
-    hits, latency, traces = retrieve_all(retriever, questions, max(conf.eval.ks + (conf.method.top_k,)),
-                                         conf.eval.batch_size)
+    ner_client = getattr(getattr(retriever, "recogniser", None), "client", None)
+    try:
+        hits, latency, traces = retrieve_all(retriever, questions, max(conf.eval.ks + (conf.method.top_k,)),
+                                             conf.eval.batch_size)
+    finally:  # ner=llm: the questions' entity calls (failed ones too), in the ledger like the corpus's
+        if ner_client is not None:
+            ctx.store.record_ledger(ctx.run_id, QUERY_NER_STAGE, ner_client.ledger_summary(QUERY_NER_STAGE))
     out = Path(run_dir)
     Store.write_parquet(hits, out / "hits.parquet")
     Store.write_parquet(latency, out / "latency.parquet")
@@ -61,9 +66,6 @@ def retrieve(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index:
         Store.write_parquet(pd.DataFrame([{k: json.dumps(v, default=str) if isinstance(v, (list, dict)) else v
                                            for k, v in t.items()} for t in traces]), out / "trace.parquet")
     extra = getattr(retriever, "run_stats", dict)()
-    ner_client = getattr(getattr(retriever, "recogniser", None), "client", None)
-    if ner_client is not None:  # ner=llm: the questions' entity calls, in the ledger like the corpus's
-        ctx.store.record_ledger(ctx.run_id, QUERY_NER_STAGE, ner_client.ledger_summary(QUERY_NER_STAGE))
     return {"hits": str(out / "hits.parquet"), "latency": str(out / "latency.parquet"),
             "qids": questions["qid"].tolist(), "load_seconds": load_s, **extra}
 
@@ -119,24 +121,27 @@ def answer(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index: d
     trace_path = Path(run_dir) / "trace.parquet"
     traces = Store.read(trace_path) if trace_path.exists() else None
     own = METHODS[conf.method.name].answer
-    if own is not None:
-        predictions, scores = own(client, data, index, conf, questions, traces, conf.eval.llm_dry_run)
-        if predictions is None:
-            log.info("llm dry run: generation would make %s", scores["llm_dry_run"])
-            return scores
-    else:
-        contexts = contexts_for(hits, Store.read(data["documents"]), traces, conf.eval.context_passages)
-        if conf.eval.llm_dry_run:
-            msgs = [build_reader_messages(q, contexts.get(i, []), conf.eval.max_context_tokens)
-                    for i, q in zip(questions["qid"], questions["question"])]
-            estimate = client.dry_run_estimate(msgs, expected_completion_tokens=conf.llm.max_tokens)
-            log.info("llm dry run: generation would make %s", estimate)
-            return {"llm_dry_run": estimate}
-        predictions, scores = generate(client, questions, contexts, conf.eval.max_context_tokens, conf.eval.llm_judge)
+    try:
+        if own is not None:
+            predictions, scores = own(client, data, index, conf, questions, traces, conf.eval.llm_dry_run)
+            if predictions is None:
+                log.info("llm dry run: generation would make %s", scores["llm_dry_run"])
+                return scores
+        else:
+            contexts = contexts_for(hits, Store.read(data["documents"]), traces, conf.eval.context_passages)
+            if conf.eval.llm_dry_run:
+                msgs = [build_reader_messages(q, contexts.get(i, []), conf.eval.max_context_tokens)
+                        for i, q in zip(questions["qid"], questions["question"])]
+                estimate = client.dry_run_estimate(msgs, expected_completion_tokens=conf.llm.max_tokens)
+                log.info("llm dry run: generation would make %s", estimate)
+                return {"llm_dry_run": estimate}
+            predictions, scores = generate(client, questions, contexts, conf.eval.max_context_tokens,
+                                           conf.eval.llm_judge)
+    finally:  # every stage's calls so far, failed ones included, also when generation fails
+        for stage in client.ledger.stages():
+            ctx.store.record_ledger(ctx.run_id, stage, client.ledger_summary(stage))
     Store.write_parquet(predictions, Path(run_dir) / "predictions.parquet")
     ledger = client.ledger_summary()
-    for stage in {e.stage for e in client.ledger_entries()}:
-        ctx.store.record_ledger(ctx.run_id, stage, client.ledger_summary(stage))
     return {**{k: round(v, 2) if isinstance(v, float) else v for k, v in scores.items()},
             **{k: ledger[k] for k in ["prompt_tokens", "completion_tokens", "llm_calls", "llm_cache_hits"]}}
 

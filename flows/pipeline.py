@@ -115,16 +115,38 @@ def print_last_line(prefix: str, payload: dict[str, Any]) -> None:
 
 
 def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any) -> dict[str, Any]:
-    """A Hydra entry point's body: resolve the config, run the flow with the configured task runner,
-    print the machine-readable last line."""
+    """A Hydra entry point's body: resolve and check the config, preflight (:mod:`flows.preflight`), run
+    the flow with the configured task runner, print the machine-readable last line.
+
+    A user error (bad config value, malformed dataset, missing questions, model or LLM endpoint) ends the
+    process with one line on stderr and exit status 2. Caught before the flow starts, it leaves nothing
+    behind: no Prefect server, no catalog, and Hydra's job folder is removed again.
+    """
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
     from flows.api_server import ensure_api
-    from flows.config import with_runner
+    from flows.config import load_config, with_runner
+    from flows.preflight import (
+        USER_ERRORS,
+        discard_job_folder,
+        fail,
+        preflight,
+        verbose,
+    )
 
-    plain = OmegaConf.to_container(cfg, resolve=True)
+    plain: dict[str, Any] = {}
+    try:
+        plain = OmegaConf.to_container(cfg, resolve=True)
+        preflight(load_config(plain), getattr(flow_fn, "name", ""))
+    except (*USER_ERRORS, OmegaConfBaseException) as err:  # a missing ??? value, a bad interpolation
+        discard_job_folder(plain.get("artifacts_dir"))
+        fail(err, verbose(cfg))
     ensure_api()  # Prefect's temporary server, if needed, dies with this process (no orphan on SIGKILL)
-    result = with_runner(flow_fn, plain)(plain, *args)
+    try:
+        result = with_runner(flow_fn, plain)(plain, *args)
+    except USER_ERRORS as err:  # found while running (e.g. the LLM endpoint went away): the run is recorded
+        fail(err, verbose(cfg))
     print_last_line(prefix, result)
     return result
 

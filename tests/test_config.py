@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from flows.config import Config, ConfigError, load_config
+from flows.config import Config, ConfigError, field_limits, in_interval, load_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUP_FILES = sorted((p.parent.name, p.stem) for p in CONF.glob("*/*.yaml"))
@@ -93,3 +93,57 @@ def test_llm_ner_without_an_llm_fails_before_any_stage_runs():
     with pytest.raises(ConfigError, match="ner=llm .*llm=local"):
         load_config(_compose(["ner=llm"]))
     assert load_config(_compose(["ner=llm", "llm=local"])).ner.backend == "llm"
+
+
+# ---- types and ranges: every value is checked against its dataclass before any stage runs -----------------
+
+@pytest.mark.parametrize("overrides, message", [
+    (["method.alpha=abc"], "method.alpha='abc' is not a float in [0, 1]"),
+    (["method.alpha=1.5", "method.steps=0"],
+     "method.alpha=1.5 is not a float in [0, 1]; method.steps=0 is not an int in [1, inf)"),
+    (["method.top_k=10.0"], "method.top_k=10.0 is not an int in [1, inf)"),
+    (["method.rescale=median"], "method.rescale='median' is not one of ['nonzero_mean', 'all_mean']"),  # a Literal
+    (["method.walk_dtype=float16"], "method.walk_dtype='float16' is not one of ['float32', 'float64']"),
+    (["method.fine_stage=yes"], "method.fine_stage='yes' is not a bool (true or false)"),
+    (["method.keep_ratio=0"], "method.keep_ratio=0 is not a float in (0, 1]"),
+    (["eval.ks=[2,x]"], "eval.ks=[2, 'x'] is not a list of ints in [1, inf)"),
+    (["eval.max_questions=0"], "eval.max_questions=0 is not an int in [1, inf) or null"),
+    (["llm=local", "llm.timeout_s=0"], "llm.timeout_s=0 is not a float in (0, inf)"),
+    (["embedder.query_runtime=tf"], "embedder.query_runtime='tf' is not one of ['onnxruntime', 'torch']"),
+    (["method=bm25", "method.b=nan"], "method.b=nan is not a float in [0, 1]"),
+    (["method=archrag", "method.k_per_layer=[5,-1]"], "method.k_per_layer=[5, -1] is not a list of ints in [0, inf)"),
+    (["dataset=jsonl"], "dataset.path must be set: add dataset.path=..."),
+])
+def test_a_bad_value_is_named_with_what_is_allowed(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(_compose(overrides))
+    assert str(err.value) == message
+
+
+def test_values_hydra_types_loosely_are_accepted():
+    conf = load_config(_compose(["method.alpha=1", "eval.ks=5", "dataset=hipporag", "dataset.name=2021",
+                                 "eval.max_questions=null"]))
+    assert conf.method.alpha == 1 and conf.eval.ks == (5,) and conf.eval.max_questions is None
+    assert conf.dataset.name == "2021"  # Hydra reads 2021 as an int; the field is a string
+    assert load_config(_compose(["method=archrag", "method.k_per_layer=3"])).method.k_per_layer == (3,)
+
+
+def test_a_dataclass_check_still_runs_and_names_its_group():
+    with pytest.raises(ConfigError, match=r"^method: need 2 <= segment_min <= segment_avg"):
+        load_config(_compose(["method=erarag", "method.segment_min=11"]))
+
+
+def test_every_limit_names_a_field_and_parses():
+    for cls, limits in field_limits().items():
+        names = {f.name for f in dataclasses.fields(cls)}
+        assert set(limits) <= names, (cls.__name__, sorted(set(limits) - names))
+        for key, limit in limits.items():
+            assert isinstance(limit, tuple) or in_interval(0.5, limit) in (True, False), (cls.__name__, key)
+
+
+def test_in_interval_ends():
+    assert in_interval(0, "[0, 1]") and in_interval(1, "[0, 1]") and not in_interval(1.01, "[0, 1]")
+    assert not in_interval(0, "(0, inf)") and in_interval(1e-9, "(0, inf)") and in_interval(1e300, "[1, inf)")
+    assert not in_interval(1, "(0, 1)") and not in_interval(float("nan"), "[-inf, inf]")
+    with pytest.raises(ValueError):
+        in_interval(0, "0..1")

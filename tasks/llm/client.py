@@ -86,18 +86,20 @@ class LLMClient:
         hits = self.cache.get_many(keys) if self.cache is not None else {}
         results: dict[str, LLMResult] = {k: LLMResult(*hits[k], cached=True, seconds=0.0) for k in hits}
         todo = {k: m for k, m in zip(keys, list_of_messages) if k not in results}
+        errors: list[BaseException] = []
         try:
-            self._run_pool(todo, samp, stage, results)
+            self._run_pool(todo, samp, stage, results, errors)
         finally:
-            self.ledger.record(stage, keys, results, hits, time.perf_counter() - t0)
+            self.ledger.record(stage, keys, results, hits, time.perf_counter() - t0, failed=len(errors))
         return [results[k] for k in keys]
 
     def _run_pool(self, todo: dict[str, Messages], samp: dict[str, Any], stage: str,
-                  results: dict[str, LLMResult]) -> None:
+                  results: dict[str, LLMResult], errors: list[BaseException]) -> None:
         """Run uncached requests concurrently into ``results``; cache whatever finished.
 
         On the first failure, queued requests are cancelled, running ones stop
-        retrying, finished ones are still cached, then the error is raised.
+        retrying, finished ones are still cached, then the error is raised. Every
+        request that ended in an error is appended to ``errors`` (for the ledger).
         """
         if not todo:
             return
@@ -114,7 +116,9 @@ class LLMClient:
                 abort.set()
                 pool.shutdown(wait=True, cancel_futures=True)
             for fut, key in futures.items():
-                if fut.done() and not fut.cancelled() and fut.exception() is None:
+                if fut.done() and not fut.cancelled() and fut.exception() is not None:
+                    errors.append(fut.exception())  # type: ignore[arg-type]
+                elif fut.done() and not fut.cancelled():
                     text, pt, ct, secs = fut.result()
                     fresh[key] = LLMResult(text, pt, ct, cached=False, seconds=secs)
             if self.cache is not None:

@@ -4,8 +4,9 @@ Token estimates (:func:`estimate_tokens`) use the common ~4 characters per token
 English text plus a few tokens of per-message overhead; they are meant for budgeting, not billing.
 
 :class:`Ledger` is owned by one client: one :class:`LedgerEntry` per request that produced a
-result (cache hits have zero tokens), per-stage wall time, and per-stage counts of structured
-replies that needed a repair round or stayed invalid. :meth:`Ledger.summary` is the row
+result (cache hits have zero tokens), per-stage wall time, per-stage counts of requests that
+failed (the endpoint kept failing, or rejected them) and of structured replies that needed a repair
+round or stayed invalid. :meth:`Ledger.summary` is the row
 ``Store.record_ledger`` writes.
 """
 
@@ -67,15 +68,17 @@ class Ledger:
         self._entries: list[LedgerEntry] = []
         self._json_failures: dict[str, int] = {}
         self._json_repairs: dict[str, int] = {}
+        self._failed: dict[str, int] = {}
         self._wall: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def record(self, stage: str, keys: Sequence[str], results: Mapping[str, LLMResult],
-               hits: Container[str], wall: float) -> None:
+               hits: Container[str], wall: float, failed: int = 0) -> None:
         """Add one entry per request (by cache key, in ``keys`` order) that produced a result.
 
         ``hits`` are the keys served from the cache. Repeated identical requests within a batch
-        are served once; the repeats count as cache hits.
+        are served once; the repeats count as cache hits. ``failed``: requests of the batch that
+        ended in an error (requests cancelled before they were sent are not counted).
         """
         entries: list[LedgerEntry] = []
         seen: set[str] = set()
@@ -91,9 +94,10 @@ class Ledger:
         with self._lock:
             self._entries.extend(entries)
             self._wall[stage] = self._wall.get(stage, 0.0) + wall
+            self._failed[stage] = self._failed.get(stage, 0) + failed
         n_hit = sum(e.cache_hit for e in entries)
-        log.info("LLM stage %s: %d requests, %d cache hits, %d prompt + %d completion tokens, %.1fs",
-                 stage, len(keys), n_hit, sum(e.prompt_tokens for e in entries),
+        log.info("LLM stage %s: %d requests, %d cache hits, %d failed, %d prompt + %d completion tokens, %.1fs",
+                 stage, len(keys), n_hit, failed, sum(e.prompt_tokens for e in entries),
                  sum(e.completion_tokens for e in entries), wall)
 
     def count_json(self, stage: str, repairs: int, failures: int) -> None:
@@ -102,6 +106,11 @@ class Ledger:
             self._json_repairs[stage] = self._json_repairs.get(stage, 0) + repairs
             self._json_failures[stage] = self._json_failures.get(stage, 0) + failures
 
+    def stages(self) -> list[str]:
+        """Every stage with a request in the ledger, answered or failed."""
+        with self._lock:
+            return sorted({e.stage for e in self._entries} | {s for s, n in self._failed.items() if n})
+
     def entries(self, stage: str | None = None) -> list[LedgerEntry]:
         """Copy of the entries, optionally for one stage."""
         with self._lock:
@@ -109,16 +118,18 @@ class Ledger:
 
     def summary(self, stage: str | None = None) -> dict[str, Any]:
         """Totals: prompt/completion tokens and seconds (fresh calls only),
-        ``llm_calls`` (HTTP-served requests), ``llm_cache_hits``, ``json_failures``,
-        ``json_repairs`` and ``wall_seconds`` (elapsed time in chat calls)."""
+        ``llm_calls`` (HTTP-served requests), ``llm_cache_hits``, ``llm_failed`` (requests that
+        ended in an error), ``json_failures``, ``json_repairs`` and ``wall_seconds`` (elapsed
+        time in chat calls)."""
         entries = self.entries(stage)
         with self._lock:
             pick = (lambda d: sum(d.values())) if stage is None else (lambda d: d.get(stage, 0))
             failures, repairs, wall = pick(self._json_failures), pick(self._json_repairs), pick(self._wall)
+            failed = pick(self._failed)
         fresh = [e for e in entries if not e.cache_hit]
         return {"prompt_tokens": sum(e.prompt_tokens for e in fresh),
                 "completion_tokens": sum(e.completion_tokens for e in fresh),
-                "llm_calls": len(fresh), "llm_cache_hits": len(entries) - len(fresh),
+                "llm_calls": len(fresh), "llm_cache_hits": len(entries) - len(fresh), "llm_failed": int(failed),
                 "seconds": round(sum(e.seconds for e in fresh), 3),
                 "wall_seconds": round(float(wall), 3),
                 "json_failures": int(failures), "json_repairs": int(repairs)}

