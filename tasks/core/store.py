@@ -60,6 +60,7 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS llm_ledger (
   run_id VARCHAR, stage VARCHAR, llm_calls BIGINT, llm_cache_hits BIGINT, prompt_tokens BIGINT,
   completion_tokens BIGINT, seconds DOUBLE, created_at TIMESTAMP);
+ALTER TABLE llm_ledger ADD COLUMN IF NOT EXISTS llm_failed BIGINT;
 CREATE TABLE IF NOT EXISTS metrics (
   run_id VARCHAR, kind VARCHAR, method VARCHAR, dataset VARCHAR, created_at TIMESTAMP, metrics JSON);
 """
@@ -373,11 +374,13 @@ class Store:
                          json.dumps(metrics, default=_json_default)])
 
     def record_ledger(self, run_id: str, stage: str, summary: Mapping[str, Any]) -> None:
-        """Token ledger of one stage in one run (calls, cache hits, tokens, seconds)."""
+        """Token ledger of one stage in one run (calls, cache hits, tokens, seconds, failed requests)."""
         with self.catalog() as con:
-            con.execute("INSERT INTO llm_ledger VALUES (?,?,?,?,?,?,?,?)",
+            con.execute("INSERT INTO llm_ledger (run_id, stage, llm_calls, llm_cache_hits, prompt_tokens, "
+                        "completion_tokens, seconds, created_at, llm_failed) VALUES (?,?,?,?,?,?,?,?,?)",
                         [run_id, stage, summary["llm_calls"], summary["llm_cache_hits"], summary["prompt_tokens"],
-                         summary["completion_tokens"], summary["seconds"], dt.datetime.now()])
+                         summary["completion_tokens"], summary["seconds"], dt.datetime.now(),
+                         summary.get("llm_failed", 0)])
 
     def events(self, run_id: str) -> pd.DataFrame:
         """The stage events of one run, in order."""

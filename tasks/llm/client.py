@@ -19,8 +19,9 @@ import logging
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from tasks.llm.cache import SAMPLING_KEYS, ResponseCache, cache_key
 from tasks.llm.ledger import Ledger, LedgerEntry, estimate_tokens
@@ -183,3 +184,15 @@ def make_client(params: LLMParams, cache_path: str | Path | None) -> LLMClient |
         log.info("llm.provider=none: skipping LLM stages (set llm.provider to 'openai' or 'local' to enable)")
         return None
     return LLMClient(params, cache_path)
+
+
+@contextmanager
+def ledger_rows(store: Any, run_id: str, client: LLMClient | None, *stages: str) -> Iterator[None]:
+    """Write ``client``'s ledger rows of ``stages`` into the catalog (``store.record_ledger``) when the block
+    ends, also when it fails: a failed index stage's calls, failed requests included, are still counted."""
+    try:
+        yield
+    finally:
+        if client is not None:
+            for stage in stages:
+                store.record_ledger(run_id, stage, client.ledger_summary(stage))

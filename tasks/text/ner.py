@@ -199,8 +199,8 @@ def ner(ctx: RunContext, table: ArtifactRef, id_col: str, params: NERParams,
     else:  # the prompt, keep_numeric (it changes the prompt) and the model name a row
         row_params = {"backend": "llm", "llm": llm_identity(llm), "keep_numeric": params.keep_numeric,
                       "code": code_version(llm_ner.llm_recognise, llm_ner.ner_messages)}
-    refs = run_row_stage(ctx, "ner", code_version(ner), params, row_params,
-                         input_fps(table=table), keys, compute_rows, "key", assemble)
-    if client is not None:
-        ctx.store.record_ledger(ctx.run_id, llm_ner.NER_STAGE, client.ledger_summary(llm_ner.NER_STAGE))
-    return refs
+    from tasks.llm.client import ledger_rows
+
+    with ledger_rows(ctx.store, ctx.run_id, client, llm_ner.NER_STAGE):
+        return run_row_stage(ctx, "ner", code_version(ner), params, row_params,
+                             input_fps(table=table), keys, compute_rows, "key", assemble)

@@ -157,38 +157,37 @@ def llm_stage(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef, para
               llm: "LLMParams | None") -> dict[str, ArtifactRef]:
     """``archrag_kg_llm``: merge the chunks' extractions (:func:`kg.merge_extractions`) and let the LLM
     consolidate every entity or relation with two or more distinct descriptions (§3.1.1)."""
+    from tasks.llm.client import ledger_rows
     from tasks.llm.params import LLMDryRun
 
     client = kg_client(llm, ctx.artifacts_dir)
-    counters: dict[str, int] = {}
-    extractions = extract_stage(ctx, documents, chunks, params, llm, client, counters)["extractions"]
+    with ledger_rows(ctx.store, ctx.run_id, client, kg.EXTRACT_STAGE, kg.DESCRIBE_STAGE):
+        counters: dict[str, int] = {}
+        extractions = extract_stage(ctx, documents, chunks, params, llm, client, counters)["extractions"]
 
-    def compute() -> tuple[dict[str, pa.Table | pd.DataFrame], int]:
-        ext = Store.read(extractions)
-        merged = kg.merge_extractions(*kg.extraction_mentions(ext))
-        requests = kg.describe_requests(merged)
-        if ctx.llm_dry_run:
-            words = kg.describe_words(params.describe_max_tokens)
-            estimate = client.dry_run_estimate([kg.describe_messages(r, words) for r in requests],
-                                               params.describe_max_tokens, max_tokens=params.describe_max_tokens)
-            if estimate["calls"]:
-                raise LLMDryRun(kg.DESCRIBE_STAGE, estimate)
-        summaries = kg.llm_describe(client, requests, params.describe_max_tokens)
-        entities, relations = kg.apply_descriptions(merged, requests, summaries)
-        ex, de = client.ledger_summary(kg.EXTRACT_STAGE), client.ledger_summary(kg.DESCRIBE_STAGE)
-        n_ent = ext["ent_name"].map(len).to_numpy() if len(ext) else np.zeros(0, np.int64)
-        counters.update(extract_calls=ex["llm_calls"], extract_cache_hits=ex["llm_cache_hits"],
-                        describe_calls=de["llm_calls"], describe_cache_hits=de["llm_cache_hits"],
-                        invalid_replies=int(ext["invalid"].sum()), empty_extractions=int((n_ent == 0).sum()),
-                        descriptions_summarised=len(requests))
-        meta = kg_meta("llm", entities, relations, len(ext), counters)
-        ent, rel = kg.to_arrow(entities, relations)
-        return {"entities": ent, "relations": rel, "kg_meta": meta}, len(entities)
+        def compute() -> tuple[dict[str, pa.Table | pd.DataFrame], int]:
+            ext = Store.read(extractions)
+            merged = kg.merge_extractions(*kg.extraction_mentions(ext))
+            requests = kg.describe_requests(merged)
+            if ctx.llm_dry_run:
+                words = kg.describe_words(params.describe_max_tokens)
+                estimate = client.dry_run_estimate([kg.describe_messages(r, words) for r in requests],
+                                                   params.describe_max_tokens, max_tokens=params.describe_max_tokens)
+                if estimate["calls"]:
+                    raise LLMDryRun(kg.DESCRIBE_STAGE, estimate)
+            summaries = kg.llm_describe(client, requests, params.describe_max_tokens)
+            entities, relations = kg.apply_descriptions(merged, requests, summaries)
+            ex, de = client.ledger_summary(kg.EXTRACT_STAGE), client.ledger_summary(kg.DESCRIBE_STAGE)
+            n_ent = ext["ent_name"].map(len).to_numpy() if len(ext) else np.zeros(0, np.int64)
+            counters.update(extract_calls=ex["llm_calls"], extract_cache_hits=ex["llm_cache_hits"],
+                            describe_calls=de["llm_calls"], describe_cache_hits=de["llm_cache_hits"],
+                            invalid_replies=int(ext["invalid"].sum()), empty_extractions=int((n_ent == 0).sum()),
+                            descriptions_summarised=len(requests))
+            meta = kg_meta("llm", entities, relations, len(ext), counters)
+            ent, rel = kg.to_arrow(entities, relations)
+            return {"entities": ent, "relations": rel, "kg_meta": meta}, len(entities)
 
-    slice_ = {"builder": "llm", "llm": llm_identity(llm), "extract_max_tokens": params.extract_max_tokens,
-              "describe_max_tokens": params.describe_max_tokens}
-    refs = run_stage(ctx, KG_STAGES["llm"], code_version(llm_stage), slice_,
-                     input_fps(documents=documents, chunks=chunks, extractions=extractions), compute)
-    for stage in (kg.EXTRACT_STAGE, kg.DESCRIBE_STAGE):
-        ctx.store.record_ledger(ctx.run_id, stage, client.ledger_summary(stage))
-    return refs
+        slice_ = {"builder": "llm", "llm": llm_identity(llm), "extract_max_tokens": params.extract_max_tokens,
+                  "describe_max_tokens": params.describe_max_tokens}
+        return run_stage(ctx, KG_STAGES["llm"], code_version(llm_stage), slice_,
+                         input_fps(documents=documents, chunks=chunks, extractions=extractions), compute)

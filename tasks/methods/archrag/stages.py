@@ -23,6 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_stage
 from tasks.core.store import ArtifactRef, Store, short_hash
+from tasks.llm.client import ledger_rows
 from tasks.llm.ledger import estimate_text_tokens
 from tasks.llm.params import LLMDryRun, LLMParams, Messages
 from tasks.methods.archrag import algorithm as alg
@@ -432,22 +433,22 @@ def hierarchy_stage(ctx: RunContext, entities: ArtifactRef, relations: ArtifactR
             inputs.add_layer(labels, frame, out)
             return out
 
-        h = alg.hierarchical_clustering(relation_matrix(rel, len(ent)), emb, params.clustering_params(), summarise)
-        if summaries.client is not None and ctx.llm_dry_run:
-            raise LLMDryRun(REPORT_STAGE, summaries.estimate)
-        tables = hierarchy_tables(h, inputs)
-        builder = Store.read(kg_meta)["builder"].iloc[0]
-        meta = {"kg_builder": builder, "summariser": kind, "layers": h.n_layers, "stop_reason": h.stop_reason,
-                "communities": int(len(tables["communities"])), "summaries_computed": summaries.summarised,
-                "summaries_total": summaries.total, "report_failures": summaries.failures,
-                "per_layer": json.dumps(h.stats)}
-        if summaries.client is not None:
-            ledger = summaries.client.ledger_summary(REPORT_STAGE)
-            meta.update(report_calls=int(ledger.get("llm_calls", 0)), report_cache_hits=int(ledger.get("llm_cache_hits", 0)))
-            ctx.store.record_ledger(ctx.run_id, REPORT_STAGE, ledger)
-        log.info("archrag hierarchy (%s KG, %s summaries): %d layers, %d communities, %d of %d summaries computed; %s",
-                 builder, kind, h.n_layers, meta["communities"], summaries.summarised, summaries.total, h.stop_reason)
-        return {**tables, "hierarchy_meta": pd.DataFrame([meta])}, int(len(tables["communities"]))
+        with ledger_rows(ctx.store, ctx.run_id, summaries.client, REPORT_STAGE):
+            h = alg.hierarchical_clustering(relation_matrix(rel, len(ent)), emb, params.clustering_params(), summarise)
+            if summaries.client is not None and ctx.llm_dry_run:
+                raise LLMDryRun(REPORT_STAGE, summaries.estimate)
+            tables = hierarchy_tables(h, inputs)
+            builder = Store.read(kg_meta)["builder"].iloc[0]
+            meta = {"kg_builder": builder, "summariser": kind, "layers": h.n_layers, "stop_reason": h.stop_reason,
+                    "communities": int(len(tables["communities"])), "summaries_computed": summaries.summarised,
+                    "summaries_total": summaries.total, "report_failures": summaries.failures,
+                    "per_layer": json.dumps(h.stats)}
+            if summaries.client is not None:
+                ledger = summaries.client.ledger_summary(REPORT_STAGE)
+                meta.update(report_calls=int(ledger.get("llm_calls", 0)), report_cache_hits=int(ledger.get("llm_cache_hits", 0)))
+            log.info("archrag hierarchy (%s KG, %s summaries): %d layers, %d communities, %d of %d summaries computed; %s",
+                     builder, kind, h.n_layers, meta["communities"], summaries.summarised, summaries.total, h.stop_reason)
+            return {**tables, "hierarchy_meta": pd.DataFrame([meta])}, int(len(tables["communities"]))
 
     return run_stage(ctx, "archrag_hierarchy", hierarchy_code(), hierarchy_slice(params, kind, llm, embedder),
                      input_fps(entities=entities, relations=relations, embeddings=entity_embeddings), compute)

@@ -302,3 +302,17 @@ def test_two_processes_share_one_catalog(tmp_path):
     per_run = store.query("SELECT run_id, count(*) AS n FROM stages GROUP BY run_id ORDER BY run_id")
     assert per_run.values.tolist() == [["p1", 20], ["p2", 20]]
     assert store.query('SELECT count(*) AS n FROM "out"')["n"].iloc[0] == 1  # the view is readable
+
+
+def test_ledger_rows_carry_failed_requests_also_in_an_older_catalog(tmp_path):
+    import duckdb
+
+    old = duckdb.connect(str(tmp_path / "catalog.duckdb"))  # a catalog from before the llm_failed column
+    old.execute("CREATE TABLE llm_ledger (run_id VARCHAR, stage VARCHAR, llm_calls BIGINT, llm_cache_hits BIGINT, "
+                "prompt_tokens BIGINT, completion_tokens BIGINT, seconds DOUBLE, created_at TIMESTAMP)")
+    old.close()
+    store = Store(tmp_path)
+    store.record_ledger("r1", "generate", {"llm_calls": 3, "llm_cache_hits": 1, "prompt_tokens": 30,
+                                           "completion_tokens": 9, "seconds": 0.5, "llm_failed": 2})
+    row = store.query("SELECT llm_calls, llm_failed FROM llm_ledger WHERE run_id = 'r1'")
+    assert row.iloc[0].tolist() == [3, 2]
