@@ -4,13 +4,23 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from prefect import flow
 
+import flows.serag as serag_flow
+import tasks.methods.serag.retriever as serag_retriever
+from flows.config import load_config
 from flows.evaluate import evaluate_flow
 from flows.index import index_flow
+from flows.pipeline import start_run
 from flows.update import update_flow
+from tasks.core.ingest import ingest
 from tasks.core.sample import generate_sample
 from tasks.core.store import Store
+from tasks.methods.serag import algorithm as se
+from tasks.text.embed import encode_queries
+from tasks.text.entities import query_entity_links
 from tests.flows.conftest import make_config
 
 SMALL = ["method=serag", "dataset.n_passages=80", "dataset.n_questions=16"]
@@ -91,3 +101,85 @@ def test_update_grows_the_graph_rows_of_new_chunks_and_rebuilds_the_tree(tmp_pat
     full = index_flow(cfg)  # a full build of the same corpus is another artifact
     assert full["artifacts"]["W"] != grown["artifacts"]["W"]
     assert update_flow(cfg)["mode"] == "cached"  # nothing changed: the stored graph of this corpus is reused
+
+
+@flow(name="serag-test-online")
+def _online(cfg: dict, questions: list[str], update: bool = False, probe=None):
+    """Index (or update) inside a flow, then search ``questions`` with the retriever over that index:
+    (document ids of the hits, index refs, data refs, and ``probe(retriever)`` if given)."""
+    conf = load_config(cfg)
+    ctx, _ = start_run(conf, "update" if update else "index")
+    data = ingest(ctx, conf.dataset, conf.data_dir)
+    index = (serag_flow.update if update else serag_flow.index)(ctx, data, conf)
+    r = serag_flow.retriever(data, index, conf)
+    hits = r.search(questions, 10)
+    ids = [[r.doc_ids[d] for d in row if d >= 0] for row in hits.doc_idx]
+    return ids, index, data, probe(r) if probe else None
+
+
+def test_update_with_removed_documents_drops_their_chunks_from_graph_and_results(tmp_path):
+    records, _ = generate_sample(60, 10, 0)
+    corpus = tmp_path / "corpus.jsonl"
+    cfg = make_config(tmp_path, "method=serag", "dataset=jsonl", f"dataset.path={corpus}", "dataset.name=shrink")
+    removed = records[55:]
+    # each removed passage's own text as a question: before the removal it is found first
+    questions = [f"{r['title']}. {r['text']}" for r in removed]
+    _write(corpus, records)
+    before, index, data, _ = _online(cfg, questions)
+    all_ids = Store.read(data["documents"], ["doc_id", "title"])
+    gone = set(all_ids.loc[all_ids["title"].isin([r["title"] for r in removed]), "doc_id"])
+    assert len(gone) == 5 and [row[0] for row in before] == \
+        [all_ids.set_index("title").loc[r["title"], "doc_id"] for r in removed]
+    assert gone <= set(Store.read(index["W_chunks"])["doc_id"])
+
+    _write(corpus, records[:55])  # shrunk by 5 passages (5 whole-passage chunks)
+    after, index, data, _ = _online(cfg, questions, update=True)
+    meta = Store.read(index["W_meta"]).iloc[0]
+    assert meta["mode"] == "update" and (meta["added_docs"], meta["removed_docs"]) == (0, 5)
+    assert (meta["removed_chunks"], meta["rows_computed"], meta["n_chunks"]) == (5, 0, 55)
+    chunks = Store.read(index["W_chunks"])
+    assert len(chunks) == 55 and not gone & set(chunks["doc_id"])
+    w = Store.read(index["W"])
+    assert w[["row", "col"]].to_numpy().max() < 55  # no edge to a removed chunk's row
+    for name in ("sem", "log"):  # every stored layer is over the 55 remaining chunks only
+        layer = Store.read(index["W_layers"]).query("layer == @name")
+        assert len(layer) and layer[["row", "col"]].to_numpy().max() < 55
+    assert len(Store.read(index["community"])) == 55
+    assert all(len(row) == 10 for row in after) and not gone & {d for row in after for d in row}
+    assert set(Store.read(data["documents"])["doc_id"]) >= {d for row in after for d in row}
+
+
+def test_query_entities_in_the_vocabulary_use_stored_embeddings_and_only_oov_names_are_encoded(tmp_path, monkeypatch):
+    records, qs = generate_sample(80, 16, 0)
+    corpus = tmp_path / "corpus.jsonl"
+    _write(corpus, records)
+    cfg = make_config(tmp_path, "method=serag", "dataset=jsonl", f"dataset.path={corpus}", "dataset.name=ents")
+    questions = [q["question"] for q in qs] + ["Where was Zorblax Quintavian born, and did he study in Paris?",
+                                              "Which company did Marguerite Okonkwo-Delacroix found in Vrellburg?"]
+    calls: list[list[str]] = []
+
+    def recording(texts, params):
+        calls.append(list(texts))
+        return encode_queries(texts, params)
+
+    def probe(r):
+        ner = r.recogniser.names(questions)
+        links = query_entity_links(questions, r.vocab_index, r.max_words, ner)
+        calls.clear()
+        monkeypatch.setattr(serag_retriever, "encode_queries", recording)
+        new = r.query_entity_sim(questions)
+        monkeypatch.undo()
+        # the former computation: every name (vocabulary or not) encoded online
+        per_query = [list(dict.fromkeys([*n, *r.entity_names[ls].tolist()])) for n, ls in zip(ner, links)]
+        owner = np.repeat(np.arange(len(questions)), [len(x) for x in per_query])
+        old = se.query_entity_similarity(encode_queries([n for x in per_query for n in x], r.embedder), owner,
+                                         r.entity_emb, len(questions), r.scoring.tau)
+        oov = {n for x in ner for n in x if n not in r.vocab_index}
+        return new, old, oov, set(r.vocab_index), sum(map(len, links))
+
+    _, _, _, (new, old, oov, vocab, n_links) = _online(cfg, questions, probe=probe)
+    assert n_links > 10 and {"zorblax quintavian", "vrellburg"} <= oov
+    assert len(calls) == 1 and set(calls[0]) == oov and len(calls[0]) == len(oov)  # one batch, each once
+    assert not vocab & set(calls[0])
+    assert new.nnz == old.nnz > n_links // 2
+    np.testing.assert_allclose(new.toarray(), old.toarray(), atol=1e-5)  # stored (torch) vs ONNX: ~1e-7

@@ -171,23 +171,43 @@ class ScoreParams:
     single_layer: bool = False  # Table 2: no community term and no community filter
 
 
-def query_entity_similarity(name_emb: np.ndarray, owner: np.ndarray, vocab_emb: np.ndarray, n_queries: int,
-                            tau: float, block_rows: int = 256) -> sp.csr_array:
-    """sim(e, e_q) of eq. 12 as a sparse (q × m) matrix: cosine between the embedding of each query
-    entity string (row r of ``name_emb``, belonging to query ``owner[r]``) and each vocabulary entity,
-    kept only above τ, max over the query's entities (our reading of sim(e, e_q) for several e_q)."""
+def gated_similarity(name_emb: np.ndarray, vocab_emb: np.ndarray, tau: float, block_rows: int = 256
+                     ) -> sp.csr_array:
+    """(names × m) cosine between each name embedding and each vocabulary entity, kept only above τ
+    (eq. 12's gate), computed in blocks of ``block_rows`` names (memory bound block_rows × m)."""
     m = vocab_emb.shape[0]
-    rows, cols, vals = [], [], []
-    for a in range(0, name_emb.shape[0], block_rows):  # blocks bound memory to block_rows × m
+    rows, cols, vals = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
+    for a in range(0, name_emb.shape[0], block_rows):
         cos = name_emb[a:a + block_rows] @ vocab_emb.T
         r, c = np.nonzero(cos > tau)
-        rows.append(np.asarray(owner, np.int64)[a + r])
+        rows.append(a + r)
         cols.append(c)
         vals.append(cos[r, c].astype(np.float64))
-    if not rows or not sum(len(r) for r in rows):
+    return sp.csr_array((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                        shape=(name_emb.shape[0], m))
+
+
+def query_entity_similarity(name_emb: np.ndarray, owner: np.ndarray, vocab_emb: np.ndarray, n_queries: int,
+                            tau: float, block_rows: int = 256, name_row: np.ndarray | None = None
+                            ) -> sp.csr_array:
+    """sim(e, e_q) of eq. 12 as a sparse (q × m) matrix: cosine between the embedding of each query
+    entity and each vocabulary entity, kept only above τ, max over the query's entities (our reading
+    of sim(e, e_q) for several e_q).
+
+    Pair ``i`` says query ``owner[i]`` holds the entity whose embedding is row ``name_row[i]`` of
+    ``name_emb`` (default: row ``i``), so an entity several queries share is compared with the
+    vocabulary once."""
+    owner = np.asarray(owner, np.int64)
+    name_row = np.arange(len(owner)) if name_row is None else np.asarray(name_row, np.int64)
+    m = vocab_emb.shape[0]
+    gated = gated_similarity(name_emb, vocab_emb, tau, block_rows)
+    # each pair (q, u) → every gated (u, e, cos) entry of its name u: one repeat, no loop over pairs
+    start, count = gated.indptr[name_row], np.diff(gated.indptr)[name_row]
+    pair = np.repeat(np.arange(len(owner)), count)
+    at = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count) + np.repeat(start, count)
+    if not at.size:
         return sp.csr_array((n_queries, m), dtype=np.float64)
-    r, c, v = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
-    key = r * m + c
+    key, v = owner[pair] * m + gated.indices[at], gated.data[at]
     order = np.lexsort((v, key))
     key, v = key[order], v[order]
     last = np.r_[key[1:] != key[:-1], True]  # the largest value of each (query, entity) pair

@@ -59,6 +59,23 @@ def self_query_client(params: SeRAGParams, llm, artifacts_dir: str):
     return make_client(llm, Path(artifacts_dir) / "llm_cache.duckdb")
 
 
+def query_entity_pairs(links: list[list[int]], oov: list[list[str]]
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """The (query, entity) pairs of a batch over its distinct entities: ``(owner, name_row, known,
+    unknown)``. Pair ``i`` is query ``owner[i]`` and name row ``name_row[i]``; rows ``0 ..
+    len(known) − 1`` are the vocabulary entities ``known`` (sorted, each once), the next rows the
+    distinct out-of-vocabulary names ``unknown`` (first-seen order)."""
+    n_links = np.fromiter((len(x) for x in links), np.int64, len(links))
+    vocab = np.fromiter((e for x in links for e in x), np.int64, int(n_links.sum()))
+    known, vocab_row = np.unique(vocab, return_inverse=True)
+    flat = [n for x in oov for n in x]
+    row_of = {n: i for i, n in enumerate(dict.fromkeys(flat))}
+    oov_row = np.fromiter((row_of[n] for n in flat), np.int64, len(flat)) + len(known)
+    q = np.arange(len(links))
+    owner = np.concatenate([np.repeat(q, n_links), np.repeat(q, [len(x) for x in oov])]).astype(np.int64)
+    return owner, np.concatenate([vocab_row.ravel(), oov_row]).astype(np.int64), known.astype(np.int64), list(row_of)
+
+
 class SeRAGRetriever:
     """Online SeRAG over the stored index: eqs. 10–13 for a batch of queries at once."""
 
@@ -78,7 +95,7 @@ class SeRAGRetriever:
         self.m = len(vocab)
         self.vocab_index = dict(zip(vocab["entity"], vocab["entity_idx"]))
         self.entity_names = vocab["entity"].to_numpy(dtype=object)
-        self.max_words = int(min(6, vocab["n_words"].to_numpy().max(initial=1)))
+        self.max_words = int(min(params.query_ngram_max_words, vocab["n_words"].to_numpy().max(initial=1)))
         self.entity_emb = (load_embeddings(index["entity_embeddings"], "entity_id")[1]
                            if params.entity_sim == "embedding" else None)
         self.chunk_entity = coo_matrix(Store.read(index["chunk_entity"]), (len(self.chunk_doc), self.m))
@@ -89,19 +106,21 @@ class SeRAGRetriever:
     def query_entity_sim(self, questions: list[str]):
         """(q × m) sim(e, e_q) of eq. 12. e_q: the question's NER names plus the vocabulary entities its
         n-grams match (the corpus's normalisation). ``entity_sim=embedding``: cosine of the names'
-        embeddings (gated at τ later); ``exact``: a contained vocabulary entity has sim = 1, others 0."""
+        embeddings (gated at τ later); ``exact``: a contained vocabulary entity has sim = 1, others 0.
+
+        A vocabulary entity (matched by an n-gram, or a NER name in the vocabulary) uses its stored
+        embedding; only the batch's distinct out-of-vocabulary NER names are encoded, in one call."""
         ner_names = self.recogniser.names(questions)
         links = query_entity_links(questions, self.vocab_index, self.max_words, ner_names)
         if self.entity_emb is None:
             return links_matrix(links, self.m)
-        per_query = [list(dict.fromkeys([*names, *self.entity_names[ls].tolist()]))
-                     for names, ls in zip(ner_names, links)]
-        owner = np.repeat(np.arange(len(questions)), [len(x) for x in per_query])
-        flat = [n for x in per_query for n in x]
-        if not flat:
-            return links_matrix([[] for _ in questions], self.m)
-        return se.query_entity_similarity(encode_queries(flat, self.embedder), owner, self.entity_emb,
-                                          len(questions), self.scoring.tau)
+        oov = [[n for n in names if n not in self.vocab_index] for names in ner_names]
+        owner, name_row, known, unknown = query_entity_pairs(links, oov)
+        name_emb = self.entity_emb[known]
+        if unknown:
+            name_emb = np.vstack([name_emb, encode_queries(unknown, self.embedder)])
+        return se.query_entity_similarity(name_emb, owner, self.entity_emb, len(questions), self.scoring.tau,
+                                          name_row=name_row)
 
     def search(self, questions: list[str], k: int) -> Hits:
         """Top-k passages by their best chunk's S(q, v) (eq. 10), candidates of the top k_coarse communities first."""

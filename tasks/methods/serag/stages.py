@@ -52,6 +52,7 @@ class SeRAGParams:
     k_coarse: int = 10
     tau: float = 0.85
     entity_sim: str = "embedding"  # sim(e, e_q) of eq. 12: embedding cosine of entity names | exact (match = 1)
+    query_ngram_max_words: int = 6  # longest question n-gram looked up in the entity vocabulary (our choice; paper silent)
     # Table 2 ablations
     self_query: bool = True  # needs an LLM (llm=local|openai); without one the retriever says it ran without
     single_layer: bool = False  # no community term (eq. 10 with γ_c = 0, no community filter)
@@ -66,6 +67,8 @@ class SeRAGParams:
             raise ValueError(f"method.entity_sim must be embedding or exact, got {self.entity_sim!r}")
         if self.tree_height != 2:
             raise ValueError("serag implements the paper's K = 2 encoding tree only (method.tree_height=2)")
+        if self.query_ngram_max_words < 1:
+            raise ValueError(f"method.query_ngram_max_words must be >= 1, got {self.query_ngram_max_words}")
 
     def graph(self) -> se.GraphParams:
         fields = se.GraphParams.__dataclass_fields__

@@ -165,3 +165,31 @@ def test_vectorised_ranking_equals_the_elementwise_forms_with_ties_and_empty_pas
         best = np.full((q, n_docs), -np.inf)
         np.maximum.at(best, (np.repeat(np.arange(q), n), np.tile(chunk_doc, q)), scores.ravel())
         np.testing.assert_array_equal(se.segment_reduce(scores, chunk_doc, n_docs, np.maximum, -np.inf), best)
+
+
+def test_query_entity_similarity_over_shared_rows_equals_one_row_per_pair():
+    # pairs pointing at shared name rows == the same names repeated once per pair (the old layout)
+    rng = np.random.default_rng(3)
+    vocab = _unit(rng, 40, d=4)
+    for _ in range(50):
+        u, q = rng.integers(1, 8), rng.integers(1, 6)
+        names = np.vstack([vocab[rng.integers(0, 40, u // 2)], _unit(rng, u - u // 2, d=4)])
+        n_pairs = rng.integers(0, 12)
+        owner, row = rng.integers(0, q, n_pairs), rng.integers(0, u, n_pairs)
+        shared = se.query_entity_similarity(names, owner, vocab, q, tau=0.6, block_rows=3, name_row=row)
+        repeated = se.query_entity_similarity(names[row], owner, vocab, q, tau=0.6)
+        assert shared.shape == (q, 40)
+        np.testing.assert_allclose(shared.toarray(), repeated.toarray(), rtol=1e-6)  # BLAS blocks may round apart
+        # by definition: max over the query's names of the gated cosine
+        dense = np.zeros((q, 40))
+        for o, r in zip(owner, row):
+            cos = names[r] @ vocab.T
+            dense[o] = np.maximum(dense[o], np.where(cos > 0.6, cos, 0.0))
+        np.testing.assert_allclose(shared.toarray(), dense, rtol=1e-6)
+
+
+def test_gated_similarity_keeps_only_values_above_tau():
+    vocab = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+    g = se.gated_similarity(np.array([[0.8, 0.6]]), vocab, tau=0.85).toarray()
+    np.testing.assert_allclose(g, [[0.0, 0.0, 0.96]])
+    assert se.gated_similarity(np.zeros((0, 2)), vocab, tau=0.5).shape == (0, 3)
