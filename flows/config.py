@@ -135,7 +135,7 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
                         "recall_view": era.VIEWS},
         SeRAGParams: {"top_k": count, "lambda_sem": prob, "lambda_log": prob, "k_sem": count, "sigma_dist": pos,
                       "dist_window": count0, "max_entity_chunks": count, "gamma_c": prob, "gamma_f": prob,
-                      "k_coarse": count, "tau": "[-1, 1]", "entity_sim": ("embedding", "exact"),
+                      "k_coarse": count, "tau": "[-1, inf)", "entity_sim": ("embedding", "exact"),
                       "chunk_unit": CHUNK_UNITS, "self_query_max_tokens": count, "batch_size": count},
         arch.ArchParams: {
             "top_k": count, "chunk_unit": CHUNK_UNITS, "window_tokens": count, "overlap_tokens": count0,

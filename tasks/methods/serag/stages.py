@@ -50,7 +50,7 @@ class SeRAGParams:
     gamma_c: float = 0.4
     gamma_f: float = 0.6
     k_coarse: int = 10
-    tau: float = 0.85
+    tau: float = 0.85  # cosine gate of eq. 12; a value above 1 gates every entity out (no entity bonus)
     entity_sim: str = "embedding"  # sim(e, e_q) of eq. 12: embedding cosine of entity names | exact (match = 1)
     query_ngram_max_words: int = 6  # longest question n-gram looked up in the entity vocabulary (our choice; paper silent)
     # Table 2 ablations
