@@ -138,15 +138,17 @@ def test_killed_command_leaves_no_process(moment, sig, tmp_path, prefect_home):
     def record() -> None:
         try:
             for p in me.children(recursive=True):
-                if p.pid not in seen:
-                    seen[p.pid] = p
-                    try:
-                        if "uvicorn" in p.cmdline():
-                            servers.add(p.pid)
-                    except psutil.Error:
-                        pass
+                seen.setdefault(p.pid, p)
         except psutil.NoSuchProcess:
             pass
+        # a child seen between its fork and its exec still shows the parent's command line: look again each time
+        for pid, p in seen.items():
+            if pid not in servers:
+                try:
+                    if "uvicorn" in p.cmdline():
+                        servers.add(pid)
+                except psutil.Error:
+                    pass
 
     def reached() -> bool:
         began = "Beginning flow run" in log_path.read_text()
