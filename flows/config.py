@@ -89,6 +89,7 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
     from tasks.methods.bm25 import BM25Params
     from tasks.methods.dense import DenseParams
     from tasks.methods.erarag import stages as era
+    from tasks.methods.hybrid.retriever import HybridParams
     from tasks.methods.erarag.algorithm import EraRAGParams
     from tasks.methods.linearrag.algorithm import LinearRAGParams
     from tasks.methods.serag.stages import SeRAGParams
@@ -117,6 +118,8 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
         BenchmarkParams: {"batch_sizes": count, "n_questions": count, "repeat": count},
         DenseParams: {"top_k": count, "batch_size": count},
         BM25Params: {"k1": count0, "b": prob, "top_k": count, "batch_size": count},
+        HybridParams: {"k": pos, "dense_depth": count, "bm25_depth": count, "dense_weight": count0,
+                       "bm25_weight": count0, "k1": count0, "b": prob, "top_k": count, "batch_size": count},
         ZoomParams: {"alpha": prob, "steps": count, "beta": prob, "top_k_docs": count, "sigma": pos,
                      "omega": prob, "keep_ratio": "(0, 1]", "batch_size": count,
                      "walk_dtype": ("float32", "float64"), "chunk_iterations": count},

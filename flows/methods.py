@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from flows import archrag, bm25, dense, erarag, linearrag, serag, zoomrag
+from flows import archrag, bm25, dense, erarag, hybrid, linearrag, serag, zoomrag
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class Method:
 METHODS: dict[str, Method] = {
     "dense": Method(dense.DenseParams, dense.index, dense.retriever),
     "bm25": Method(bm25.BM25Params, bm25.index, bm25.retriever),
+    "hybrid": Method(hybrid.HybridParams, hybrid.index, hybrid.retriever),
     "zoomrag": Method(zoomrag.ZoomRAGParams, zoomrag.index, zoomrag.retriever),
     "linearrag": Method(linearrag.LinearParams, linearrag.index, linearrag.retriever),
     "erarag": Method(erarag.EraParams, erarag.index, erarag.retriever),

@@ -111,6 +111,10 @@ def test_llm_ner_without_an_llm_fails_before_any_stage_runs():
     (["llm=local", "llm.timeout_s=0"], "llm.timeout_s=0 is not a float in (0, inf)"),
     (["embedder.query_runtime=tf"], "embedder.query_runtime='tf' is not one of ['onnxruntime', 'torch']"),
     (["method=bm25", "method.b=nan"], "method.b=nan is not a float in [0, 1]"),
+    (["method=hybrid", "method.k=0"], "method.k=0 is not a float in (0, inf)"),
+    (["method=hybrid", "method.k=-60"], "method.k=-60 is not a float in (0, inf)"),
+    (["method=hybrid", "method.dense_depth=0", "method.bm25_weight=-1"],
+     "method.dense_depth=0 is not an int in [1, inf); method.bm25_weight=-1 is not a float in [0, inf)"),
     (["method=archrag", "method.k_per_layer=[5,-1]"], "method.k_per_layer=[5, -1] is not a list of ints in [0, inf)"),
     (["dataset=jsonl"], "dataset.path must be set: add dataset.path=..."),
 ])
@@ -131,6 +135,8 @@ def test_values_hydra_types_loosely_are_accepted():
 def test_a_dataclass_check_still_runs_and_names_its_group():
     with pytest.raises(ConfigError, match=r"^method: need 2 <= segment_min <= segment_avg"):
         load_config(_compose(["method=erarag", "method.segment_min=11"]))
+    with pytest.raises(ConfigError, match=r"^method: dense_weight \+ bm25_weight must be > 0"):
+        load_config(_compose(["method=hybrid", "method.dense_weight=0", "method.bm25_weight=0"]))
 
 
 def test_every_limit_names_a_field_and_parses():

@@ -17,6 +17,7 @@ HOTPOT = ["dataset=hipporag", "dataset.name=hotpotqa-100", f"data_dir={DATA}"]
 @pytest.mark.parametrize("method,expected", [
     ("dense", {"recall@2": 62.5, "recall@5": 78.5, "recall@10": 85.0}),   # datasets README
     ("bm25", {"recall@5": 76.0, "recall@10": 88.0}),                      # datasets README
+    ("hybrid", {"recall@2": 61.5, "recall@5": 81.0, "recall@10": 89.0}),  # datasets README (RRF, k 60, top 100 each)
     ("zoomrag", {"recall@2": 59.5, "recall@5": 78.0, "recall@10": 88.5}),  # notes/zoomrag-calibration.md
 ])
 def test_hotpotqa_reference_figures(tmp_path, method, expected):

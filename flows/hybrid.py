@@ -1,0 +1,26 @@
+"""Hybrid baseline DAG: documents → (embed, bm25_index), the very stages of ``dense`` and ``bm25``.
+
+Online: dense and BM25 top lists of the batch → reciprocal-rank fusion. It has no index stage of its own, so
+with dense and bm25 built it indexes nothing.
+"""
+from __future__ import annotations
+
+from tasks.core.stage import RunContext
+from tasks.core.store import ArtifactRef
+from tasks.methods.bm25 import bm25_index
+from tasks.methods.hybrid.retriever import HybridParams, HybridRetriever
+from tasks.text.embed import embed
+
+__all__ = ["HybridParams", "index", "retriever"]
+
+
+def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
+    """Index stages of ``method=hybrid``."""
+    doc_embeddings = embed(ctx, data["documents"], "doc_id", cfg.embedder, use_template=True)["embeddings"]
+    bm25 = bm25_index(ctx, data["documents"], cfg.method.bm25())["bm25"]
+    return {"doc_embeddings": doc_embeddings, "bm25": bm25}
+
+
+def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> HybridRetriever:
+    """Online side of ``method=hybrid``."""
+    return HybridRetriever(data["documents"], index["doc_embeddings"], index["bm25"], cfg.method, cfg.embedder)
