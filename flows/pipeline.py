@@ -92,9 +92,16 @@ def dry_run_stop(ctx: RunContext, conf: Config, stop: LLMDryRun) -> dict[str, An
 
 
 def stage_split(store: Store, run_id: str) -> pd.DataFrame:
-    """Per-stage seconds, rows and peak memory of one run (cached stages show status 'cached')."""
+    """Per-stage seconds, rows and peak memory of one run (cached stages show status 'cached').
+
+    A stage that writes several tables shows each one's rows (``documents 300, gold 135``), not their sum.
+    """
     ev = store.events(run_id)
-    return ev[["stage", "status", "rows", "rows_computed", "seconds", "peak_rss_mb"]]
+    outputs = store.output_rows(run_id)
+    several = {key: ", ".join(f"{n} {r}" for n, r in zip(g["name"], g["rows"]))
+               for key, g in outputs.groupby(["stage", "fp"], sort=False) if len(g) > 1}
+    rows = [several.get((s, fp), n) for s, fp, n in zip(ev["stage"], ev["fp"], ev["rows"])]
+    return ev.assign(rows=rows)[["stage", "status", "rows", "rows_computed", "seconds", "peak_rss_mb"]]
 
 
 def stage_table(split: pd.DataFrame) -> str:

@@ -107,9 +107,17 @@ def _compute(ctx: RunContext, store: Store, stage: str, fp: str, params: Any, in
     rows = sum(r.rows for r in refs.values())
     store.event(ctx.run_id, stage, fp, ctx.dataset, "computed", rows=rows, rows_computed=rows_computed,
                 seconds=seconds, peak_rss_mb=mem.mb)
-    log.info("%-14s computed  [%s] %d rows (%d new) in %.2f s, peak %.0f MB",
-             stage, fp, rows, rows_computed, seconds, mem.mb)
+    log.info("%-14s computed  [%s] %s (%d new) in %.2f s, peak %.0f MB",
+             stage, fp, rows_text(refs), rows_computed, seconds, mem.mb)
     return refs
+
+
+def rows_text(refs: Mapping[str, ArtifactRef]) -> str:
+    """``300 rows``; a stage writing several tables gives each one's rows (``rows: documents 300, gold 135``),
+    never their sum."""
+    if len(refs) == 1:
+        return f"{next(iter(refs.values())).rows} rows"
+    return "rows: " + ", ".join(f"{name} {ref.rows}" for name, ref in refs.items())
 
 
 def _write_outputs(store: Store, dataset: str, stage: str, fp: str, outputs: Mapping[str, Output],

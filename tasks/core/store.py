@@ -386,6 +386,11 @@ class Store:
         """The stage events of one run, in order."""
         return self.query("SELECT * FROM stage_events WHERE run_id = ? ORDER BY created_at", [run_id])
 
+    def output_rows(self, run_id: str) -> pd.DataFrame:
+        """``(stage, fp, name, rows)`` of every output of the stages one run computed or reused, in write order."""
+        return self.query("SELECT s.stage, s.fp, s.name, s.rows FROM stages s JOIN (SELECT DISTINCT stage, fp "
+                          "FROM stage_events WHERE run_id = ?) e USING (stage, fp) ORDER BY s.rowid", [run_id])
+
     # -- row caches (per-row incremental stages) ----------------------------------
     def row_cache(self, stage: str, param_fp: str, key: str) -> "RowCache":
         """The row cache of a per-row stage under these params (shared by every dataset and run)."""
