@@ -22,8 +22,7 @@ from omegaconf import DictConfig
 from prefect import flow
 
 from flows.config import Config, ConfigError, load_config
-from flows.methods import METHODS
-from flows.pipeline import build_index, format_table, run_command, start_run
+from flows.pipeline import build_index, format_table, load_retriever, run_command, start_run
 from tasks.core.ingest import parse_questions, read_json_list
 from tasks.core.store import PeakRSS, Store
 
@@ -76,7 +75,7 @@ def benchmark_flow(cfg: dict) -> dict[str, Any]:
     ctx, _ = start_run(conf, "benchmark")
     data, index, index_seconds = build_index(ctx, conf)
     texts = benchmark_questions(conf, Store.read(data["questions"]))
-    retriever = METHODS[conf.method.name].retriever(data, index, conf)
+    retriever, _ = load_retriever(data, index, conf)
     rows = [time_batch_size(retriever, texts, bs, conf.method.top_k, conf.benchmark.repeat)
             for bs in conf.benchmark.batch_sizes]
     print(format_table(rows, list(rows[0].keys())), flush=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from flows.pipeline import (
     build_index,
     dry_run_stop,
     format_table,
+    load_retriever,
     run_command,
     stage_counts,
     stage_split,
@@ -49,9 +49,7 @@ def retrieve(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index:
     questions = Store.read(data["questions"])
     if conf.eval.max_questions:
         questions = questions.head(conf.eval.max_questions)
-    t0 = time.perf_counter()
-    retriever = METHODS[conf.method.name].retriever(data, index, conf)
-    load_s = time.perf_counter() - t0
+    retriever, load_s = load_retriever(data, index, conf)
     ner_client = getattr(getattr(retriever, "recogniser", None), "client", None)
     try:
         hits, latency, traces = retrieve_all(retriever, questions, max(conf.eval.ks + (conf.method.top_k,)),

@@ -15,6 +15,7 @@ import pandas as pd
 from flows.config import Config
 from flows.methods import METHODS
 from tasks.core.ingest import content_hash, dataset_label, ingest, raw_sources
+from tasks.core.progress import timed
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef, Store
 from tasks.llm.params import LLMDryRun
@@ -80,6 +81,14 @@ def build_index(ctx: RunContext, conf: Config) -> tuple[dict[str, ArtifactRef], 
     data = ingest(ctx, conf.dataset, conf.data_dir)
     index = METHODS[conf.method.name].index(ctx, data, conf)
     return data, index, time.perf_counter() - t0
+
+
+def load_retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], conf: Config) -> tuple[Any, float]:
+    """The method's retriever over its index and its load seconds, logged (:func:`tasks.core.progress.timed`)."""
+    t0 = time.perf_counter()
+    with timed(f"loading the {conf.method.name} retriever"):
+        retriever = METHODS[conf.method.name].retriever(data, index, conf)
+    return retriever, time.perf_counter() - t0
 
 
 def dry_run_stop(ctx: RunContext, conf: Config, stop: LLMDryRun) -> dict[str, Any]:

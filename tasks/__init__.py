@@ -8,7 +8,7 @@ torch's OpenMP threads on 2 cores (measured: a one-question MiniLM encode right 
 product took 36 ms instead of 11 ms). torch does the heavy lifting; numpy runs single-threaded.
 
 HF_HUB_DISABLE_PROGRESS_BARS=1: transformers draws a "Loading weights" bar for a load that takes no
-time.
+time; the encoder logs its own load line instead (:func:`tasks.text.encoder.load_encoder`).
 
 The warnings filter silences torch's "TF32 acceleration on top of oneDNN" UserWarning, which every
 ``torch.backends.mkldnn.flags`` block (:func:`tasks.text.embed.encode`) raises on a CPU-only build.

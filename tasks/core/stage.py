@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping
 import pandas as pd
 import pyarrow as pa
 
+from tasks.core.progress import notice_if_slow
 from tasks.core.store import ArtifactRef, PeakRSS, Store, fingerprint, short_hash
 
 log = logging.getLogger("dagrag")
@@ -98,7 +99,7 @@ def _compute(ctx: RunContext, store: Store, stage: str, fp: str, params: Any, in
              ) -> dict[str, ArtifactRef]:
     """Compute a stage, write its outputs, record it (the caller holds its lock)."""
     t0 = time.perf_counter()
-    with PeakRSS() as mem:
+    with PeakRSS() as mem, notice_if_slow("%-14s computing [%s] …", stage, fp):
         outputs, rows_computed = compute()
         refs = _write_outputs(store, ctx.dataset, stage, fp, outputs, ext)
     seconds = time.perf_counter() - t0

@@ -1,4 +1,4 @@
-"""A real command's output: none of the known noise (the bm25s DEBUG line,
+"""A real command's output: progress where work takes time, and none of the known noise (the bm25s DEBUG line,
 torch's TF32 warning, transformers' weight-loading bar, a row count summed over several tables)."""
 from __future__ import annotations
 
@@ -22,3 +22,5 @@ def test_bm25_and_dense_runs_are_quiet(tmp_path):
     ingest = next(line for line in out.stdout.splitlines() if "ingest         computed" in line)
     assert "rows: documents 80, questions 16, gold " in ingest
     assert "documents 80, questions 16, gold " in out.stdout.split("index stages (this run)")[1]  # the stage table
+    for step in ["loading the bm25 retriever: ", "loading the dense retriever: ", "loading embedder "]:
+        assert step in out.stdout, step
