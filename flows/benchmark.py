@@ -72,7 +72,7 @@ def time_batch_size(retriever: Any, texts: list[str], batch_size: int, k: int, r
 def benchmark_flow(cfg: dict) -> dict[str, Any]:
     """Index (cached) then time retrieval at each batch size."""
     conf = load_config(cfg)
-    ctx, _ = start_run(conf, "benchmark")
+    ctx, manifest = start_run(conf, "benchmark")
     data, index, index_seconds = build_index(ctx, conf)
     texts = benchmark_questions(conf, Store.read(data["questions"]))
     retriever, _ = load_retriever(data, index, conf)
@@ -82,7 +82,7 @@ def benchmark_flow(cfg: dict) -> dict[str, Any]:
     result = {"method": conf.method.name, "dataset": ctx.dataset, "n_documents": data["documents"].rows,
               "n_questions": len(texts), "index_seconds": round(index_seconds, 3), "rows": rows,
               **getattr(retriever, "run_stats", dict)()}
-    ctx.store.record_metrics(ctx.run_id, "benchmark", conf.method.name, ctx.dataset, result)
+    ctx.store.record_metrics(ctx.run_id, "benchmark", conf.method.name, ctx.dataset, result, manifest["overrides"])
     return result
 
 

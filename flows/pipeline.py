@@ -59,13 +59,24 @@ def versions() -> dict[str, str]:
     return out
 
 
+def job_overrides() -> dict[str, str]:
+    """This job's command-line overrides as typed (``{"method.alpha": "0.7"}``; in a sweep, this job's values);
+    empty outside a Hydra command."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return {}
+    return {key: value for key, _, value in (o.partition("=") for o in HydraConfig.get().overrides.task)}
+
+
 def start_run(conf: Config, command: str) -> tuple[RunContext, dict[str, Any]]:
-    """Create the run context and record the run manifest in the catalog."""
+    """Create the run context and record the run manifest (with the job's overrides) in the catalog."""
     ctx = RunContext(str(Path(conf.artifacts_dir).resolve()), dataset_label(conf.dataset), run_id(),
                      llm_dry_run=conf.eval.llm_dry_run)
     files, qpath = raw_sources(conf.dataset, conf.data_dir)
     manifest = {
         "command": command, "run_id": ctx.run_id, "git_sha": git_sha(), "dataset": ctx.dataset,
+        "overrides": job_overrides(),
         "dataset_content_hash": content_hash(files + ([qpath] if qpath else [])) if files else "generated",
         "embedder": conf.embedder.model, "ner": conf.ner.model, "llm": conf.llm.model or conf.llm.provider,
         "seeds": {"shuffle_seed": conf.dataset.shuffle_seed, "sample_seed": getattr(conf.dataset, "seed", None)},
