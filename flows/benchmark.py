@@ -22,8 +22,7 @@ from omegaconf import DictConfig
 from prefect import flow
 
 from flows.config import Config, ConfigError, load_config
-from flows.methods import METHODS
-from flows.pipeline import build_index, format_table, run_command, start_run
+from flows.pipeline import build_index, format_table, load_retriever, run_command, start_run
 from tasks.core.ingest import parse_questions, read_json_list
 from tasks.core.store import PeakRSS, Store
 
@@ -73,17 +72,17 @@ def time_batch_size(retriever: Any, texts: list[str], batch_size: int, k: int, r
 def benchmark_flow(cfg: dict) -> dict[str, Any]:
     """Index (cached) then time retrieval at each batch size."""
     conf = load_config(cfg)
-    ctx, _ = start_run(conf, "benchmark")
+    ctx, manifest = start_run(conf, "benchmark")
     data, index, index_seconds = build_index(ctx, conf)
     texts = benchmark_questions(conf, Store.read(data["questions"]))
-    retriever = METHODS[conf.method.name].retriever(data, index, conf)
+    retriever, _ = load_retriever(data, index, conf)
     rows = [time_batch_size(retriever, texts, bs, conf.method.top_k, conf.benchmark.repeat)
             for bs in conf.benchmark.batch_sizes]
     print(format_table(rows, list(rows[0].keys())), flush=True)
     result = {"method": conf.method.name, "dataset": ctx.dataset, "n_documents": data["documents"].rows,
               "n_questions": len(texts), "index_seconds": round(index_seconds, 3), "rows": rows,
               **getattr(retriever, "run_stats", dict)()}
-    ctx.store.record_metrics(ctx.run_id, "benchmark", conf.method.name, ctx.dataset, result)
+    ctx.store.record_metrics(ctx.run_id, "benchmark", conf.method.name, ctx.dataset, result, manifest["overrides"])
     return result
 
 

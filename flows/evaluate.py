@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from flows.pipeline import (
     build_index,
     dry_run_stop,
     format_table,
+    load_retriever,
     run_command,
     stage_counts,
     stage_split,
@@ -49,9 +49,7 @@ def retrieve(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index:
     questions = Store.read(data["questions"])
     if conf.eval.max_questions:
         questions = questions.head(conf.eval.max_questions)
-    t0 = time.perf_counter()
-    retriever = METHODS[conf.method.name].retriever(data, index, conf)
-    load_s = time.perf_counter() - t0
+    retriever, load_s = load_retriever(data, index, conf)
     ner_client = getattr(getattr(retriever, "recogniser", None), "client", None)
     try:
         hits, latency, traces = retrieve_all(retriever, questions, max(conf.eval.ks + (conf.method.top_k,)),
@@ -85,7 +83,8 @@ def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
     split = stage_split(ctx.store, ctx.run_id)
     lat = latency_summary(latency)
     metrics = {
-        "method": conf.method.name, "dataset": ctx.dataset, "n_documents": data["documents"].rows,
+        "method": conf.method.name, "dataset": ctx.dataset, "overrides": manifest["overrides"],
+        "n_documents": data["documents"].rows,
         "n_questions": len(result["qids"]), **recall_at_k(hits, gold, list(conf.eval.ks), result["qids"]),
         "index_seconds": round(index_seconds, 3),
         "query_ms_mean": lat["mean"], "query_ms_p50": lat["p50"], "query_ms_p95": lat["p95"],
@@ -100,7 +99,7 @@ def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
         **{k: v for k, v in result.items() if k not in {"hits", "latency", "qids", "load_seconds"}},
     }
     metrics.update(answer(ctx, conf, data, index, hits, run_dir))
-    ctx.store.record_metrics(ctx.run_id, "evaluate", conf.method.name, ctx.dataset, metrics)
+    ctx.store.record_metrics(ctx.run_id, "evaluate", conf.method.name, ctx.dataset, metrics, manifest["overrides"])
     write_json(Path(run_dir) / "metrics.json", metrics)
     write_json(Path(run_dir) / "manifest.json", manifest)
     report(metrics, split)

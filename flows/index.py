@@ -30,7 +30,7 @@ from tasks.llm.params import LLMDryRun
 def index_flow(cfg: dict) -> dict[str, Any]:
     """Ingest + the method's index stages."""
     conf = load_config(cfg)
-    ctx, _ = start_run(conf, "index")
+    ctx, manifest = start_run(conf, "index")
     try:
         data, index, seconds = build_index(ctx, conf)
     except LLMDryRun as stop:
@@ -40,7 +40,7 @@ def index_flow(cfg: dict) -> dict[str, Any]:
     summary = {"method": conf.method.name, "dataset": ctx.dataset, "n_documents": data["documents"].rows,
                "index_seconds": round(seconds, 3), **stage_counts(split),
                "artifacts": {k: v.path for k, v in index.items()}, "run_id": ctx.run_id}
-    ctx.store.record_metrics(ctx.run_id, "index", conf.method.name, ctx.dataset, summary)
+    ctx.store.record_metrics(ctx.run_id, "index", conf.method.name, ctx.dataset, summary, manifest["overrides"])
     return summary
 
 

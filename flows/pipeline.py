@@ -15,6 +15,7 @@ import pandas as pd
 from flows.config import Config
 from flows.methods import METHODS
 from tasks.core.ingest import content_hash, dataset_label, ingest, raw_sources
+from tasks.core.progress import timed
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef, Store
 from tasks.llm.params import LLMDryRun
@@ -58,13 +59,24 @@ def versions() -> dict[str, str]:
     return out
 
 
+def job_overrides() -> dict[str, str]:
+    """This job's command-line overrides as typed (``{"method.alpha": "0.7"}``; in a sweep, this job's values);
+    empty outside a Hydra command."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return {}
+    return {key: value for key, _, value in (o.partition("=") for o in HydraConfig.get().overrides.task)}
+
+
 def start_run(conf: Config, command: str) -> tuple[RunContext, dict[str, Any]]:
-    """Create the run context and record the run manifest in the catalog."""
+    """Create the run context and record the run manifest (with the job's overrides) in the catalog."""
     ctx = RunContext(str(Path(conf.artifacts_dir).resolve()), dataset_label(conf.dataset), run_id(),
                      llm_dry_run=conf.eval.llm_dry_run)
     files, qpath = raw_sources(conf.dataset, conf.data_dir)
     manifest = {
         "command": command, "run_id": ctx.run_id, "git_sha": git_sha(), "dataset": ctx.dataset,
+        "overrides": job_overrides(),
         "dataset_content_hash": content_hash(files + ([qpath] if qpath else [])) if files else "generated",
         "embedder": conf.embedder.model, "ner": conf.ner.model, "llm": conf.llm.model or conf.llm.provider,
         "seeds": {"shuffle_seed": conf.dataset.shuffle_seed, "sample_seed": getattr(conf.dataset, "seed", None)},
@@ -82,6 +94,14 @@ def build_index(ctx: RunContext, conf: Config) -> tuple[dict[str, ArtifactRef], 
     return data, index, time.perf_counter() - t0
 
 
+def load_retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], conf: Config) -> tuple[Any, float]:
+    """The method's retriever over its index and its load seconds, logged (:func:`tasks.core.progress.timed`)."""
+    t0 = time.perf_counter()
+    with timed(f"loading the {conf.method.name} retriever"):
+        retriever = METHODS[conf.method.name].retriever(data, index, conf)
+    return retriever, time.perf_counter() - t0
+
+
 def dry_run_stop(ctx: RunContext, conf: Config, stop: LLMDryRun) -> dict[str, Any]:
     """The result of a run stopped by ``eval.llm_dry_run`` at its first LLM index stage."""
     log.info("llm dry run: index stage %s would make %s LLM calls (~%s prompt, <= %s completion tokens); "
@@ -92,9 +112,16 @@ def dry_run_stop(ctx: RunContext, conf: Config, stop: LLMDryRun) -> dict[str, An
 
 
 def stage_split(store: Store, run_id: str) -> pd.DataFrame:
-    """Per-stage seconds, rows and peak memory of one run (cached stages show status 'cached')."""
+    """Per-stage seconds, rows and peak memory of one run (cached stages show status 'cached').
+
+    A stage that writes several tables shows each one's rows (``documents 300, gold 135``), not their sum.
+    """
     ev = store.events(run_id)
-    return ev[["stage", "status", "rows", "rows_computed", "seconds", "peak_rss_mb"]]
+    outputs = store.output_rows(run_id)
+    several = {key: ", ".join(f"{n} {r}" for n, r in zip(g["name"], g["rows"]))
+               for key, g in outputs.groupby(["stage", "fp"], sort=False) if len(g) > 1}
+    rows = [several.get((s, fp), n) for s, fp, n in zip(ev["stage"], ev["fp"], ev["rows"])]
+    return ev.assign(rows=rows)[["stage", "status", "rows", "rows_computed", "seconds", "peak_rss_mb"]]
 
 
 def stage_table(split: pd.DataFrame) -> str:

@@ -71,7 +71,7 @@ def document_diff(store: Store, dataset: str, documents: ArtifactRef, run_id: st
 def update_flow(cfg: dict) -> dict[str, Any]:
     """Ingest + the method's update (or index) stages; a summary of what was recomputed."""
     conf = load_config(cfg)
-    ctx, _ = start_run(conf, "update")
+    ctx, manifest = start_run(conf, "update")
     name = conf.method.name
     t0 = time.perf_counter()
     data = ingest(ctx, conf.dataset, conf.data_dir)
@@ -96,7 +96,7 @@ def update_flow(cfg: dict) -> dict[str, Any]:
                        same_as="flows.index")
     summary.update(seconds=round(seconds, 3), **stage_counts(split),
                    artifacts={k: v.path for k, v in index.items()}, run_id=ctx.run_id)
-    ctx.store.record_metrics(ctx.run_id, "update", name, ctx.dataset, summary)
+    ctx.store.record_metrics(ctx.run_id, "update", name, ctx.dataset, summary, manifest["overrides"])
     return summary
 
 

@@ -16,8 +16,8 @@ contributes the AST of its own source with docstrings removed, so
 Not followed (a stated limit, not an accident): a method reached only through a value passed in
 (``params.chunking()`` on an argument); a class named in the code is hashed whole, methods
 included. Third-party code is represented by the package versions in each run's manifest. The
-machinery modules (:data:`MACHINERY`) decide where results are stored, not what they are, and
-are not hashed. Stdlib only, so it is cheap to import.
+machinery modules (:data:`MACHINERY`) decide where results are stored or how progress is shown,
+not what results are, and are not hashed. Stdlib only, so it is cheap to import.
 """
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ from types import CodeType, FunctionType, MethodType, ModuleType
 from typing import Any, Callable, Iterator
 
 PROJECT_PACKAGES = ("tasks",)
-# the stage runner, the store and this module: where results live, not what they are
-MACHINERY = frozenset({"tasks.core.store", "tasks.core.stage", "tasks.core.code_identity"})
+# the stage runner, the store and this module: where results live, not what they are; progress: how work is shown
+MACHINERY = frozenset({"tasks.core.store", "tasks.core.stage", "tasks.core.code_identity", "tasks.core.progress"})
 _LITERALS = (str, bytes, int, float, complex, bool, type(None), tuple, frozenset)
 _LOADED_AT = time.time()  # source files hashed below must not have changed since the code was imported
 

@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping
 import pandas as pd
 import pyarrow as pa
 
+from tasks.core.progress import notice_if_slow
 from tasks.core.store import ArtifactRef, PeakRSS, Store, fingerprint, short_hash
 
 log = logging.getLogger("dagrag")
@@ -98,7 +99,7 @@ def _compute(ctx: RunContext, store: Store, stage: str, fp: str, params: Any, in
              ) -> dict[str, ArtifactRef]:
     """Compute a stage, write its outputs, record it (the caller holds its lock)."""
     t0 = time.perf_counter()
-    with PeakRSS() as mem:
+    with PeakRSS() as mem, notice_if_slow("%-14s computing [%s] …", stage, fp):
         outputs, rows_computed = compute()
         refs = _write_outputs(store, ctx.dataset, stage, fp, outputs, ext)
     seconds = time.perf_counter() - t0
@@ -107,9 +108,17 @@ def _compute(ctx: RunContext, store: Store, stage: str, fp: str, params: Any, in
     rows = sum(r.rows for r in refs.values())
     store.event(ctx.run_id, stage, fp, ctx.dataset, "computed", rows=rows, rows_computed=rows_computed,
                 seconds=seconds, peak_rss_mb=mem.mb)
-    log.info("%-14s computed  [%s] %d rows (%d new) in %.2f s, peak %.0f MB",
-             stage, fp, rows, rows_computed, seconds, mem.mb)
+    log.info("%-14s computed  [%s] %s (%d new) in %.2f s, peak %.0f MB",
+             stage, fp, rows_text(refs), rows_computed, seconds, mem.mb)
     return refs
+
+
+def rows_text(refs: Mapping[str, ArtifactRef]) -> str:
+    """``300 rows``; a stage writing several tables gives each one's rows (``rows: documents 300, gold 135``),
+    never their sum."""
+    if len(refs) == 1:
+        return f"{next(iter(refs.values())).rows} rows"
+    return "rows: " + ", ".join(f"{name} {ref.rows}" for name, ref in refs.items())
 
 
 def _write_outputs(store: Store, dataset: str, stage: str, fp: str, outputs: Mapping[str, Output],

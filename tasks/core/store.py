@@ -63,6 +63,7 @@ CREATE TABLE IF NOT EXISTS llm_ledger (
 ALTER TABLE llm_ledger ADD COLUMN IF NOT EXISTS llm_failed BIGINT;
 CREATE TABLE IF NOT EXISTS metrics (
   run_id VARCHAR, kind VARCHAR, method VARCHAR, dataset VARCHAR, created_at TIMESTAMP, metrics JSON);
+ALTER TABLE metrics ADD COLUMN IF NOT EXISTS overrides JSON;
 """
 
 
@@ -365,13 +366,14 @@ class Store:
             con.execute("INSERT INTO runs VALUES (?,?,?,?)",
                         [run_id, command, dt.datetime.now(), json.dumps(manifest, default=_json_default)])
 
-    def record_metrics(self, run_id: str, kind: str, method: str, dataset: str,
-                       metrics: Mapping[str, Any]) -> None:
-        """Store one evaluation/benchmark result."""
+    def record_metrics(self, run_id: str, kind: str, method: str, dataset: str, metrics: Mapping[str, Any],
+                       overrides: Mapping[str, str] | None = None) -> None:
+        """Store one evaluation/benchmark result, with the command-line overrides of its run."""
         with self.catalog() as con:
-            con.execute("INSERT INTO metrics VALUES (?,?,?,?,?,?)",
-                        [run_id, kind, method, dataset, dt.datetime.now(),
-                         json.dumps(metrics, default=_json_default)])
+            con.execute("INSERT INTO metrics (run_id, kind, method, dataset, created_at, metrics, overrides) "
+                        "VALUES (?,?,?,?,?,?,?)",
+                        [run_id, kind, method, dataset, dt.datetime.now(), json.dumps(metrics, default=_json_default),
+                         json.dumps(dict(overrides or {}))])
 
     def record_ledger(self, run_id: str, stage: str, summary: Mapping[str, Any]) -> None:
         """Token ledger of one stage in one run (calls, cache hits, tokens, seconds, failed requests)."""
@@ -385,6 +387,11 @@ class Store:
     def events(self, run_id: str) -> pd.DataFrame:
         """The stage events of one run, in order."""
         return self.query("SELECT * FROM stage_events WHERE run_id = ? ORDER BY created_at", [run_id])
+
+    def output_rows(self, run_id: str) -> pd.DataFrame:
+        """``(stage, fp, name, rows)`` of every output of the stages one run computed or reused, in write order."""
+        return self.query("SELECT s.stage, s.fp, s.name, s.rows FROM stages s JOIN (SELECT DISTINCT stage, fp "
+                          "FROM stage_events WHERE run_id = ?) e USING (stage, fp) ORDER BY s.rowid", [run_id])
 
     # -- row caches (per-row incremental stages) ----------------------------------
     def row_cache(self, stage: str, param_fp: str, key: str) -> "RowCache":

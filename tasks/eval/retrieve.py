@@ -12,7 +12,8 @@ from typing import Protocol
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
+
+from tasks.core.progress import progress_bar
 
 
 @dataclass
@@ -40,19 +41,21 @@ def retrieve_all(retriever: Retriever, questions: pd.DataFrame, k: int, batch_si
     """Run all questions in batches → (hits(qid, rank, doc_id, score), latency per query, traces)."""
     hit_rows, lat_rows, traces = [], [], []
     qids, texts = questions["qid"].tolist(), questions["question"].tolist()
-    for start in tqdm(range(0, len(texts), batch_size), desc="retrieve", delay=2.0, leave=False):
-        batch = texts[start:start + batch_size]
-        t0 = time.perf_counter()
-        hits = retriever.search(batch, k)
-        ms = (time.perf_counter() - t0) * 1000 / len(batch)
-        parts = {f"{p}_ms": s * 1000 / len(batch) for p, s in hits.parts.items()}
-        for i, qid in enumerate(qids[start:start + batch_size]):
-            lat_rows.append({"qid": qid, "batch_size": len(batch), "ms": ms, **parts})
-            keep = hits.doc_idx[i] >= 0
-            ids = retriever.doc_ids[hits.doc_idx[i][keep]]
-            hit_rows.extend(zip([qid] * len(ids), range(1, len(ids) + 1), ids, hits.scores[i][keep]))
-        if hits.trace:
-            traces.extend({"qid": q, **t} for q, t in zip(qids[start:start + batch_size], hits.trace))
+    with progress_bar(len(texts), "retrieve", unit="question") as bar:
+        for start in range(0, len(texts), batch_size):
+            batch = texts[start:start + batch_size]
+            t0 = time.perf_counter()
+            hits = retriever.search(batch, k)
+            ms = (time.perf_counter() - t0) * 1000 / len(batch)
+            parts = {f"{p}_ms": s * 1000 / len(batch) for p, s in hits.parts.items()}
+            for i, qid in enumerate(qids[start:start + batch_size]):
+                lat_rows.append({"qid": qid, "batch_size": len(batch), "ms": ms, **parts})
+                keep = hits.doc_idx[i] >= 0
+                ids = retriever.doc_ids[hits.doc_idx[i][keep]]
+                hit_rows.extend(zip([qid] * len(ids), range(1, len(ids) + 1), ids, hits.scores[i][keep]))
+            if hits.trace:
+                traces.extend({"qid": q, **t} for q, t in zip(qids[start:start + batch_size], hits.trace))
+            bar.update(len(batch))
     hits_df = pd.DataFrame(hit_rows, columns=["qid", "rank", "doc_id", "score"])
     return hits_df, pd.DataFrame(lat_rows), traces
 

@@ -18,11 +18,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Collection, Iterator, Sequence
 
+from tasks.core.progress import progress_bar
 from tasks.llm.cache import SAMPLING_KEYS, ResponseCache, cache_key
 from tasks.llm.ledger import Ledger, LedgerEntry, estimate_tokens
 from tasks.llm.params import LLMConfigError, LLMParams, LLMResult, Message, Messages
@@ -111,8 +112,8 @@ class LLMClient:
         try:
             futures: dict[Future[tuple[str, int, int, float]], str] = {
                 pool.submit(self.transport.request, m, samp, abort): k for k, m in todo.items()}
-            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-            failed = [f for f in done if f.exception() is not None]
+            watch(futures, f"llm {stage}")
+            failed = [f for f in futures if f.done() and f.exception() is not None]
             if failed:
                 abort.set()
                 pool.shutdown(wait=True, cancel_futures=True)
@@ -176,6 +177,19 @@ class LLMClient:
             log.warning("LLM stage %s: %d/%d structured replies invalid after repair",
                         stage, out.failures, len(out.values))
         return out.values
+
+
+def watch(futures: Collection[Future[tuple[str, int, int, float]]], desc: str) -> None:
+    """Wait until every request is answered or one fails, counting answers and tokens on a progress bar."""
+    prompt = completion = 0
+    with progress_bar(len(futures), desc, unit="call") as bar:
+        for fut in as_completed(futures):
+            if fut.exception() is not None:
+                return
+            _, pt, ct, _ = fut.result()
+            prompt, completion = prompt + pt, completion + ct
+            bar.set_postfix_str(f"{prompt} prompt + {completion} completion tokens", refresh=False)
+            bar.update(1)
 
 
 def make_client(params: LLMParams, cache_path: str | Path | None) -> LLMClient | None:

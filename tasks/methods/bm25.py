@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import tarfile
 import tempfile
 import time
@@ -18,6 +19,8 @@ from tasks.core.stage import RunContext, input_fps, run_stage
 from tasks.core.store import ArtifactRef
 from tasks.eval.retrieve import Hits
 from tasks.text.embed import render_texts
+
+logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its own logger to DEBUG when imported
 
 
 @dataclass(frozen=True)

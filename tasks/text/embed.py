@@ -15,6 +15,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.core.code_identity import code_version
+from tasks.core.progress import progress_bar
 from tasks.core.stage import RunContext, input_fps, run_row_stage
 from tasks.core.store import (
     ArtifactRef,
@@ -55,17 +56,26 @@ class EmbedderParams:
                              f"{self.device!r} set embedder.query_runtime=torch")
 
 
-def encode(texts: list[str], params: EmbedderParams, progress: bool = False, query: bool = False) -> np.ndarray:
-    """Texts → (n, d) L2-normalised float32 embeddings (``query=True``: online questions)."""
+def encode(texts: list[str], params: EmbedderParams, query: bool = False) -> np.ndarray:
+    """Texts → (n, d) L2-normalised float32 embeddings (``query=True``: online questions, no progress bar).
+
+    Batches are cut from the texts sorted longest first, as sentence-transformers cuts them, so a batch
+    pads little; one batch at a time, for the progress bar.
+    """
     import torch
 
     enc = load_encoder(params.model, params.max_seq_length, params.device)
-    if not texts:
-        return np.zeros((0, enc.get_sentence_embedding_dimension()), dtype=np.float32)
-    with torch.backends.mkldnn.flags(enabled=params.query_onednn or not query):
-        emb = enc.encode(texts, batch_size=params.batch_size, normalize_embeddings=True,
-                         convert_to_numpy=True, show_progress_bar=progress and len(texts) > 2000)
-    return np.ascontiguousarray(emb, dtype=np.float32)
+    dim = getattr(enc, "get_embedding_dimension", enc.get_sentence_embedding_dimension)()
+    out = np.zeros((len(texts), dim), dtype=np.float32)
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    with torch.backends.mkldnn.flags(enabled=params.query_onednn or not query), \
+            progress_bar(len(texts), "embed", unit="text", disable=query) as bar:
+        for start in range(0, len(texts), params.batch_size):
+            batch = order[start:start + params.batch_size]
+            out[batch] = enc.encode([texts[i] for i in batch], batch_size=params.batch_size,
+                                    normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+            bar.update(len(batch))
+    return out
 
 
 def encode_queries(texts: list[str], params: EmbedderParams) -> np.ndarray:
@@ -121,7 +131,7 @@ def embed(ctx: RunContext, table: ArtifactRef, id_col: str, params: EmbedderPara
 
     def compute_rows(missing: list[str]) -> pa.Table:
         by_key = dict(zip(keys.tolist(), texts))
-        emb = encode([by_key[k] for k in missing], params, progress=True)
+        emb = encode([by_key[k] for k in missing], params)
         return pa.table({"key": missing, "emb": embeddings_to_arrow(emb)})
 
     def assemble(rows: pa.Table) -> dict[str, pa.Table]:

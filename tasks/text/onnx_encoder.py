@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from tasks.core.progress import timed
 from tasks.text.encoder import load_encoder
 
 PROBE = ["Who directed the film that won the award in 1994?", "Paris", "the United States of America",
@@ -98,16 +99,17 @@ def load_onnx_encoder(model: str, max_seq_length: int, threads: int) -> OnnxEnco
 
     enc = load_encoder(model, max_seq_length, "cpu")
     _check_pipeline(enc)
-    blob, names = _export(enc[0].auto_model, enc.tokenizer)
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session = ort.InferenceSession(blob, opts, providers=["CPUExecutionProvider"])
-    out = OnnxEncoder(session, enc.tokenizer, names, enc.max_seq_length,
-                      getattr(enc, "get_embedding_dimension", enc.get_sentence_embedding_dimension)())
-    eager = enc.encode(PROBE, normalize_embeddings=True, convert_to_numpy=True)
-    diff = float(np.abs(out.encode(PROBE, 2) - eager).max())
+    with timed(f"exporting {model} to ONNX Runtime for the questions"):
+        blob, names = _export(enc[0].auto_model, enc.tokenizer)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        session = ort.InferenceSession(blob, opts, providers=["CPUExecutionProvider"])
+        out = OnnxEncoder(session, enc.tokenizer, names, enc.max_seq_length,
+                          getattr(enc, "get_embedding_dimension", enc.get_sentence_embedding_dimension)())
+        eager = enc.encode(PROBE, normalize_embeddings=True, convert_to_numpy=True)
+        diff = float(np.abs(out.encode(PROBE, 2) - eager).max())
     if diff > MAX_ABS_DIFF:
         raise OnnxExportError(f"the ONNX export of {model!r} differs from the PyTorch encoder by {diff:.2g} "
                               f"(> {MAX_ABS_DIFF}); set embedder.query_runtime=torch")

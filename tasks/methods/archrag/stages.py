@@ -428,6 +428,8 @@ def hierarchy_stage(ctx: RunContext, entities: ArtifactRef, relations: ArtifactR
         summaries = Summaries(ctx, params, kind, llm, embedder)
 
         def summarise(level: int, labels: np.ndarray) -> np.ndarray:
+            log.info("archrag layer %d: %d nodes clustered into %d communities, summarising them", level,
+                     labels.size, int(labels.max()) + 1)
             frame = summaries(inputs.communities(level, labels))
             out = summaries.embed(frame)
             inputs.add_layer(labels, frame, out)

@@ -1,6 +1,7 @@
 """Tests for ``tasks.core.store`` and ``tasks.core.stage``: atomic writes, the catalog, row caches, kills, concurrency."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -316,3 +317,18 @@ def test_ledger_rows_carry_failed_requests_also_in_an_older_catalog(tmp_path):
                                            "completion_tokens": 9, "seconds": 0.5, "llm_failed": 2})
     row = store.query("SELECT llm_calls, llm_failed FROM llm_ledger WHERE run_id = 'r1'")
     assert row.iloc[0].tolist() == [3, 2]
+
+
+def test_metrics_rows_carry_overrides_also_in_an_older_catalog(tmp_path):
+    import duckdb
+
+    old = duckdb.connect(str(tmp_path / "catalog.duckdb"))  # a catalog from before the overrides column
+    old.execute("CREATE TABLE metrics (run_id VARCHAR, kind VARCHAR, method VARCHAR, dataset VARCHAR, "
+                "created_at TIMESTAMP, metrics JSON)")
+    old.execute("INSERT INTO metrics VALUES ('r0', 'evaluate', 'bm25', 'ds', now(), '{}')")
+    old.close()
+    store = Store(tmp_path)
+    store.record_metrics("r1", "evaluate", "bm25", "ds", {"recall@5": 50.0}, {"method.b": "0.4"})
+    rows = store.query("SELECT run_id, overrides FROM metrics ORDER BY run_id")
+    assert rows["run_id"].tolist() == ["r0", "r1"]
+    assert pd.isna(rows["overrides"].iloc[0]) and json.loads(rows["overrides"].iloc[1]) == {"method.b": "0.4"}

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks.core import progress
 from tasks.llm.client import LLMClient, make_client
 from tasks.llm.ledger import estimate_tokens
 from tasks.llm.params import (
@@ -220,6 +221,18 @@ def test_concurrency_bound(tmp_path: Path) -> None:
         client.chat_many([_user(f"p{i}") for i in range(12)], stage="c")
         assert server.requests == 12
         assert 2 <= server.max_in_flight <= 3
+
+
+def test_calls_show_progress_with_their_tokens(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(progress, "DELAY_S", 0.0)  # as if the calls took longer than the bar's delay
+    with FakeLLMServer(latency_s=0.15) as server:
+        client = _client(server, tmp_path, concurrency=1)
+        client.chat_many([_user(f"Question: which city hosts Louvre {i}") for i in range(4)], stage="qa")
+    err = capsys.readouterr().err
+    assert "llm qa" in err and "/4" in err
+    prompt, completion = client.ledger_summary("qa")["prompt_tokens"], client.ledger_summary("qa")["completion_tokens"]
+    assert f"{prompt} prompt + {completion} completion tokens" in err  # the totals once every call is answered
 
 
 # ---- secrets ------------------------------------------------------------------------
