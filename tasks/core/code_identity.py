@@ -28,6 +28,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import threading
 import re
 import sys
 import textwrap
@@ -100,11 +101,18 @@ def _is_project(obj: Any, packages: tuple[str, ...]) -> bool:
     return isinstance(module, str) and _is_project_module_name(module, packages)
 
 
+# CPython 3.11's AST constructor keeps its recursion depth in interpreter-wide state, so two threads
+# parsing at once can fail with "SystemError: AST constructor recursion depth mismatch" (cpython
+# gh-106905); the thread runner hashes concurrent stages, so parsing is serialised.
+_AST_LOCK = threading.Lock()
+
+
 @functools.lru_cache(maxsize=None)
 def _source_digest(path: str, qualname: str, source: str) -> str:
     """sha256 of the docstring-free AST of one function's or class's source."""
     try:
-        tree = ast.parse(textwrap.dedent(source))
+        with _AST_LOCK:
+            tree = ast.parse(textwrap.dedent(source))
     except SyntaxError:  # e.g. a lambda cut out of a longer line: fall back to the raw text
         return hashlib.sha256(source.encode()).hexdigest()
     for node in ast.walk(tree):
