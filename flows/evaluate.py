@@ -32,14 +32,18 @@ from flows.pipeline import (
 )
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef, Store
+from tasks.core.ingest import gold_evidence
+from tasks.eval.evidence import score_evidence
 from tasks.eval.metrics import latency_summary, recall_at_k, recall_by_type
 from tasks.eval.retrieve import retrieve_all
 from tasks.llm.client import make_client
 from tasks.llm.generate import build_reader_messages, contexts_for, generate
 from tasks.llm.ner import QUERY_NER_STAGE
 from tasks.llm.params import LLMDryRun
+from tasks.text.embed import cached_encode, encode_queries
 
 log = logging.getLogger("dagrag")
+EVIDENCE_EMB = "evidence_sentence_emb"  # row cache of the passage rule's sentence embeddings, by content
 
 
 @task(name="retrieve", cache_policy=NO_CACHE)
@@ -99,12 +103,28 @@ def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
         "shuffle_seed": conf.dataset.shuffle_seed, "run_id": ctx.run_id,
         **{k: v for k, v in result.items() if k not in {"hits", "latency", "qids", "load_seconds"}},
     }
+    metrics.update(evidence(ctx, conf, data, hits, run_dir))
     metrics.update(answer(ctx, conf, data, index, hits, run_dir))
     ctx.store.record_metrics(ctx.run_id, "evaluate", conf.method.name, ctx.dataset, metrics)
     write_json(Path(run_dir) / "metrics.json", metrics)
     write_json(Path(run_dir) / "manifest.json", manifest)
     report(metrics, split)
     return metrics
+
+
+def evidence(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], hits: pd.DataFrame,
+             run_dir: str) -> dict[str, Any]:
+    """``evidence_recall@k`` (gold supporting sentences in the top-k evidence units) and ``context_recall``
+    (gold passages in the reader's context); the rules are in :mod:`tasks.eval.evidence`."""
+    sentences = Store.read(gold_evidence(ctx, conf.dataset, conf.data_dir)["gold_sentences"])
+    trace_path = Path(run_dir) / "trace.parquet"
+    method = METHODS[conf.method.name]
+    return score_evidence(
+        hits, Store.read(data["documents"]), Store.read(data["gold"]), sentences, Store.read(data["questions"]),
+        Store.read(trace_path) if trace_path.exists() else None, list(conf.eval.ks), method.evidence_units,
+        method.answer is None, conf.eval.context_passages, conf.eval.max_context_tokens,
+        lambda texts: cached_encode(ctx.store, texts, conf.embedder, EVIDENCE_EMB),
+        lambda texts: encode_queries(texts, conf.embedder))
 
 
 def answer(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef],
@@ -152,6 +172,8 @@ def report(metrics: dict[str, Any], split: pd.DataFrame) -> None:
     print(stage_table(split))
     keys = [k for k in metrics if k.startswith("recall@")] + ["query_ms_mean", "query_ms_p50", "query_ms_p95",
                                                               "index_seconds"]
+    keys += [k for k in metrics if k.startswith("evidence_recall@")] + (
+        ["context_recall"] if metrics.get("context_recall") is not None else [])
     keys += [k for k in ["em", "f1", "contain_acc", "accuracy", "recall", "llm_acc", "prompt_tokens", "completion_tokens"] if k in metrics]
     print(f"\n{metrics['method']} on {metrics['dataset']} ({metrics['n_questions']} questions, "
           f"{metrics['n_documents']} passages)")
