@@ -61,6 +61,13 @@ class EvalParams:
 
 
 @dataclass(frozen=True)
+class CompareParams:
+    """``compare/``: the methods ``flows.compare`` evaluates, one after another, on one dataset."""
+
+    methods: tuple[str, ...] = ("dense", "bm25", "hybrid", "zoomrag", "linearrag", "erarag", "serag", "archrag")
+
+
+@dataclass(frozen=True)
 class ReportParams:
     """``report/``: which runs ``flows.report`` reads from the catalog, and where it writes."""
 
@@ -126,6 +133,7 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
         LLMParams: {"provider": PROVIDERS, "temperature": "[0, 2]", "max_tokens": count, "timeout_s": pos,
                     "max_retries": count0, "backoff_base_s": count0, "backoff_max_s": count0, "concurrency": count},
         RunnerParams: {"max_workers": count},
+        CompareParams: {"methods": ("dense", "bm25", "hybrid", "zoomrag", "linearrag", "erarag", "serag", "archrag")},
         ReportParams: {"metric": ("recall@2", "recall@5", "recall@10", "evidence_recall@2", "evidence_recall@5",
                                   "evidence_recall@10", "context_recall", "em", "f1")},
         EvalParams: {"dev_fraction": "[0, 1)", "split_seed": count0, "objective": (
@@ -316,6 +324,7 @@ class Config:
     artifacts_dir: str
     raw: dict
     report: ReportParams = ReportParams()
+    compare: CompareParams = CompareParams()
 
 
 def load_config(cfg: Mapping[str, Any]) -> Config:
@@ -350,4 +359,5 @@ def load_config(cfg: Mapping[str, Any]) -> Config:
         artifacts_dir=str(cfg["artifacts_dir"]),
         raw=dict(cfg),
         report=build(ReportParams, "report", cfg.get("report", {})),
+        compare=build(CompareParams, "compare", cfg.get("compare", {})),
     )
