@@ -31,9 +31,9 @@ from flows.pipeline import (
     start_run,
     write_json,
 )
+from tasks.core.ingest import gold_evidence
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef, Store
-from tasks.core.ingest import gold_evidence
 from tasks.eval.evidence import score_evidence
 from tasks.eval.metrics import dev_split, latency_summary, recall_at_k, recall_by_type
 from tasks.eval.retrieve import retrieve_all
