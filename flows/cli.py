@@ -14,6 +14,8 @@ COMMANDS = {
     "index": ("flows.index", "build or update an index only"),
     "update": ("flows.update", "bring an index up to date with a grown or shrunk corpus"),
     "benchmark": ("flows.benchmark", "latency per query at several batch sizes, memory, per-part split"),
+    "compare": ("flows.compare", "every method on one dataset (shared stages computed once), then the report"),
+    "report": ("flows.report", "results table and figures from the catalog → artifacts/reports/<name>/report.md"),
 }
 
 USAGE = "usage: dagrag COMMAND [overrides] [hydra flags]\n\ncommands:\n" + "\n".join(

@@ -55,6 +55,26 @@ class EvalParams:
     max_context_tokens: int = 2000
     llm_judge: bool = False        # also score answers with the LLM as judge (GPT-Acc style)
     llm_dry_run: bool = False      # only estimate the LLM calls/tokens of the index's LLM stage, else of generation
+    dev_fraction: float = 0.5      # share of the questions in the seeded dev split (the rest: test)
+    split_seed: int = 0            # seed of the dev/test split
+    objective: str = "recall@5"    # the dev-split metric a sweep maximises (the command's return value)
+
+
+@dataclass(frozen=True)
+class CompareParams:
+    """``compare/``: the methods ``flows.compare`` evaluates, one after another, on one dataset."""
+
+    methods: tuple[str, ...] = ("dense", "bm25", "hybrid", "zoomrag", "linearrag", "erarag", "serag", "archrag")
+
+
+@dataclass(frozen=True)
+class ReportParams:
+    """``report/``: which runs ``flows.report`` reads from the catalog, and where it writes."""
+
+    runs: tuple[str, ...] = ()     # these run ids; else the trials of ``sweep``; else the latest per method x dataset
+    sweep: str | None = None       # a sweep id (``sweep_id`` of its trials' metrics)
+    name: str | None = None        # artifacts/reports/<name>/ (default: the sweep id, or "latest")
+    metric: str = "recall@5"       # the accuracy axis of the figures
 
 
 @dataclass(frozen=True)
@@ -113,7 +133,13 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
         LLMParams: {"provider": PROVIDERS, "temperature": "[0, 2]", "max_tokens": count, "timeout_s": pos,
                     "max_retries": count0, "backoff_base_s": count0, "backoff_max_s": count0, "concurrency": count},
         RunnerParams: {"max_workers": count},
-        EvalParams: {"ks": count, "batch_size": count, "max_questions": count, "context_passages": count0,
+        CompareParams: {"methods": ("dense", "bm25", "hybrid", "zoomrag", "linearrag", "erarag", "serag", "archrag")},
+        ReportParams: {"metric": ("recall@2", "recall@5", "recall@10", "evidence_recall@2", "evidence_recall@5",
+                                  "evidence_recall@10", "context_recall", "em", "f1")},
+        EvalParams: {"dev_fraction": "[0, 1)", "split_seed": count0, "objective": (
+                         "recall@2", "recall@5", "recall@10", "evidence_recall@2", "evidence_recall@5",
+                         "evidence_recall@10", "context_recall"),
+                     "ks": count, "batch_size": count, "max_questions": count, "context_passages": count0,
                      "max_context_tokens": count},
         BenchmarkParams: {"batch_sizes": count, "n_questions": count, "repeat": count},
         DenseParams: {"top_k": count, "batch_size": count},
@@ -297,6 +323,8 @@ class Config:
     data_dir: str
     artifacts_dir: str
     raw: dict
+    report: ReportParams = ReportParams()
+    compare: CompareParams = CompareParams()
 
 
 def load_config(cfg: Mapping[str, Any]) -> Config:
@@ -330,4 +358,6 @@ def load_config(cfg: Mapping[str, Any]) -> Config:
         data_dir=str(cfg["data_dir"]),
         artifacts_dir=str(cfg["artifacts_dir"]),
         raw=dict(cfg),
+        report=build(ReportParams, "report", cfg.get("report", {})),
+        compare=build(CompareParams, "compare", cfg.get("compare", {})),
     )

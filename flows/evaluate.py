@@ -4,6 +4,7 @@ The last line printed is ``metrics: {json}``.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import sys
@@ -30,16 +31,20 @@ from flows.pipeline import (
     start_run,
     write_json,
 )
+from tasks.core.ingest import gold_evidence
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef, Store
-from tasks.eval.metrics import latency_summary, recall_at_k, recall_by_type
+from tasks.eval.evidence import score_evidence
+from tasks.eval.metrics import dev_split, latency_summary, recall_at_k, recall_by_type
 from tasks.eval.retrieve import retrieve_all
 from tasks.llm.client import make_client
 from tasks.llm.generate import build_reader_messages, contexts_for, generate
 from tasks.llm.ner import QUERY_NER_STAGE
 from tasks.llm.params import LLMDryRun
+from tasks.text.embed import cached_encode, encode_queries
 
 log = logging.getLogger("dagrag")
+EVIDENCE_EMB = "evidence_sentence_emb"  # row cache of the passage rule's sentence embeddings, by content
 
 
 @task(name="retrieve", cache_policy=NO_CACHE)
@@ -98,12 +103,63 @@ def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
         "shuffle_seed": conf.dataset.shuffle_seed, "run_id": ctx.run_id,
         **{k: v for k, v in result.items() if k not in {"hits", "latency", "qids", "load_seconds"}},
     }
+    sentences = Store.read(gold_evidence(ctx, conf.dataset, conf.data_dir)["gold_sentences"])
+    metrics.update(evidence(ctx, conf, data, hits, sentences, run_dir))
+    metrics.update(split_metrics(ctx, conf, data, hits, gold, sentences, result["qids"], run_dir))
+    metrics.update(sweep_info())
     metrics.update(answer(ctx, conf, data, index, hits, run_dir))
     ctx.store.record_metrics(ctx.run_id, "evaluate", conf.method.name, ctx.dataset, metrics, manifest["overrides"])
     write_json(Path(run_dir) / "metrics.json", metrics)
     write_json(Path(run_dir) / "manifest.json", manifest)
     report(metrics, split)
     return metrics
+
+
+def evidence(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], hits: pd.DataFrame,
+             sentences: pd.DataFrame, run_dir: str) -> dict[str, Any]:
+    """``evidence_recall@k`` (gold supporting sentences in the top-k evidence units) and ``context_recall``
+    (gold passages in the reader's context); the rules are in :mod:`tasks.eval.evidence`."""
+    trace_path = Path(run_dir) / "trace.parquet"
+    method = METHODS[conf.method.name]
+    return score_evidence(
+        hits, Store.read(data["documents"]), Store.read(data["gold"]), sentences, Store.read(data["questions"]),
+        Store.read(trace_path) if trace_path.exists() else None, list(conf.eval.ks), method.evidence_units,
+        method.answer is None, conf.eval.context_passages, conf.eval.max_context_tokens,
+        lambda texts: cached_encode(ctx.store, texts, conf.embedder, EVIDENCE_EMB),
+        lambda texts: encode_queries(texts, conf.embedder))
+
+
+def split_metrics(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], hits: pd.DataFrame,
+                  gold: pd.DataFrame, sentences: pd.DataFrame, qids: list[str], run_dir: str) -> dict[str, Any]:
+    """Retrieval metrics on the seeded dev split and on the test split (``eval.dev_fraction``): a sweep
+    maximises the dev score, and a report shows the best trial's test score."""
+    if not conf.eval.dev_fraction:
+        return {}
+    out: dict[str, Any] = {"split": {"dev_fraction": conf.eval.dev_fraction, "seed": conf.eval.split_seed}}
+    for name, part in zip(["dev", "test"], dev_split(qids, conf.eval.dev_fraction, conf.eval.split_seed)):
+        sub = hits[hits["qid"].isin(set(part))]
+        scores = {"n_questions": len(part), **recall_at_k(sub, gold, list(conf.eval.ks), part)}
+        scores.update({k: v for k, v in evidence(ctx, conf, data, sub, sentences, run_dir).items()
+                       if k.startswith("evidence_recall@") or k == "context_recall"})
+        out[name] = scores
+    return out
+
+
+def sweep_info() -> dict[str, Any]:
+    """``sweep_id`` (a hash of the sweep folder), trial number and overrides when run as a Hydra multirun job."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+    except (ImportError, ValueError):  # not inside a Hydra job (a test calling the flow)
+        return {}
+    if hc.mode != RunMode.MULTIRUN:
+        return {}
+    sweep_dir = str(Path(hc.sweep.dir).resolve())
+    return {"sweep_id": "swp-" + hashlib.sha1(sweep_dir.encode()).hexdigest()[:10], "sweep_dir": sweep_dir,
+            "sweep_trial": int(hc.job.num), "sweep_overrides": list(hc.overrides.task),
+            "sweeper": str(hc.sweeper.get("_target_", ""))}
 
 
 def answer(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef],
@@ -151,6 +207,8 @@ def report(metrics: dict[str, Any], split: pd.DataFrame) -> None:
     print(stage_table(split))
     keys = [k for k in metrics if k.startswith("recall@")] + ["query_ms_mean", "query_ms_p50", "query_ms_p95",
                                                               "index_seconds"]
+    keys += [k for k in metrics if k.startswith("evidence_recall@")] + (
+        ["context_recall"] if metrics.get("context_recall") is not None else [])
     keys += [k for k in ["em", "f1", "contain_acc", "accuracy", "recall", "llm_acc", "prompt_tokens", "completion_tokens"] if k in metrics]
     print(f"\n{metrics['method']} on {metrics['dataset']} ({metrics['n_questions']} questions, "
           f"{metrics['n_documents']} passages)")
@@ -166,8 +224,10 @@ def hydra_run_dir() -> str:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> float:
-    """Hydra entry point: resolve the config and run the flow once."""
-    return run_command(evaluate_flow, cfg, "metrics", hydra_run_dir()).get("recall@5", 0.0)
+    """Hydra entry point: resolve the config and run the flow once. Returns the dev-split objective
+    (``eval.objective`` on ``metrics.dev``), the value a sweeper maximises; never a test-split score."""
+    metrics = run_command(evaluate_flow, cfg, "metrics", hydra_run_dir())
+    return float(metrics.get("dev", metrics).get(cfg.eval.objective, 0.0) or 0.0)
 
 
 if __name__ == "__main__":

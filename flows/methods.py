@@ -17,13 +17,16 @@ class Method:
     # the method's own generation, when it is not "read the top passages" (ArchRAG's adaptive filtering):
     # (client, data refs, index refs, cfg, questions, traces, dry_run) -> (predictions | None, scores)
     answer: Optional[Callable] = None
+    # its trace's kept_chunks are its own ranked evidence units (ZoomRAG's ChunkZoom), scored by
+    # evidence_recall@k in place of the passage rule (tasks.eval.evidence)
+    evidence_units: bool = False
 
 
 METHODS: dict[str, Method] = {
     "dense": Method(dense.DenseParams, dense.index, dense.retriever),
     "bm25": Method(bm25.BM25Params, bm25.index, bm25.retriever),
     "hybrid": Method(hybrid.HybridParams, hybrid.index, hybrid.retriever),
-    "zoomrag": Method(zoomrag.ZoomRAGParams, zoomrag.index, zoomrag.retriever),
+    "zoomrag": Method(zoomrag.ZoomRAGParams, zoomrag.index, zoomrag.retriever, evidence_units=True),
     "linearrag": Method(linearrag.LinearParams, linearrag.index, linearrag.retriever),
     "erarag": Method(erarag.EraParams, erarag.index, erarag.retriever),
     "serag": Method(serag.SeRAGParams, serag.index, serag.retriever),

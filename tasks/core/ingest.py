@@ -347,3 +347,60 @@ def ingest(ctx: RunContext, params: DatasetParams, data_dir: str) -> dict[str, A
         return {"documents": docs, "questions": questions, "gold": gold, "ingest_report": report_df}, len(docs)
 
     return run_stage(ctx, "ingest", code, params, raw, compute)
+
+
+# ----------------------------------------------------------------------------- gold evidence sentences
+
+def supporting_sentences(records: list[Any]) -> pd.DataFrame:
+    """Gold supporting sentences of HotpotQA / 2Wiki records → ``(qid, title, sent_idx, sentence)``.
+
+    A supporting fact is ``[title, sentence_index]`` into that title's sentence list in ``context``. A fact
+    whose index is null (2wiki-dev) or out of range gives no row, and so do MuSiQue records (their
+    evidence is whole supporting paragraphs, which the ``gold`` table already holds).
+    """
+    rows = []
+    for rec in records:
+        if not isinstance(rec, dict) or "paragraphs" in rec:
+            continue
+        qid = str(rec.get("_id", rec.get("id")))
+        sentences = {item[0]: item[1] for item in rec.get("context") or []
+                     if isinstance(item, list) and len(item) == 2 and isinstance(item[1], list)}
+        for fact in rec.get("supporting_facts") or []:
+            if not (isinstance(fact, list) and len(fact) == 2 and isinstance(fact[1], int)):
+                continue
+            title, idx = fact
+            sents = sentences.get(title, [])
+            if 0 <= idx < len(sents) and str(sents[idx]).strip():
+                rows.append((qid, title, idx, str(sents[idx]).strip()))
+    frame = pd.DataFrame(rows, columns=["qid", "title", "sent_idx", "sentence"])
+    return frame.drop_duplicates(["qid", "title", "sent_idx"]).reset_index(drop=True)
+
+
+def question_records(params: DatasetParams, data_dir: str) -> list[Any]:
+    """The raw question records of a dataset (empty when it has none)."""
+    if isinstance(params, SampleParams):
+        generate_sample = importlib.import_module("tasks.core.sample").generate_sample
+        return generate_sample(params.n_passages, params.n_questions, params.seed)[1]
+    _, qpath = raw_sources(params, data_dir)
+    if qpath is None:
+        return []
+    return read_jsonl(qpath) if qpath.suffix == ".jsonl" else read_json_list(qpath)
+
+
+@task(name="evidence", cache_policy=NO_CACHE)
+def gold_evidence(ctx: RunContext, params: DatasetParams, data_dir: str) -> dict[str, ArtifactRef]:
+    """Stage: the ``gold_sentences`` table (supporting facts kept at ingestion, for evidence recall).
+
+    A stage of its own beside :func:`ingest`, on the same raw files, so that keeping the supporting facts
+    leaves the fingerprints of ``ingest`` and of every index stage built on it unchanged.
+    """
+    files, qpath = raw_sources(params, data_dir)
+    raw = {"content": content_hash(files + ([qpath] if qpath else []))}
+    sample = [importlib.import_module("tasks.core.sample").generate_sample] if isinstance(params, SampleParams) else []
+    code = code_version(gold_evidence, *sample)
+
+    def compute() -> tuple[dict[str, pd.DataFrame], int]:
+        table = supporting_sentences(question_records(params, data_dir))
+        return {"gold_sentences": table}, len(table)
+
+    return run_stage(ctx, "evidence", code, params, raw, compute)

@@ -33,3 +33,15 @@ def recall_by_type(hits: pd.DataFrame, gold: pd.DataFrame, questions: pd.DataFra
     asked = questions[questions["qid"].isin(set(qids))]
     return {str(t): {"n": len(g), **recall_at_k(hits, gold, ks, g["qid"].tolist())}
             for t, g in asked.groupby("qtype", sort=True)}
+
+
+def dev_split(qids: list[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """A seeded (dev, test) partition of the questions: round(fraction * n) dev questions, the rest test.
+
+    The permutation is of the sorted ids, so a question's side depends on the set of ids and the seed only.
+    """
+    ordered = sorted(set(qids))
+    perm = np.random.default_rng(seed).permutation(len(ordered))
+    n_dev = int(round(fraction * len(ordered)))
+    dev = {ordered[i] for i in perm[:n_dev]}
+    return [q for q in qids if q in dev], [q for q in qids if q not in dev]

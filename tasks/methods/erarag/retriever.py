@@ -131,9 +131,15 @@ class EraRetriever:
             trace.append({"nodes": [str(x) for x in self.node_ids[chosen]],
                           "node_layers": [int(x) for x in self.layer[chosen]],
                           "node_scores": [float(x) for x in sel.scores[i][sel.indices[i] >= 0]],
-                          "kept_chunks": [self.texts[c] for c in chosen]})
+                          "kept_chunks": [self.texts[c] for c in chosen],
+                          "context_docs": [self.node_docs(c) for c in chosen]})
         t.append(time.perf_counter())
         return Hits(doc_idx, doc_scores, dict(zip(["query_encoding", "search", "ranking"], np.diff(t))), trace)
+
+    def node_docs(self, node: int) -> list[str]:
+        """The passages a node's text stands for: a leaf's own, or every passage under a summary."""
+        leaves = [node] if self.layer[node] == 0 else self.desc_leaf[self.desc_ptr[node]:self.desc_ptr[node + 1]]
+        return [str(self.doc_ids[d]) for d in dict.fromkeys(int(self.leaf_doc[lf]) for lf in leaves) if d >= 0]
 
     def view_recall(self, view: str) -> dict[str, float]:
         """recall@k of one view over the questions searched so far (the same scorer as evaluate)."""

@@ -97,6 +97,7 @@ class ZoomRetriever:
                             "top_docs": [str(d) for d in self.doc_ids[top[i]]],
                             "top_doc_scores": [float(s) for s in scores[i, 1 + top[i]]],
                             "kept_chunks": [str(self.chunk_text[c]) for c in res.chunks[row][best]],
+                            "context_docs": [[str(self.doc_ids[self.chunk_doc[c]])] for c in res.chunks[row][best]],
                             "kept_chunk_scores": [float(s) for s in res.scores[row][best]]}
         return trace
 

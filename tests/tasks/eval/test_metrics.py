@@ -79,3 +79,13 @@ def test_latency_summary():
         {"mean": 3.0, "p50": 3.0, "p95": 3.9, "p99": 3.98})
     empty = latency_summary(pd.DataFrame({"ms": []}))
     assert set(empty) == {"mean", "p50", "p95", "p99"} and all(math.isnan(v) for v in empty.values())
+
+
+def test_dev_split_is_seeded_disjoint_and_sized():
+    from tasks.eval.metrics import dev_split
+
+    qids = [f"q{i}" for i in range(10)]
+    dev, test = dev_split(qids, 0.3, seed=0)
+    assert len(dev) == 3 and len(test) == 7 and not set(dev) & set(test) and set(dev) | set(test) == set(qids)
+    assert dev_split(list(reversed(qids)), 0.3, seed=0)[0] == list(reversed(dev))  # order does not decide a side
+    assert dev_split(qids, 0.3, seed=1)[0] != dev

@@ -1,0 +1,214 @@
+"""``python -m flows.report [report.runs=[ID,…] | report.sweep=ID] [report.name=NAME]``: the results report.
+
+Reads only the DuckDB catalog (``metrics``, ``runs``, ``stage_events``, ``stages``, ``llm_ledger``), never a
+run's output. Writes ``artifacts/reports/<name>/report.md`` with PNG figures beside it, and publishes the same
+Markdown as a Prefect artifact. The last line printed is ``report: {json}``.
+
+Selection: the given run ids; else a sweep's trials; else the latest ``evaluate`` run per method × dataset
+(sweep trials excluded: they were tuned on the dev split). A sweep's table shows its best trial (highest
+dev-split ``eval.objective``) scored on the **test** split only, so a sweep never reports a number it was
+tuned on.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact
+
+from flows.config import load_config
+from tasks.core.store import Store
+from tasks.eval import report as rep
+
+INDEX_EXCLUDED = ("evidence",)  # stages an evaluate run adds that are not part of building the index
+
+
+def select_runs(store: Store, runs: tuple[str, ...], sweep: str | None) -> pd.DataFrame:
+    """The ``evaluate`` metrics rows of the selection, metrics parsed."""
+    base = "SELECT run_id, method, dataset, created_at, metrics FROM metrics WHERE kind = 'evaluate'"
+    if runs:
+        frame = store.query(base + f" AND run_id IN ({', '.join('?' * len(runs))})", list(runs))
+    elif sweep:
+        frame = store.query(base + " AND metrics->>'sweep_id' = ?", [sweep])
+    else:
+        frame = store.query(base + " AND metrics->>'sweep_id' IS NULL")
+        frame = frame.sort_values("created_at").groupby(["method", "dataset"], sort=False).tail(1)
+    return frame.assign(metrics=frame["metrics"].map(json.loads)).reset_index(drop=True)
+
+
+def run_facts(store: Store, run_ids: list[str]) -> pd.DataFrame:
+    """Per run: commit, dataset identity (content hash, or the ingest fingerprint of a generated dataset),
+    date, index build seconds (every index stage it used, at the cost it had when computed) and tokens."""
+    if not run_ids:
+        return pd.DataFrame(columns=["run_id", "commit", "dataset_hash", "date", "index_build_s", "tokens"])
+    marks = ", ".join("?" * len(run_ids))
+    runs = store.query(f"SELECT run_id, manifest->>'git_sha' AS commit, manifest->>'dataset_content_hash' AS hash, "
+                       f"started_at FROM runs WHERE run_id IN ({marks})", run_ids)
+    ingest = store.query(f"SELECT run_id, any_value(fp) AS ingest_fp FROM stage_events WHERE stage = 'ingest' "
+                         f"AND run_id IN ({marks}) GROUP BY run_id", run_ids)
+    build = store.query(
+        f"SELECT e.run_id, sum(s.seconds) AS index_build_s FROM (SELECT DISTINCT run_id, stage, fp FROM stage_events "
+        f"WHERE run_id IN ({marks}) AND stage NOT IN ({', '.join('?' * len(INDEX_EXCLUDED))})) e JOIN "
+        f"(SELECT stage, fp, max(seconds) AS seconds FROM stages GROUP BY stage, fp) s USING (stage, fp) "
+        f"GROUP BY e.run_id", run_ids + list(INDEX_EXCLUDED))
+    tokens = store.query(f"SELECT run_id, sum(coalesce(prompt_tokens, 0) + coalesce(completion_tokens, 0)) AS tokens "
+                         f"FROM llm_ledger WHERE run_id IN ({marks}) GROUP BY run_id", run_ids)
+    out = runs.merge(ingest, on="run_id", how="left").merge(build, on="run_id", how="left")
+    out = out.merge(tokens, on="run_id", how="left")
+    out["dataset_hash"] = [h if h and h != "generated" else f"generated, ingest {fp}"
+                           for h, fp in zip(out["hash"], out["ingest_fp"])]
+    out["date"] = pd.to_datetime(out["started_at"]).dt.strftime("%Y-%m-%d")
+    return out[["run_id", "commit", "dataset_hash", "date", "index_build_s", "tokens"]]
+
+
+def trial_parameters(overrides: pd.Series) -> pd.DataFrame:
+    """A sweep's trials' overrides (``["method.alpha=0.7", …]``) → one column per config key, numbers as floats."""
+    rows = [{k: v for k, v in (o.lstrip("+~").split("=", 1) for o in (ov or []) if "=" in o)
+             if "." in k and not k.startswith("hydra.")}  # key=value of config keys, not group choices
+            for ov in overrides]
+    frame = pd.DataFrame(rows, index=overrides.index)
+    for col in frame:
+        num = pd.to_numeric(frame[col], errors="coerce")
+        if num.notna().all():
+            frame[col] = num
+    return frame
+
+
+def slug(name: str) -> str:
+    """A name usable as a folder and a Prefect artifact key (lower-case letters, digits, dashes)."""
+    return re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-") or "report"
+
+
+@flow(name="report")
+def report_flow(cfg: dict) -> dict[str, Any]:
+    """Catalog → results table, accuracy–latency figure, sweep figure → report.md (+ a Prefect artifact)."""
+    conf = load_config(cfg)
+    params, store = conf.report, Store(conf.artifacts_dir)
+    name = slug(params.name or params.sweep or ("runs" if params.runs else "latest"))
+    out_dir = store.root / "reports" / name
+    ks = list(conf.eval.ks)
+    records = select_runs(store, params.runs, params.sweep)
+    if records.empty:
+        raise SystemExit(f"error: no evaluate runs in {store.root / 'catalog.duckdb'} match the selection "
+                         f"(runs={list(params.runs)}, sweep={params.sweep})")
+    runs = rep.flatten_metrics(records)
+    facts = run_facts(store, runs["run_id"].tolist())
+    runs = runs.merge(facts, on="run_id", how="left")
+    bench = store.query("SELECT method, dataset, created_at, metrics FROM metrics WHERE kind = 'benchmark'")
+    bench = bench.assign(metrics=bench["metrics"].map(json.loads))
+    latency = rep.benchmark_latency(bench)
+    pairs = set(zip(runs["method"], runs["dataset"]))
+    latency = latency[pd.Series([p in pairs for p in zip(latency["method"], latency["dataset"])],
+                                index=latency.index, dtype=bool)]
+
+    md = [f"# dagrag report: {name}", ""]
+    figures: list[str] = []
+    shown = runs
+    if params.sweep:
+        md += sweep_section(runs, params.sweep, conf.eval.objective, params.metric, out_dir, store, figures)
+        best = rep.best_trial(runs, conf.eval.objective)
+        shown = runs[runs["run_id"] == best["run_id"]].copy()
+        for col in [c for c in shown.columns if c.startswith("test/")]:  # the best trial, on the test split
+            shown[col.split("/", 1)[1]] = shown[col]
+    table = rep.results_table(shown, latency, ks)
+    note = rep.caption(shown["commit"].fillna("").tolist(), shown["dataset_hash"].fillna("").tolist(),
+                       shown["date"].fillna("").tolist())
+    md += ["## Results" + (" (best trial, test split)" if params.sweep else ""), "",
+           selection_line(params, len(runs)), "", rep.markdown_table(table), TABLE_NOTES, ""]
+    points = accuracy_points(shown, latency, params.metric)
+    if not points.empty:
+        png = rep.accuracy_latency_figure(points, params.metric, note)
+        Store.write_bytes(png, out_dir / "accuracy_latency.png")
+        figures.append("accuracy_latency.png")
+        md += ["## Accuracy against latency", "", "![accuracy against latency](accuracy_latency.png)", "",
+               f"*{params.metric} against ms per query, one point per method and batch size (benchmark runs; "
+               f"an evaluate run's own batch where none). {note}*", ""]
+    text = "\n".join(md)
+    Store.write_bytes(text.encode(), out_dir / "report.md")
+    create_markdown_artifact(key=f"report-{name}", markdown=text, description=f"dagrag report {name}")
+    return {"report": str(out_dir / "report.md"), "figures": [str(out_dir / f) for f in figures],
+            "runs": runs["run_id"].tolist(), "name": name}
+
+
+TABLE_NOTES = (
+    "\nrecall@k: gold passages in the top k. evidence_recall@k: gold supporting sentences among the top-k "
+    "evidence units (ZoomRAG: ChunkZoom's chunks; others: sentences of the top-k passages ranked by "
+    "query–sentence cosine). context_recall: gold passages whose text reaches the reader's context. "
+    "index_build_s: seconds each index stage took when it was computed, summed (also when this run found it "
+    "cached). ms/q@b: mean ms per query at batch b (the latest benchmark run). peak_mem_mb: the larger of the "
+    "index stages' and the benchmark's peak RSS. tokens: LLM prompt + completion tokens recorded for the run.")
+
+
+def selection_line(params: Any, n: int) -> str:
+    """How the runs were chosen, in words."""
+    if params.runs:
+        return f"Runs: {', '.join(params.runs)}."
+    if params.sweep:
+        return f"Sweep {params.sweep}: {n} trials."
+    return "The latest evaluate run of each method on each dataset (sweep trials excluded)."
+
+
+def accuracy_points(runs: pd.DataFrame, latency: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """One point per method × dataset × batch size: the run's metric at the benchmark's ms/query
+    (the evaluate run's own mean ms/query at its batch size where no benchmark exists)."""
+    if metric not in runs:
+        return pd.DataFrame()
+    acc = runs[["method", "dataset", metric, "query_ms_mean", "batch_size"]]
+    pts = acc.drop(columns=["query_ms_mean", "batch_size"]).merge(latency, on=["method", "dataset"], how="inner")
+    benched = set(zip(latency["method"], latency["dataset"]))
+    own = acc[pd.Series([p not in benched for p in zip(acc["method"], acc["dataset"])], index=acc.index, dtype=bool)]
+    own = own.rename(columns={"query_ms_mean": "ms_per_query"})
+    pts = pd.concat([pts, own], ignore_index=True)[["dataset", "method", "batch_size", "ms_per_query", metric]]
+    return pts.dropna(subset=["ms_per_query", metric])
+
+
+def sweep_section(runs: pd.DataFrame, sweep: str, objective: str, metric: str, out_dir: Path, store: Store,
+                  figures: list[str]) -> list[str]:
+    """The trials table (dev objective only), the best trial, and the sweep figure."""
+    params = trial_parameters(runs["sweep_overrides"])
+    trials = pd.concat([runs, params], axis=1)
+    swept = rep.swept_parameters(trials, list(params.columns))
+    best = rep.best_trial(trials, objective)
+    dev_metric = f"dev/{objective}"
+    rows = trials.sort_values("sweep_trial" if "sweep_trial" in trials else "created_at")
+    table = rows[["sweep_trial", "method", "dataset", *swept, dev_metric]] if "sweep_trial" in rows else \
+        rows[["method", "dataset", *swept, dev_metric]]
+    lines = [f"## Sweep {sweep}", "",
+             f"Objective: {objective} on the dev split (a seeded {best.get('dev_fraction', '')} share of the "
+             "questions); the results table shows the best trial on the held-out test split.", "",
+             f"Best trial: {best.get('sweep_trial', '')} ({', '.join(f'{p}={best[p]}' for p in swept)}), "
+             f"dev {objective} {best[dev_metric]:.2f}, test {objective} {best.get(f'test/{objective}', float('nan')):.2f}.",
+             "", rep.markdown_table(table.reset_index(drop=True), digits=3), ""]
+    if swept:
+        note = rep.caption(trials["commit"].fillna("").tolist(), trials["dataset_hash"].fillna("").tolist(),
+                           trials["date"].fillna("").tolist())
+        png = rep.sweep_figure(trials, swept, dev_metric, note)
+        Store.write_bytes(png, out_dir / "sweep.png")
+        figures.append("sweep.png")
+        lines += ["![sweep](sweep.png)", "",
+                  f"*dev-split {objective} against {', '.join(swept)} "
+                  f"({'heatmap' if len(swept) == 2 else 'one line per value of another swept parameter'}). "
+                  f"{note}*", ""]
+    return lines
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    """Hydra entry point: ``report.*`` picks the runs, ``artifacts_dir`` the catalog."""
+    from flows.api_server import ensure_api
+    from flows.pipeline import print_last_line
+
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    ensure_api()
+    print_last_line("report", report_flow(plain))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

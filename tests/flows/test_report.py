@@ -1,0 +1,73 @@
+"""flows.report on a small catalog made here: the files exist, the figures are PNGs, the numbers match."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from flows.report import report_flow
+from tests.flows.conftest import make_config
+from tests.flows.small_catalog import COMMIT, DATASETS, METHODS, SWEEP, build_small_catalog
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture()
+def catalog(tmp_path):
+    build_small_catalog(tmp_path / "artifacts")
+    return tmp_path
+
+
+def _rows(md: str) -> dict[tuple[str, str], dict[str, str]]:
+    """The results table of report.md as {(dataset, method): {column: cell}}."""
+    lines = [line for line in md.splitlines() if line.startswith("| ")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == len(head) and "dataset" in head:
+            row = dict(zip(head, cells))
+            rows[(row["dataset"], row["method"])] = row
+    return rows
+
+
+def test_latest_report_matches_the_catalog(catalog):
+    result = report_flow(make_config(catalog))
+    out = catalog / "artifacts" / "reports" / "latest"
+    md = (out / "report.md").read_text()
+    assert result["report"] == str(out / "report.md")
+    png = (out / "accuracy_latency.png").read_bytes()
+    assert png.startswith(PNG) and len(png) > 5000
+    rows = _rows(md)
+    assert set(rows) == {(d, m) for d in DATASETS for m in METHODS}  # the latest run each, not the old ones
+    for (dataset, method), row in rows.items():
+        r5 = METHODS[method] - 5.0 * list(DATASETS).index(dataset)
+        assert float(row["recall@5"]) == r5 and float(row["recall@10"]) == r5 + 10
+        assert float(row["evidence_recall@5"]) == r5 - 20 and float(row["context_recall"]) == r5 + 1
+        assert row["run_id"] == f"run-{method}-{dataset}"
+        assert float(row["index_build_s"]) == 5.0  # cached stages count at the cost they were built at
+        assert float(row["ms/q@1"]) == (20.0 if method == "zoomrag" else 8.0) and float(row["ms/q@256"]) == 1.5
+        assert float(row["peak_mem_mb"]) == 900.0 and row["em"] == "–"
+    caption = re.search(r"\*recall@5 against ms per query.*\*", md).group(0)
+    assert COMMIT[:10] in caption and all(h in caption for h in DATASETS.values())
+    assert re.search(r"\d{4}-\d{2}-\d{2}", caption)
+
+
+def test_sweep_report_shows_the_best_trial_on_the_test_split(catalog):
+    result = report_flow(make_config(catalog, f"report.sweep={SWEEP}"))
+    out = catalog / "artifacts" / "reports" / SWEEP
+    md = (out / "report.md").read_text()
+    assert len(result["runs"]) == 6
+    assert (out / "sweep.png").read_bytes().startswith(PNG)
+    assert "Best trial: 5 (method.alpha=0.8, method.top_k_docs=10)" in md
+    rows = _rows(md.split("## Results")[1])
+    assert list(rows) == [("hotpot-mini", "zoomrag")]
+    # the results table holds the best trial's test score (45.0), never its dev score (68.0)
+    assert float(rows[("hotpot-mini", "zoomrag")]["recall@5"]) == 45.0
+    assert "heatmap" in md and COMMIT[:10] in md
+
+
+def test_report_of_chosen_runs(catalog):
+    report_flow(make_config(catalog, "report.runs=[old-dense-wiki-mini]", "report.name=one"))
+    rows = _rows((catalog / "artifacts" / "reports" / "one" / "report.md").read_text())
+    assert list(rows) == [("wiki-mini", "dense")] and float(rows[("wiki-mini", "dense")]["recall@5"]) == 15.0
