@@ -1,0 +1,68 @@
+"""The Prefect UI's view of a run: artifacts with stable keys, readable task-run names, a verdict line."""
+from __future__ import annotations
+
+import asyncio
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
+
+from flows.evaluate import evaluate_flow
+from flows.observe import artifact_key, observed, stage_markdown, task_run_name, verdict
+from tasks.core.store import ArtifactRef
+from tests.flows.conftest import make_config
+
+SMALL = ["method=dense", "dataset=sample", "dataset.n_passages=40", "dataset.n_questions=6"]
+
+
+def test_artifact_keys_are_lowercase_letters_digits_dashes():
+    assert artifact_key("metrics", "zoomrag", "hotpotqa-100") == "metrics-zoomrag-hotpotqa-100"
+    assert artifact_key("stages", "dense", "My_Corpus.v2 (notes)") == "stages-dense-my-corpus-v2-notes"
+
+
+def test_task_run_names_say_what_a_row_stage_runs_over():
+    docs = ArtifactRef("documents", "x", "fp", 3)
+    chunks = ArtifactRef("chunks", "y", "fp", 9)
+    assert task_run_name("embed", {"ctx": None, "table": docs, "id_col": "doc_id"}) == "embed[passages]"
+    assert task_run_name("ner", {"table": chunks}) == "ner[chunks]"
+    assert task_run_name("global_block", {"doc_doc": docs}) == "global_block"
+
+
+def test_verdict_says_when_everything_was_cached():
+    cached = [{"stage": s, "status": "cached", "rows_computed": 0} for s in ["ingest", "embed"]]
+    assert verdict(cached) == "all 2 stages cached: nothing computed"
+    grown = [{"stage": "ingest", "status": "computed", "rows_computed": 44},
+             {"stage": "embed", "status": "computed", "rows_computed": 4}]
+    assert verdict(grown) == "2 of 2 stages computed (ingest, embed), 48 rows computed"
+    md = stage_markdown("index", "dense", "sample", [{**cached[0], "rows": 5, "seconds": 0.1, "peak_rss_mb": 0.0,
+                                                       "llm_tokens": 0}], "completed")
+    assert "| stage | status |" in md and "all 1 stages cached" in md
+
+
+async def _artifacts(flow_run_id):
+    async with get_client() as client:
+        arts = await client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        run = await client.read_flow_run(flow_run_id)
+        history = await client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["metrics-dense-sample-40-s0"])))
+    return arts, runs, run, history
+
+
+def test_an_evaluate_run_publishes_metrics_and_stages_and_names_its_tasks(tmp_path):
+    cfg = make_config(tmp_path, *SMALL)
+    metrics = observed(evaluate_flow, cfg)(cfg, str(tmp_path / "run"))
+    arts, task_runs, run, _ = asyncio.run(_artifacts(metrics["run_id"]))
+    by_key = {a.key: a for a in arts}
+    assert set(by_key) == {"metrics-dense-sample-40-s0", "stages-dense-sample-40-s0"}
+    assert by_key["metrics-dense-sample-40-s0"].type == "table"
+    assert "recall@5" in by_key["metrics-dense-sample-40-s0"].data
+    stages = by_key["stages-dense-sample-40-s0"].data
+    assert by_key["stages-dense-sample-40-s0"].type == "markdown" and "| embed | computed |" in stages
+    assert "embed[passages]" in {t.name for t in task_runs}
+    assert run.name == "evaluate dense/sample-40-s0"
+
+    again = observed(evaluate_flow, cfg)(cfg, str(tmp_path / "run2"))
+    arts, _, _, history = asyncio.run(_artifacts(again["run_id"]))
+    stages = {a.key: a for a in arts}["stages-dense-sample-40-s0"].data
+    assert "all 2 stages cached: nothing computed" in stages
+    assert len(history) == 2  # one key, one version per run: the UI shows its history
