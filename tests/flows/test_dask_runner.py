@@ -1,0 +1,58 @@
+"""runner=dask gives what runner=thread gives: the same stage fingerprints and the same rows."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from flows.config import with_runner
+from flows.index import index_flow
+from tasks.core.stage import partition_plan
+from tasks.core.store import Store
+from tests.flows.conftest import make_config
+
+pytest.importorskip("prefect_dask")
+
+# 24 passages in partitions of 10 rows: 3 partitions of documents, more of chunks
+SMALL = ["method=zoomrag", "dataset=sample", "dataset.n_passages=24", "dataset.n_questions=4",
+         "runner.partition_rows=10"]
+
+
+def test_partition_plan_covers_the_rows_in_order():
+    assert partition_plan(40, 16) == [(0, 16), (16, 32), (32, 40)]
+    assert partition_plan(5, 0) == [(0, 5)]
+    assert partition_plan(0, 16) == []
+
+
+def catalog(root) -> pd.DataFrame:
+    return Store(root).query("SELECT stage, name, fp, rows, path FROM stages ORDER BY stage, name")
+
+
+def test_dask_runner_matches_thread_runner(tmp_path, count_submissions):
+    thread = make_config(tmp_path / "thread", *SMALL, "runner=thread")
+    dask = make_config(tmp_path / "dask", *SMALL, "runner=dask", "runner.n_workers=2")
+    with_runner(index_flow, thread)(thread)
+    result = with_runner(index_flow, dask)(dask)
+    submitted = len(count_submissions)
+    a, b = catalog(thread["artifacts_dir"]), catalog(dask["artifacts_dir"])
+    assert a[["stage", "name", "fp", "rows"]].equals(b[["stage", "name", "fp", "rows"]])
+    for pa_, pb in zip(a["path"], b["path"]):
+        pd.testing.assert_frame_equal(Store.read(pa_), Store.read(pb), check_exact=True)
+    # the per-row stages really were partitioned and computed on the workers
+    assert result["rows_computed"]["ner"] == 24
+    assert set(Store(dask["artifacts_dir"]).events(result["run_id"])["status"]) == {"computed"}
+    assert submitted >= 3 + 3 + 3  # ner, chunk and the passages' embed in 3 partitions each, and the chunks'
+
+
+@pytest.fixture
+def count_submissions(monkeypatch):
+    from flows.runners import DaskPartitionRunner
+
+    calls = []
+    real = DaskPartitionRunner.submit_partition
+
+    def counted(self, *args):
+        calls.append(args[-1])
+        return real(self, *args)
+
+    monkeypatch.setattr(DaskPartitionRunner, "submit_partition", counted)
+    return calls
