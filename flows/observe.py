@@ -1,10 +1,11 @@
 """What the Prefect UI shows of a run, so a person can judge it without a terminal.
 
 - **Artifacts** (published by flow hooks, on completion and on failure, from the catalog's rows of the run):
-  ``metrics-<method>-<dataset>`` (a table of the run's metrics), ``stages-<method>-<dataset>`` (Markdown:
-  computed or cached, rows, seconds, peak memory, LLM tokens per stage, headed by a one-line verdict such as
-  "all 6 stages cached") and, for a benchmark, ``latency-<method>-<dataset>``. A key is the same for every run
-  of one (command, method, dataset), so the UI's artifact page shows its history across runs.
+  ``<command>-metrics-<method>-<dataset>`` (a table of the run's metrics), ``<command>-stages-<method>-<dataset>``
+  (Markdown: computed or cached, rows, seconds, peak memory, LLM tokens per stage, headed by a one-line verdict
+  such as "all 6 stages cached: nothing computed") and, for a benchmark, ``benchmark-latency-<method>-<dataset>``.
+  A key is the same for every run of one (command, method, dataset), so the UI's artifact page shows its
+  history across runs.
 - **Task-run names**: ``embed[passages]``, ``ner[chunks]``, ``chunk[passages]``: the stage and what it runs
   over, instead of Prefect's ``embed-3f2``. Set here on the task objects, not in the ``@task`` decorators,
   because a stage's code identity hashes its decorated source (``tasks.core.code_identity``): renaming
@@ -142,14 +143,14 @@ def publish(command: str, method: str, dataset: str, store: Store, run_id: str, 
     record = store.query("SELECT metrics FROM metrics WHERE run_id = ? ORDER BY created_at DESC LIMIT 1", [run_id])
     metrics = json.loads(record["metrics"].iloc[0]) if len(record) else {}
     made = []
-    artifacts = [(artifact_key("stages", method, dataset),
+    artifacts = [(artifact_key(f"{command}-stages", method, dataset),
                   MarkdownArtifact, {"markdown": stage_markdown(command, method, dataset, rows, state)},
                   f"{command}: index stages of this run")]
     if metrics:
-        artifacts.append((artifact_key("metrics", method, dataset), TableArtifact,
+        artifacts.append((artifact_key(f"{command}-metrics", method, dataset), TableArtifact,
                           {"table": metrics_table(metrics)}, f"{command}: metrics of this run"))
     if metrics.get("rows"):  # benchmark: one row per batch size
-        artifacts.append((artifact_key("latency", method, dataset), TableArtifact,
+        artifacts.append((artifact_key(f"{command}-latency", method, dataset), TableArtifact,
                           {"table": metrics["rows"]}, "benchmark: latency per query by batch size"))
     for key, kind, data, description in artifacts:
         try:

@@ -44,7 +44,7 @@ async def _artifacts(flow_run_id):
         runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
         run = await client.read_flow_run(flow_run_id)
         history = await client.read_artifacts(artifact_filter=ArtifactFilter(
-            key=ArtifactFilterKey(any_=["metrics-dense-sample-40-s0"])))
+            key=ArtifactFilterKey(any_=["evaluate-metrics-dense-sample-40-s0"])))
     return arts, runs, run, history
 
 
@@ -53,16 +53,16 @@ def test_an_evaluate_run_publishes_metrics_and_stages_and_names_its_tasks(tmp_pa
     metrics = observed(evaluate_flow, cfg)(cfg, str(tmp_path / "run"))
     arts, task_runs, run, _ = asyncio.run(_artifacts(metrics["run_id"]))
     by_key = {a.key: a for a in arts}
-    assert set(by_key) == {"metrics-dense-sample-40-s0", "stages-dense-sample-40-s0"}
-    assert by_key["metrics-dense-sample-40-s0"].type == "table"
-    assert "recall@5" in by_key["metrics-dense-sample-40-s0"].data
-    stages = by_key["stages-dense-sample-40-s0"].data
-    assert by_key["stages-dense-sample-40-s0"].type == "markdown" and "| embed | computed |" in stages
+    assert set(by_key) == {"evaluate-metrics-dense-sample-40-s0", "evaluate-stages-dense-sample-40-s0"}
+    assert by_key["evaluate-metrics-dense-sample-40-s0"].type == "table"
+    assert "recall@5" in by_key["evaluate-metrics-dense-sample-40-s0"].data
+    stages = by_key["evaluate-stages-dense-sample-40-s0"].data
+    assert by_key["evaluate-stages-dense-sample-40-s0"].type == "markdown" and "| embed | computed |" in stages
     assert "embed[passages]" in {t.name for t in task_runs}
     assert run.name == "evaluate dense/sample-40-s0"
 
     again = observed(evaluate_flow, cfg)(cfg, str(tmp_path / "run2"))
     arts, _, _, history = asyncio.run(_artifacts(again["run_id"]))
-    stages = {a.key: a for a in arts}["stages-dense-sample-40-s0"].data
+    stages = {a.key: a for a in arts}["evaluate-stages-dense-sample-40-s0"].data
     assert "all 2 stages cached: nothing computed" in stages
     assert len(history) == 2  # one key, one version per run: the UI shows its history
