@@ -1,4 +1,4 @@
-"""``dagrag COMMAND [hydra overrides]``: the console script (``[project.scripts]``) over the four commands.
+"""``dagrag COMMAND [hydra overrides]``: the console script (``[project.scripts]``) over the commands.
 
 ``dagrag evaluate method=bm25`` is ``python -m flows.evaluate method=bm25``, run exactly as ``python -m``
 would run it (the command module executes as ``__main__``, so Hydra finds ``conf/`` next to it and every
@@ -14,6 +14,7 @@ COMMANDS = {
     "index": ("flows.index", "build or update an index only"),
     "update": ("flows.update", "bring an index up to date with a grown or shrunk corpus"),
     "benchmark": ("flows.benchmark", "latency per query at several batch sizes, memory, per-part split"),
+    "schedule": ("flows.schedule", "serve index/evaluate as Prefect deployments on cron schedules (conf/schedule.yaml)"),
 }
 
 USAGE = "usage: dagrag COMMAND [overrides] [hydra flags]\n\ncommands:\n" + "\n".join(

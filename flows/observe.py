@@ -59,7 +59,8 @@ def task_run_name(task_name: str, parameters: dict[str, Any]) -> str:
 
 @functools.cache
 def name_task_runs() -> int:
-    """Give every stage task of ``tasks`` a readable task-run name (once per process); returns how many."""
+    """Give every stage task of ``tasks`` (and ``retrieve``) a readable task-run name, once per process;
+    returns how many."""
     import importlib
     import pkgutil
 
@@ -67,9 +68,10 @@ def name_task_runs() -> int:
     from prefect import Task
 
     named = 0
-    for info in pkgutil.walk_packages(tasks.__path__, "tasks."):
+    modules = [info.name for info in pkgutil.walk_packages(tasks.__path__, "tasks.")] + ["flows.evaluate", "__main__"]
+    for name in modules:
         try:
-            module = importlib.import_module(info.name)
+            module = importlib.import_module(name)
         except ImportError:  # an optional backend's module: its stages cannot run either
             continue
         for obj in vars(module).values():
@@ -129,6 +131,8 @@ def metrics_table(metrics: dict[str, Any]) -> list[dict[str, str]]:
     for k, v in metrics.items():
         if k in {"rows", "artifacts"}:
             continue
+        if isinstance(v, float):
+            v = round(v, 3)
         text = json.dumps(v, default=str) if isinstance(v, (dict, list, tuple)) else str(v)
         out.append({"metric": k, "value": text})
     return out
