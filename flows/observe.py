@@ -10,7 +10,7 @@
   over, instead of Prefect's ``embed-3f2``. Set here on the task objects, not in the ``@task`` decorators,
   because a stage's code identity hashes its decorated source (``tasks.core.code_identity``): renaming
   runs must not rebuild every cached stage.
-- **Flow-run names**: ``evaluate zoomrag/sample-60`` and tags ``method:zoomrag``, ``dataset:sample-60``.
+- **Flow-run names**: ``evaluate zoomrag/sample-60-s0`` and tags ``method:zoomrag``, ``dataset:sample-60-s0``.
 
 Publishing never fails a run: if the API refuses an artifact, one warning is logged.
 """
@@ -76,13 +76,9 @@ def name_task_runs() -> int:
             continue
         for obj in vars(module).values():
             if isinstance(obj, Task) and obj.task_run_name is None:
-                obj.task_run_name = functools.partial(_named, obj.name)
+                obj.task_run_name = functools.partial(task_run_name, obj.name)
                 named += 1
     return named
-
-
-def _named(task_name: str, parameters: dict[str, Any]) -> str:
-    return task_run_name(task_name, parameters)
 
 
 def stage_rows(store: Store, run_id: str) -> list[dict[str, Any]]:
