@@ -6,9 +6,10 @@ import asyncio
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
 
+from flows.benchmark import benchmark_flow
 from flows.evaluate import evaluate_flow
 from flows.observe import artifact_key, observed, stage_markdown, task_run_name, verdict
-from tasks.core.store import ArtifactRef
+from tasks.core.store import ArtifactRef, Store
 from tests.flows.conftest import make_config
 
 SMALL = ["method=dense", "dataset=sample", "dataset.n_passages=40", "dataset.n_questions=6"]
@@ -66,3 +67,13 @@ def test_an_evaluate_run_publishes_metrics_and_stages_and_names_its_tasks(tmp_pa
     stages = {a.key: a for a in arts}["evaluate-stages-dense-sample-40-s0"].data
     assert "all 2 stages cached: nothing computed" in stages
     assert len(history) == 2  # one key, one version per run: the UI shows its history
+
+
+def test_a_benchmark_run_publishes_its_latency_table(tmp_path):
+    cfg = make_config(tmp_path, "method=bm25", "dataset=sample", "dataset.n_passages=40", "dataset.n_questions=6",
+                      "benchmark.batch_sizes=[1,4]", "benchmark.n_questions=8")
+    observed(benchmark_flow, cfg)(cfg)
+    record = Store(cfg["artifacts_dir"]).query("SELECT run_id FROM metrics WHERE kind = 'benchmark'")
+    arts, _, _, _ = asyncio.run(_artifacts(record["run_id"].iloc[0]))
+    latency = {a.key: a for a in arts}["benchmark-latency-bm25-sample-40-s0"]
+    assert latency.type == "table" and "ms_per_query_p95" in latency.data and '"batch_size": 4' in latency.data

@@ -125,6 +125,7 @@ name: test
 overrides: [artifacts_dir={artifacts}, data_dir={data}, dataset=hipporag, dataset.name=tiny]
 entries:
   - {{name: tiny-dense, command: index, cron: "0 3 1 1 *", overrides: [method=dense]}}
+  - {{name: tiny-bm25-eval, command: evaluate, cron: "0 4 1 1 *", overrides: [method=bm25]}}
 hydra:
   output_subdir: null
   run: {{dir: .}}
@@ -134,16 +135,18 @@ hydra:
                    "--config-name", "test_schedule"], env, log)
     http = httpx.Client(base_url=api, timeout=10)
     try:
-        def deployment():
-            found = http.post("/deployments/filter", json={"deployments": {"name": {"any_": ["tiny-dense"]}}}).json()
-            return found[0] if found else None
+        def deployments():
+            found = http.post("/deployments/filter", json={"deployments": {"name": {"any_": [
+                "tiny-dense", "tiny-bm25-eval"]}}}).json()
+            return {d["name"]: d for d in found} if len(found) == 2 else None
 
-        dep = wait_for("the deployment is registered", deployment, 180, serve, log)
+        deps = wait_for("the deployments are registered", deployments, 180, serve, log)
+        dep = deps["tiny-dense"]
         schedules = http.get(f"/deployments/{dep['id']}/schedules").json()
         assert [s["schedule"]["cron"] for s in schedules] == ["0 3 1 1 *"]
         assert set(dep["tags"]) == {"method:dense", "dataset:tiny"}
 
-        def run_once() -> tuple[dict, Store]:
+        def run_once(dep: dict = dep) -> tuple[dict, Store]:
             run = http.post(f"/deployments/{dep['id']}/create_flow_run", json={}).json()
             assert "id" in run, run
 
@@ -170,6 +173,11 @@ hydra:
         third, store = run_once()
         ev = store.events(third["id"]).set_index("stage")
         assert ev.loc["embed", "status"] == "computed" and ev.loc["embed", "rows_computed"] == 4
+
+        evaluated, store = run_once(deps["tiny-bm25-eval"])  # an evaluate deployment: metrics in the catalog
+        record = store.query("SELECT kind, method FROM metrics WHERE run_id = ?", [evaluated["id"]])
+        assert record.to_dict("records") == [{"kind": "evaluate", "method": "bm25"}]
+        assert list((artifacts / "runs").glob("*/*/scheduled-bm25-tiny/metrics.json"))
     finally:
         http.close()
         stop(serve)
