@@ -50,7 +50,8 @@ class DaskPartitionRunner(PartitionedThreadRunner):
             return DaskTaskRunner(address=self.address)
         return DaskTaskRunner(cluster_kwargs={"n_workers": self.n_workers,
                                               "threads_per_worker": self.threads_per_worker,
-                                              "processes": True, "dashboard_address": ":0"})
+                                              "processes": True, "dashboard_address": ":0",
+                                              "silence_logs": logging.WARNING})
 
     def __enter__(self) -> "DaskPartitionRunner":
         super().__enter__()

@@ -198,10 +198,14 @@ def compute_partitions(stage: str, compute_rows: Callable[[list[str]], Any], mis
         return
     futures = [submit(_compute_partition, compute_rows, missing[a:b], f"{stage} rows {a}-{b - 1} of {len(missing)}")
                for a, b in plan]
-    for (a, b), future in zip(plan, futures):
-        rows = future.result()
-        progress.step(b - a)
-        yield rows
+    try:
+        for (a, b), future in zip(plan, futures):
+            rows = future.result()
+            progress.step(b - a)
+            yield rows
+    finally:  # a failed partition (or a stopped run) leaves no work queued on the cluster
+        for future in futures:
+            getattr(future, "cancel", lambda: None)()
 
 
 class _Progress:

@@ -1,8 +1,12 @@
 """runner=dask gives what runner=thread gives: the same stage fingerprints and the same rows."""
 from __future__ import annotations
 
+import asyncio
+
 import pandas as pd
 import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
 from flows.config import with_runner
 from flows.index import index_flow
@@ -41,6 +45,13 @@ def test_dask_runner_matches_thread_runner(tmp_path, count_submissions):
     assert result["rows_computed"]["ner"] == 24
     assert set(Store(dask["artifacts_dir"]).events(result["run_id"])["status"]) == {"computed"}
     assert submitted >= 3 + 3 + 3  # ner, chunk and the passages' embed in 3 partitions each, and the chunks'
+    progress = [a for a in asyncio.run(artifacts(result["run_id"])) if a.type == "progress"]
+    assert progress and all(a.data == 100.0 for a in progress)  # the UI's progress bar of each partitioned stage
+
+
+async def artifacts(flow_run_id):
+    async with get_client() as client:
+        return await client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
 
 
 @pytest.fixture
