@@ -12,6 +12,7 @@ each; :func:`tasks.core.stage.compute_partitions`) are computed:
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from typing import Any, Callable
 
@@ -55,8 +56,12 @@ class DaskPartitionRunner(PartitionedThreadRunner):
 
     def __enter__(self) -> "DaskPartitionRunner":
         super().__enter__()
-        logging.getLogger("distributed").setLevel(logging.WARNING)  # keep the console to the stages' lines
+        # keep the console to the stages' lines: Dask's INFO chatter, here and in the worker processes
+        for name in [n for n in logging.root.manager.loggerDict if n.startswith("distributed")] + ["distributed"]:
+            logging.getLogger(name).setLevel(logging.WARNING)
+        os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
         self._dask = self.dask_runner().__enter__()
+        self._dask.client  # start the cluster now: the property starts it lazily, and not thread-safely
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -205,7 +205,8 @@ def compute_partitions(stage: str, compute_rows: Callable[[list[str]], Any], mis
             yield rows
     finally:  # a failed partition (or a stopped run) leaves no work queued on the cluster
         for future in futures:
-            getattr(future, "cancel", lambda: None)()
+            if not future.done():
+                future.cancel()
 
 
 class _Progress:
