@@ -67,3 +67,17 @@ def count_submissions(monkeypatch):
 
     monkeypatch.setattr(DaskPartitionRunner, "submit_partition", counted)
     return calls
+
+
+def test_an_existing_scheduler_is_used_by_address(tmp_path):
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster) as watcher:
+        cfg = make_config(tmp_path, "dataset=sample", "dataset.n_passages=40", "dataset.n_questions=4",
+                          "method=dense", "runner=dask", f"runner.address={cluster.scheduler_address}",
+                          "runner.partition_rows=16")
+        result = with_runner(index_flow, cfg)(cfg)
+        assert result["rows_computed"]["embed"] == 40
+        prefixes = watcher.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
+        assert any(p.startswith("embed") for p in prefixes), prefixes  # this scheduler ran the partitions
