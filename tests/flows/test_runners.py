@@ -1,4 +1,4 @@
-"""runner=dask gives what runner=thread gives: the same stage fingerprints and the same rows."""
+"""flows.runners: runner=dask gives what runner=thread gives (the same stage fingerprints and rows), and partitions."""
 from __future__ import annotations
 
 import asyncio
