@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
 
@@ -77,3 +79,26 @@ def test_a_benchmark_run_publishes_its_latency_table(tmp_path):
     arts, _, _, _ = asyncio.run(_artifacts(record["run_id"].iloc[0]))
     latency = {a.key: a for a in arts}["benchmark-latency-bm25-sample-40-s0"]
     assert latency.type == "table" and "ms_per_query_p95" in latency.data and '"batch_size": 4' in latency.data
+
+
+async def _runs_named(name):
+    from prefect.client.schemas.filters import FlowRunFilterName
+
+    async with get_client() as client:
+        runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
+        return runs, [await client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[r.id])))
+                      for r in runs]
+
+
+def test_a_failed_run_still_publishes_its_stage_table(tmp_path):
+    from flows.index import index_flow
+
+    bad = tmp_path / "broken.jsonl"
+    bad.write_text('{"title": "a", "text": "fine"}\nnot json\n')
+    cfg = make_config(tmp_path, "method=bm25", "dataset=jsonl", f"dataset.path={bad}", "dataset.name=broken-corpus")
+    with pytest.raises(Exception):
+        observed(index_flow, cfg)(cfg)
+    runs, arts = asyncio.run(_runs_named("index bm25/broken-corpus"))
+    assert [r.state.type.value for r in runs] == ["FAILED"]
+    stages = {a.key: a for a in arts[0]}["index-stages-bm25-broken-corpus"]
+    assert "index bm25 on broken-corpus: failed" in stages.data
