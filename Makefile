@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-slow install clean-artifacts
+.PHONY: run test test-slow install clean-artifacts ui-screenshot
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow $(ARGS)
+
+# a Prefect server with its UI, one evaluate run (twice: the second is all cached), headless Chromium
+# screenshots of the run's page and its artifacts in artifacts/ui-*.png (needs: apt-get install -y chromium)
+ui-screenshot: $(STAMP)
+	$(PY) -m flows.ui_screenshot $(ARGS)
 
 clean-artifacts:
 	rm -rf artifacts/*/ artifacts/catalog.duckdb artifacts/.catalog.lock

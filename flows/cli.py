@@ -1,4 +1,4 @@
-"""``dagrag COMMAND [hydra overrides]``: the console script (``[project.scripts]``) over the four commands.
+"""``dagrag COMMAND [hydra overrides]``: the console script (``[project.scripts]``) over the commands.
 
 ``dagrag evaluate method=bm25`` is ``python -m flows.evaluate method=bm25``, run exactly as ``python -m``
 would run it (the command module executes as ``__main__``, so Hydra finds ``conf/`` next to it and every
@@ -16,6 +16,7 @@ COMMANDS = {
     "benchmark": ("flows.benchmark", "latency per query at several batch sizes, memory, per-part split"),
     "compare": ("flows.compare", "every method on one dataset (shared stages computed once), then the report"),
     "report": ("flows.report", "results table and figures from the catalog → artifacts/reports/<name>/report.md"),
+    "schedule": ("flows.schedule", "serve index/evaluate as Prefect deployments on cron schedules (conf/schedule.yaml)"),
 }
 
 USAGE = "usage: dagrag COMMAND [overrides] [hydra flags]\n\ncommands:\n" + "\n".join(

@@ -21,21 +21,28 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class RunnerParams:
-    """``runner/``: Prefect task runner for independent stages (threads: 2 cores, no process pools)."""
+    """``runner/``: where independent stages and per-row partitions run (:mod:`flows.runners`).
+
+    ``thread``: stages in threads, partitions in the flow process. ``dask``: stages still in the flow process
+    (one catalog writer), the partitions of chunk / NER / embed / LLM extraction on Dask workers: a local
+    cluster of ``n_workers`` processes, or the scheduler at ``address`` (``tcp://host:8786``).
+    """
 
     kind: str = "thread"
     max_workers: int = 2
+    partition_rows: int = 4096      # rows per partition of a per-row stage (0: one partition)
+    address: str | None = None      # dask: an existing scheduler; None starts a local cluster
+    n_workers: int = 2              # dask local cluster: worker processes
+    threads_per_worker: int = 1     # dask local cluster: threads per worker
 
-    def __post_init__(self) -> None:
-        if self.kind != "thread":
-            raise ConfigError(f"runner.kind must be 'thread' (process/Dask runners start one Prefect server "
-                              f"per worker and give no speed-up on 2 cores), got {self.kind!r}")
+    def task_runner(self):  # -> flows.runners.PartitionedThreadRunner
+        """The Prefect task runner for independent stages and per-row partitions."""
+        from flows.runners import DaskPartitionRunner, PartitionedThreadRunner
 
-    def task_runner(self):  # -> prefect.task_runners.ThreadPoolTaskRunner
-        """The Prefect task runner for independent stages."""
-        from prefect.task_runners import ThreadPoolTaskRunner
-
-        return ThreadPoolTaskRunner(max_workers=self.max_workers)
+        if self.kind == "dask":
+            return DaskPartitionRunner(self.max_workers, self.partition_rows, self.address, self.n_workers,
+                                       self.threads_per_worker)
+        return PartitionedThreadRunner(self.max_workers, self.partition_rows)
 
 
 def with_runner(flow_fn, cfg: Mapping[str, Any]):
@@ -132,7 +139,8 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
                    "describe_max_tokens": count, "extract_max_tokens": count},
         LLMParams: {"provider": PROVIDERS, "temperature": "[0, 2]", "max_tokens": count, "timeout_s": pos,
                     "max_retries": count0, "backoff_base_s": count0, "backoff_max_s": count0, "concurrency": count},
-        RunnerParams: {"max_workers": count},
+        RunnerParams: {"kind": ("thread", "dask"), "max_workers": count, "partition_rows": count0,
+                       "n_workers": count, "threads_per_worker": count},
         CompareParams: {"methods": ("dense", "bm25", "hybrid", "zoomrag", "linearrag", "erarag", "serag", "archrag")},
         ReportParams: {"metric": ("recall@2", "recall@5", "recall@10", "evidence_recall@2", "evidence_recall@5",
                                   "evidence_recall@10", "context_recall", "em", "f1")},

@@ -170,8 +170,13 @@ def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any) -> dict[str, An
         discard_job_folder(plain.get("artifacts_dir"))
         fail(err, verbose(cfg))
     ensure_api()  # Prefect's temporary server, if needed, dies with this process (no orphan on SIGKILL)
+    from prefect import tags
+
+    from flows.observe import observed, tags_for
+
     try:
-        result = with_runner(flow_fn, plain)(plain, *args)
+        with tags(*tags_for(plain)):  # run names, tags and the UI's artifacts (flows.observe)
+            result = observed(with_runner(flow_fn, plain), plain)(plain, *args)
     except USER_ERRORS as err:  # found while running (e.g. the LLM endpoint went away): the run is recorded
         fail(err, verbose(cfg))
     print_last_line(prefix, result)

@@ -162,6 +162,8 @@ def plan_dagrag(cmd: Command, sub: str, args: list[str]) -> Plan:
 
     if sub not in COMMANDS:
         raise ReadmeCommandError(f"line {cmd.line}: `dagrag {sub}` is not a command ({sorted(COMMANDS)})")
+    if sub == "schedule":  # its own config (conf/schedule.yaml); it serves until stopped
+        return Plan(skip="a long-lived process serving scheduled runs (needs `prefect server start`)")
     flags = [a for a in args if a.startswith("-")]
     overrides = [a for a in args if not a.startswith("-")]
     other_flags = [f for f in flags if f not in HYDRA_FLAGS_OFFLINE]

@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import pandas as pd
 import pyarrow as pa
@@ -153,9 +153,95 @@ def run_row_stage(ctx: RunContext, stage: str, code: str, params: Any, row_param
         wanted = list(dict.fromkeys(keys.tolist()))
         cache = store.row_cache(stage, param_fp, key)
         missing = cache.missing(wanted)
-        if missing:
-            cache.append(compute_rows(missing))
+        for part in compute_partitions(stage, compute_rows, missing):
+            cache.append(part)  # in the flow process only: workers return rows, they write nothing
         rows = cache.read(wanted) if wanted else None
         return assemble(rows), len(missing)
 
     return run_stage(ctx, stage, code, params, {**inputs, "_rows": param_fp}, compute)
+
+
+def partition_plan(n_rows: int, partition_rows: int) -> list[tuple[int, int]]:
+    """Row ranges ``[start, end)`` of at most ``partition_rows`` rows covering ``n_rows`` (0: one range)."""
+    if n_rows == 0:
+        return []
+    size = partition_rows if partition_rows > 0 else n_rows
+    return [(a, min(a + size, n_rows)) for a in range(0, n_rows, size)]
+
+
+def _compute_partition(compute_rows: Callable[[list[str]], Any], keys: list[str]) -> Any:
+    return compute_rows(keys)
+
+
+def _partition_runner() -> Any:
+    """The flow's task runner when it partitions per-row stages (``flows.runners``), else None."""
+    try:
+        from prefect.context import FlowRunContext
+    except ImportError:
+        return None
+    flow_ctx = FlowRunContext.get()
+    runner = getattr(flow_ctx, "task_runner", None)
+    return runner if hasattr(runner, "partition_rows") else None
+
+
+def compute_partitions(stage: str, compute_rows: Callable[[list[str]], Any], missing: list[str]) -> Iterator[Any]:
+    """The rows of ``missing`` keys, computed one partition (a row range) at a time, yielded in order.
+
+    The flow's task runner decides where: ``runner=thread`` in this process, ``runner=dask`` on Dask
+    workers (all partitions submitted at once). Either way the same ranges are computed by the same code,
+    so the rows are the same, and each partition's rows come back here, where the caller appends them to
+    the row cache: a killed run keeps the partitions it finished. Progress goes to the log and, with more
+    than one partition, to a Prefect progress artifact.
+    """
+    runner = _partition_runner()
+    plan = partition_plan(len(missing), runner.partition_rows if runner is not None else 0)
+    if not plan:
+        return
+    progress = _Progress(stage, len(plan), len(missing))
+    submit = getattr(runner, "submit_partition", None)
+    if submit is None:
+        for a, b in plan:
+            rows = compute_rows(missing[a:b])
+            progress.step(b - a)
+            yield rows
+        return
+    futures = [submit(_compute_partition, compute_rows, missing[a:b], f"{stage} rows {a}-{b - 1} of {len(missing)}")
+               for a, b in plan]
+    try:
+        for (a, b), future in zip(plan, futures):
+            rows = future.result()
+            progress.step(b - a)
+            yield rows
+    finally:  # a failed partition (or a stopped run) leaves no work queued on the cluster
+        for future in futures:
+            if not future.done():
+                future.cancel()
+
+
+class _Progress:
+    """Log lines, and a Prefect progress artifact when a stage has several partitions."""
+
+    def __init__(self, stage: str, parts: int, rows: int) -> None:
+        self.stage, self.parts, self.rows, self.done_parts, self.done_rows = stage, parts, rows, 0, 0
+        self.artifact = None
+        if parts > 1:
+            try:
+                from prefect.artifacts import create_progress_artifact
+
+                self.artifact = create_progress_artifact(0.0, description=f"{stage}: {parts} partitions, {rows} rows")
+            except Exception:  # noqa: BLE001 - no API or no flow run: the log line is enough
+                self.artifact = None
+
+    def step(self, rows: int) -> None:
+        self.done_parts += 1
+        self.done_rows += rows
+        if self.parts > 1:
+            log.info("%-14s partition %d/%d done, %d/%d rows", self.stage, self.done_parts, self.parts,
+                     self.done_rows, self.rows)
+        if self.artifact is not None:
+            try:
+                from prefect.artifacts import update_progress_artifact
+
+                update_progress_artifact(self.artifact, 100.0 * self.done_rows / self.rows)
+            except Exception:  # noqa: BLE001
+                self.artifact = None
