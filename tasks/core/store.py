@@ -338,7 +338,8 @@ class Store:
             con.execute("DELETE FROM stages WHERE stage = ? AND fp = ?", [stage, fp])
             for ref in refs.values():
                 con.execute(
-                    "INSERT INTO stages VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    "INSERT INTO stages (stage, name, fp, dataset, path, input_fps, params, rows, rows_computed, seconds, "
+                    "peak_rss_mb, created_at, run_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     [stage, ref.name, fp, dataset, ref.path, json.dumps(dict(input_fps)),
                      json.dumps(params, default=_json_default), ref.rows, rows_computed,
                      seconds, peak_rss_mb, now, run_id])
@@ -356,14 +357,15 @@ class Store:
               rows_computed: int, seconds: float, peak_rss_mb: float) -> None:
         """Log one stage execution ('computed') or skip ('cached') within a run."""
         with self.catalog() as con:
-            con.execute("INSERT INTO stage_events VALUES (?,?,?,?,?,?,?,?,?,?)",
+            con.execute("INSERT INTO stage_events (run_id, stage, fp, dataset, status, rows, rows_computed, seconds, "
+                        "peak_rss_mb, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
                         [run_id, stage, fp, dataset, status, rows, rows_computed, seconds,
                          peak_rss_mb, dt.datetime.now()])
 
     def record_run(self, run_id: str, command: str, manifest: Mapping[str, Any]) -> None:
         """Register a run and its manifest."""
         with self.catalog() as con:
-            con.execute("INSERT INTO runs VALUES (?,?,?,?)",
+            con.execute("INSERT INTO runs (run_id, command, started_at, manifest) VALUES (?,?,?,?)",
                         [run_id, command, dt.datetime.now(), json.dumps(manifest, default=_json_default)])
 
     def record_metrics(self, run_id: str, kind: str, method: str, dataset: str, metrics: Mapping[str, Any],

@@ -332,3 +332,27 @@ def test_metrics_rows_carry_overrides_also_in_an_older_catalog(tmp_path):
     rows = store.query("SELECT run_id, overrides FROM metrics ORDER BY run_id")
     assert rows["run_id"].tolist() == ["r0", "r1"]
     assert pd.isna(rows["overrides"].iloc[0]) and json.loads(rows["overrides"].iloc[1]) == {"method.b": "0.4"}
+
+
+def test_a_catalog_with_columns_added_by_a_newer_version_still_takes_every_record(tmp_path):
+    """A newer dagrag may add a column to any catalog table; this version names its columns when it inserts,
+    so it keeps writing to such a catalog (an older checkout's run failed on a metrics table with one more)."""
+    import duckdb
+
+    with Store(tmp_path).catalog():  # creates the tables
+        pass
+    con = duckdb.connect(str(tmp_path / "catalog.duckdb"))
+    for table in ("stages", "stage_events", "runs", "metrics", "llm_ledger"):
+        con.execute(f"ALTER TABLE {table} ADD COLUMN added_later VARCHAR")
+    con.close()
+    store = Store(tmp_path)
+    p = store.path_for("ds", "st", "one", "fp1")
+    refs = {"one": ArtifactRef("one", str(p), "fp1", store.write_parquet(_frame([1]), p))}
+    store.record("st", "fp1", "ds", refs, input_fps={}, params={}, rows_computed=1, seconds=0.1,
+                 peak_rss_mb=1.0, run_id="r")
+    store.event("r", "st", "fp1", "ds", "computed", rows=1, rows_computed=1, seconds=0.1, peak_rss_mb=1.0)
+    store.record_run("r", "evaluate", {})
+    store.record_metrics("r", "evaluate", "bm25", "ds", {"recall@5": 50.0})
+    assert store.lookup("st", "fp1") == refs
+    for table in ("stage_events", "runs", "metrics"):  # a row each, its new column empty
+        assert store.query(f"SELECT count(*) AS n FROM {table}")["n"].iloc[0] == 1
