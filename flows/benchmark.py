@@ -40,24 +40,34 @@ def benchmark_questions(conf: Config, questions: pd.DataFrame) -> list[str]:
     return (texts * reps)[:conf.benchmark.n_questions]
 
 
-def time_batch_size(retriever: Any, texts: list[str], batch_size: int, k: int, repeat: int) -> dict[str, Any]:
+def passes(n_texts: int, batch_size: int, repeat: int, min_batches: int) -> int:
+    """How many passes over the questions time ``batch_size``: ``repeat``, or more until ``min_batches``
+    batches are timed (one batch of 256 says nothing about a p95)."""
+    per_pass = -(-n_texts // batch_size)
+    return max(repeat, -(-min_batches // per_pass))
+
+
+def time_batch_size(retriever: Any, texts: list[str], batch_size: int, k: int, repeat: int,
+                    min_batches: int = 1) -> dict[str, Any]:
     """Latency distribution and part split at one batch size."""
     retriever.search(texts[:batch_size], k)  # warm-up
-    per_query, parts = [], {}
+    per_query, parts, n_batches = [], {}, 0
+    n_passes = passes(len(texts), batch_size, repeat, min_batches)
     with PeakRSS() as mem:
-        for _ in range(repeat):
+        for _ in range(n_passes):
             for s in range(0, len(texts), batch_size):
                 batch = texts[s:s + batch_size]
                 t0 = time.perf_counter()
                 hits = retriever.search(batch, k)
                 per_query += [(time.perf_counter() - t0) * 1000 / len(batch)] * len(batch)
+                n_batches += 1
                 for p, sec in hits.parts.items():
                     parts[p] = parts.get(p, 0.0) + sec * 1000
     n = len(per_query)
     v = np.asarray(per_query)
     row = {"batch_size": batch_size, "ms_per_query_mean": v.mean(), "ms_per_query_p50": np.percentile(v, 50),
            "ms_per_query_p95": np.percentile(v, 95), "ms_per_query_p99": np.percentile(v, 99),
-           "peak_rss_mb": mem.mb}
+           "batches": n_batches, "peak_rss_mb": mem.mb}
     row.update({f"{p}_ms": t / n for p, t in parts.items()})
     tracemalloc.start()
     retriever.search(texts[:batch_size], k)
@@ -76,7 +86,8 @@ def benchmark_flow(cfg: dict) -> dict[str, Any]:
     data, index, index_seconds = build_index(ctx, conf)
     texts = benchmark_questions(conf, Store.read(data["questions"]))
     retriever, _ = load_retriever(data, index, conf)
-    rows = [time_batch_size(retriever, texts, bs, conf.method.top_k, conf.benchmark.repeat)
+    rows = [time_batch_size(retriever, texts, bs, conf.method.top_k, conf.benchmark.repeat,
+                            conf.benchmark.min_batches)
             for bs in conf.benchmark.batch_sizes]
     print(format_table(rows, list(rows[0].keys())), flush=True)
     result = {"method": conf.method.name, "dataset": ctx.dataset, "n_documents": data["documents"].rows,

@@ -92,6 +92,7 @@ class BenchmarkParams:
     n_questions: int = 256
     questions_from: str | None = None
     repeat: int = 1
+    min_batches: int = 5  # each batch size is timed on at least this many batches (passes over the questions repeat)
 
 
 CHUNK_UNITS = ("passage", "sentence", "window")  # tasks.text.chunk.ChunkParams.unit
@@ -149,7 +150,7 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
                          "evidence_recall@10", "context_recall"),
                      "ks": count, "batch_size": count, "max_questions": count, "context_passages": count0,
                      "max_context_tokens": count},
-        BenchmarkParams: {"batch_sizes": count, "n_questions": count, "repeat": count},
+        BenchmarkParams: {"batch_sizes": count, "n_questions": count, "repeat": count, "min_batches": count},
         DenseParams: {"top_k": count, "batch_size": count},
         BM25Params: {"k1": count0, "b": prob, "top_k": count, "batch_size": count},
         HybridParams: {"k": pos, "dense_depth": count, "bm25_depth": count, "dense_weight": count0,
