@@ -167,6 +167,26 @@ def query_seeds(questions: Sequence[str], gaz: Gazetteer, idf: np.ndarray) -> sp
     return seeds
 
 
+def title_docs(titles: Sequence[str], gaz: Gazetteer) -> sp.csr_array:
+    """(E x N) 0/1: entity e is the name in passage n's title (:func:`title_name`)."""
+    own = np.array([gaz.index.get(title_name(t), -1) for t in titles], dtype=np.int64)
+    docs = np.flatnonzero(own >= 0)
+    return sp.csr_array((np.ones(len(docs)), (own[docs], docs)), shape=(gaz.size, len(titles)))
+
+
+def title_restart(query_doc: sp.sparray, cos: np.ndarray, query_entity: sp.sparray,
+                  titled: sp.sparray) -> sp.csr_array:
+    """(Q x N) query–passage restart links fused with the names the question contains.
+
+    ``query_doc`` holds the method's own exp(cos) links; a passage titled by a linked name (weight w
+    in ``query_entity``, e.g. its IDF) links with exp(cos) · (1 + w) instead, kept or not before.
+    """
+    named = sp.csr_array(sp.csr_array(query_entity) @ sp.csr_array(titled)).tocoo()
+    boost = np.exp(cos[named.row, named.col].astype(np.float64)) * (1.0 + named.data)
+    fused = sp.csr_array((boost, (named.row, named.col)), shape=query_doc.shape)
+    return sp.csr_array(sp.csr_array(query_doc, dtype=np.float64).maximum(fused))
+
+
 # ---------------------------------------------------------------- checking the graph (issue #20, item 4)
 
 def named_titles(titles: Sequence[str], texts: Sequence[str], min_chars: int = 4) -> pd.DataFrame:

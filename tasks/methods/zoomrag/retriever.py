@@ -15,7 +15,7 @@ from tasks.methods.zoomrag import algorithm as zoom
 from tasks.methods.zoomrag.stages import ZoomRAGParams
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
 from tasks.text.entities import query_entity_links
-from tasks.text.gazetteer import Gazetteer, name_idf, query_seeds
+from tasks.text.gazetteer import Gazetteer, name_idf, query_seeds, title_docs, title_restart
 from tasks.text.ner import QueryRecogniser
 
 
@@ -38,6 +38,9 @@ class ZoomRetriever:
         if params.query_linking == "gazetteer":  # beyond the paper: IDF-weighted names the question contains
             self.gazetteer = Gazetteer.of(self.entity_names, params.gazetteer_min_chars)
             self.idf = name_idf(coo_matrix(Store.read(index["doc_entity"]), (self.n, self.m)))
+            docs = Store.read(data["documents"], ["doc_id", "title"]).set_index("doc_id")
+            self.titled = title_docs(docs["title"].reindex(self.doc_ids).fillna("").astype(str).tolist(),
+                                     self.gazetteer)
         self._load_chunks(data, index)
         encode_queries(["warm-up"], embedder)
         self.fallbacks = 0
@@ -83,6 +86,8 @@ class ZoomRetriever:
         q_emb = encode_queries(questions, self.embedder)
         t.append(time.perf_counter())
         cos, query_doc = self.query_doc(q_emb)
+        if self.params.query_linking == "gazetteer":  # the restart also starts at the passages the names title
+            query_doc = title_restart(query_doc, cos, query_entity, self.titled)
         scores = zoom.doc_zoom(self.M, query_doc, query_entity, self.walk,
                                weighted_entities=self.params.query_linking == "gazetteer")
         ranked = zoom.top_docs(scores, self.n, max(k, self.walk.top_k_docs), tie_break=cos)

@@ -9,6 +9,7 @@ import scipy.sparse as sp
 from tasks.graph.sparse import coo_matrix
 from tasks.text.entities import entity_vocabulary, incidence
 from tasks.text.gazetteer import (Gazetteer, LinkingParams, build_names, linked_incidence, match, name_idf,
+                                  title_docs, title_restart,
                                   named_titles, normalize_text, query_seeds, scan, title_link_coverage,
                                   title_name)
 from tasks.text.ner import NERParams, entity_mentions, recognise
@@ -104,3 +105,14 @@ def test_title_links_are_in_the_graph_after_and_mostly_missing_before():
     # spaCy (en_core_web_sm) finds most names here, but a passage that never writes its own title in full
     # has no node for it, so 'mary smith' and 'tom baker' lead nowhere; one lower-case name is missed
     assert before == {"named": 6, "node": 5, "linked": 3}
+
+
+def test_title_restart_links_the_titled_passages_with_a_boost():
+    gaz = Gazetteer.of(["mary smith", "peter jones"])
+    titled = title_docs(["Peter Jones (actor)", "Mary Smith", "Other"], gaz)
+    np.testing.assert_array_equal(titled.toarray(), [[0, 1, 0], [1, 0, 0]])
+    cos = np.array([[0.1, 0.2, 0.9]])
+    query_doc = sp.csr_array(np.array([[0.0, 0.0, np.exp(0.9)]]))  # the dense block kept only passage 2
+    seeds = sp.csr_array(np.array([[0.5, 0.0]]))  # the question names 'mary smith' (weight 0.5)
+    fused = title_restart(query_doc, cos, seeds, titled).toarray()
+    np.testing.assert_allclose(fused, [[0.0, np.exp(0.2) * 1.5, np.exp(0.9)]])
