@@ -11,6 +11,7 @@ from tasks.methods.linearrag.retriever import LinearRetriever
 from tasks.methods.linearrag.stages import LinearParams
 from tasks.text.chunk import chunk
 from tasks.text.embed import embed
+from tasks.text.gazetteer import linked_entity_graph
 from tasks.text.entities import entity_graph, entity_texts
 from tasks.text.ner import QueryRecogniser, ner
 
@@ -24,7 +25,9 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
     sentences = chunk(ctx, documents, p.sentences())["chunks"]
     passage_embeddings = embed(ctx, documents, "doc_id", cfg.embedder, use_template=True)["embeddings"]
     sentence_embeddings = embed(ctx, sentences, "chunk_id", cfg.embedder)["embeddings"]
-    graph = entity_graph(ctx, documents, sentences, mentions.result()["mentions"])
+    graph = (linked_entity_graph(ctx, documents, sentences, mentions.result()["mentions"], p.gazetteer_min_chars)
+             if p.graph_linking == "gazetteer"  # beyond the paper: titles and corpus names as entity nodes
+             else entity_graph(ctx, documents, sentences, mentions.result()["mentions"]))
     entities = entity_texts(ctx, graph["entities"])["entity_texts"]
     entity_embeddings = embed(ctx, entities, "entity_id", cfg.embedder)["embeddings"]
     return {"sentences": sentences, "passage_embeddings": passage_embeddings,

@@ -14,6 +14,7 @@ from tasks.methods.zoomrag.stages import (
 )
 from tasks.text.chunk import chunk
 from tasks.text.embed import embed
+from tasks.text.gazetteer import linked_entity_graph
 from tasks.text.entities import entity_graph
 from tasks.text.ner import QueryRecogniser, ner
 
@@ -27,7 +28,9 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
     chunks = chunk(ctx, documents, p.chunking())["chunks"]
     doc_embeddings = embed(ctx, documents, "doc_id", cfg.embedder, use_template=True)["embeddings"]
     chunk_embeddings = embed(ctx, chunks, "chunk_id", cfg.embedder)["embeddings"]
-    graph = entity_graph(ctx, documents, chunks, mentions.result()["mentions"])
+    graph = (linked_entity_graph(ctx, documents, chunks, mentions.result()["mentions"], p.gazetteer_min_chars)
+             if p.graph_linking == "gazetteer"  # beyond the paper: titles and corpus names as entity nodes
+             else entity_graph(ctx, documents, chunks, mentions.result()["mentions"]))
     doc_doc = doc_doc_graph(ctx, doc_embeddings, p)["doc_doc"]
     block = global_block(ctx, doc_doc, graph["doc_entity"], graph["entities"], documents.rows, p)
     return {"chunks": chunks, "doc_embeddings": doc_embeddings, "chunk_embeddings": chunk_embeddings,

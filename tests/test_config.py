@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 from flows.config import Config, ConfigError, field_limits, in_interval, load_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-GROUP_FILES = sorted((p.parent.name, p.stem) for p in CONF.glob("*/*.yaml"))
+GROUP_FILES = sorted((p.parent.name, p.stem) for p in CONF.glob("*/*.yaml") if p.parent.name != "experiment")
+EXPERIMENTS = sorted(p.stem for p in CONF.glob("experiment/*.yaml"))  # global diffs (``+experiment=NAME``)
 
 
 def _compose(overrides: list[str]) -> dict:
@@ -153,3 +154,13 @@ def test_in_interval_ends():
     assert not in_interval(1, "(0, 1)") and not in_interval(float("nan"), "[-inf, inf]")
     with pytest.raises(ValueError):
         in_interval(0, "0..1")
+
+
+@pytest.mark.parametrize("method", ["zoomrag", "linearrag"])
+def test_beyond_paper_experiment_switches_only_the_linking(method):
+    assert "beyond_paper" in EXPERIMENTS
+    paper = load_config(_compose([f"method={method}"]))
+    beyond = load_config(_compose([f"method={method}", "+experiment=beyond_paper"]))
+    assert (paper.method.graph_linking, paper.method.query_linking) == ("ner", "ner")  # the paper is the default
+    assert (beyond.method.graph_linking, beyond.method.query_linking) == ("gazetteer", "gazetteer")
+    assert dataclasses.replace(beyond.method, graph_linking="ner", query_linking="ner") == paper.method

@@ -14,6 +14,7 @@ from tasks.graph.walk import random_walk
 from tasks.methods.linearrag import algorithm as lr
 from tasks.methods.linearrag.stages import LinearParams
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
+from tasks.text.gazetteer import Gazetteer, name_idf, query_seeds
 from tasks.text.ner import QueryRecogniser
 
 
@@ -63,6 +64,9 @@ class LinearRetriever:
         self.mention.data[:] = 1.0  # eq. (2): binary sentence-entity edges (appendix G.3)
         self.graph = lr.passage_entity_graph(self.contain, self.algo.edge_weighting)
         self.walk = random_walk(self.graph, self.algo.ppr_dtype)
+        if params.query_linking == "gazetteer":  # beyond the paper: IDF-weighted names the question contains
+            self.gazetteer = Gazetteer.of(self.entity_names, params.gazetteer_min_chars)
+            self.idf = name_idf(self.contain)
         encode_queries(["warm-up"], embedder)
         self.queries = self.fallbacks = self.seeds_total = self.active_total = 0
 
@@ -73,17 +77,26 @@ class LinearRetriever:
         col = self.vocab_index.reindex(flat).fillna(-1).to_numpy(np.int64)
         return q_idx, col, flat[col < 0].tolist()
 
-    def seed_activation(self, n_q: int, q_idx: np.ndarray, col: np.ndarray, unseen_emb: np.ndarray) -> sp.csr_array:
+    def seed_activation(self, n_q: int, q_idx: np.ndarray, col: np.ndarray, unseen_emb: np.ndarray,
+                        questions: list[str] | None = None) -> sp.csr_array:
         """Eq. (3) seeds (Q x E) from :meth:`lookup` and the embeddings of its unseen strings.
 
         A query entity whose normalised string is a corpus entity links to it with similarity 1
-        (its own embedding is the arg-max); only the other strings are matched by cosine.
+        (its own embedding is the arg-max); only the other strings are matched by cosine. With
+        ``query_linking: gazetteer`` (beyond the paper) an exact link weighs the name's IDF instead
+        of 1, and the names the ``questions`` contain are seeds too, with their IDF (max per cell).
         """
         known = col >= 0
         matched = lr.activation_from_similarity(q_idx[~known], _dot(unseen_emb, self.entity_emb), n_q,
                                                 self.algo.min_similarity)
-        exact = sp.csr_array((np.ones(known.sum(), np.float32), (q_idx[known], col[known])), shape=matched.shape)
-        return sp.csr_array(matched.maximum(exact))
+        gazetteer = self.params.query_linking == "gazetteer"
+        weight = self.idf[col[known]].astype(np.float32) if gazetteer else np.ones(known.sum(), np.float32)
+        exact = sp.csr_array((weight, (q_idx[known], col[known])), shape=matched.shape)
+        seeds = sp.csr_array(matched.maximum(exact))
+        if gazetteer and questions is not None:
+            seeds = sp.csr_array(seeds.maximum(query_seeds(questions, self.gazetteer, self.idf).astype(np.float32)))
+        seeds.eliminate_zeros()
+        return seeds
 
     def search(self, questions: list[str], k: int) -> Hits:
         """Top-k passages by LinearRAG's PPR importance (dense order for queries with no linked entity)."""
@@ -95,7 +108,7 @@ class LinearRetriever:
         emb = encode_queries(questions + unseen, self.embedder)  # one call: questions and unseen entity strings
         q_emb = emb[:n_q]
         t2 = time.perf_counter()
-        seeds = self.seed_activation(n_q, q_idx, col, emb[n_q:])
+        seeds = self.seed_activation(n_q, q_idx, col, emb[n_q:], questions)
         a = self.algo
         bridging = lr.semantic_bridging(seeds, _dot(q_emb, self.sentence_emb), self.mention,  # eqs. (4)-(5)
                                         a.iteration_threshold, a.max_iterations, a.top_k_sentence)

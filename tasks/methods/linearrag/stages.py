@@ -11,11 +11,13 @@ from dataclasses import dataclass, fields
 
 from tasks.methods.linearrag import algorithm as lr
 from tasks.text.chunk import ChunkParams
+from tasks.text.gazetteer import LinkingParams
 
 
 @dataclass(frozen=True)
-class LinearParams(lr.LinearRAGParams):
-    """``method=linearrag``: the retrieval settings of :class:`tasks.methods.linearrag.algorithm.LinearRAGParams` plus a name.
+class LinearParams(lr.LinearRAGParams, LinkingParams):
+    """``method=linearrag``: the retrieval settings of :class:`tasks.methods.linearrag.algorithm.LinearRAGParams`,
+    a name, and the entity linking (:class:`tasks.text.gazetteer.LinkingParams`, beyond the paper when not ``ner``).
 
     ``top_k`` is the authors' ``retrieval_top_k`` (passages handed to a reader); ``search(k)``
     returns k passages, and evaluate asks for max(eval.ks, top_k), so recall@10 sees 10.

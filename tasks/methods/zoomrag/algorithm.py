@@ -150,15 +150,20 @@ def query_links(
     use_entities: bool = True,
     use_query_entity: bool = True,
     rescale: Rescale = "nonzero_mean",
+    weighted: bool = False,
 ) -> tuple[sp.csr_array, np.ndarray]:
     """Query rows H = [A_doc->qry^T, A_ent->qry^T] of eq. (6), each block rescaled per query (§3.2).
 
-    Returns H (q x (n+m)) and the per-query factors (q x 2: doc block, entity block).
+    The paper's query-entity links are 0/1; ``weighted`` (beyond the paper) keeps ``query_entity``'s
+    values (e.g. IDF weights) before the rescaling. Returns H (q x (n+m)) and the per-query factors
+    (q x 2: doc block, entity block).
     """
     qd, f_doc = rescale_rows(query_doc, rescale)
     q, m = query_entity.shape
     if use_entities and use_query_entity:
-        qe, f_ent = rescale_rows((sp.csr_array(query_entity) != 0).astype(np.float64), rescale)
+        qe = sp.csr_array(query_entity, dtype=np.float64) if weighted else \
+            (sp.csr_array(query_entity) != 0).astype(np.float64)
+        qe, f_ent = rescale_rows(qe, rescale)
     else:
         qe, f_ent = sp.csr_array((q, m)), np.zeros(q)
     return sp.hstack([qd, qe], format="csr"), np.column_stack([f_doc, f_ent])
@@ -228,13 +233,15 @@ def coupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int = 
 
 
 def doc_zoom(
-    M: sp.sparray, query_doc: sp.sparray, query_entity: sp.sparray, params: ZoomParams = ZoomParams()
+    M: sp.sparray, query_doc: sp.sparray, query_entity: sp.sparray, params: ZoomParams = ZoomParams(),
+    weighted_entities: bool = False,
 ) -> np.ndarray:
     """DocZoom scores (q, 1+n+m) for [query, docs, entities], ZoomRAG eqs. (3), (6)-(9).
 
     The decoupled walk advances batch_size queries at a time (exact per-query walks, so batching
     is invisible and only bounds the state memory). params.coupled switches to the App. H
-    joint-graph walk over the whole batch given (interference within it).
+    joint-graph walk over the whole batch given (interference within it). ``weighted_entities``:
+    see :func:`query_links`.
     """
     H, _ = query_links(
         query_doc,
@@ -242,6 +249,7 @@ def doc_zoom(
         use_entities=params.use_entities,
         use_query_entity=params.use_query_entity,
         rescale=params.rescale,
+        weighted=weighted_entities,
     )
     if params.coupled:
         return coupled_walk(M, H, params.alpha, params.steps)  # one joint graph: the batch is the point

@@ -15,6 +15,7 @@ from tasks.methods.zoomrag import algorithm as zoom
 from tasks.methods.zoomrag.stages import ZoomRAGParams
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
 from tasks.text.entities import query_entity_links
+from tasks.text.gazetteer import Gazetteer, name_idf, query_seeds, title_docs, title_restart
 from tasks.text.ner import QueryRecogniser
 
 
@@ -34,6 +35,12 @@ class ZoomRetriever:
         self.entity_names = vocab["entity"].to_numpy()
         self.vocab_index = dict(zip(vocab["entity"], vocab["entity_idx"]))
         self.max_words = int(min(params.max_entity_words, vocab["n_words"].to_numpy().max(initial=1)))
+        if params.query_linking == "gazetteer":  # beyond the paper: IDF-weighted names the question contains
+            self.gazetteer = Gazetteer.of(self.entity_names, params.gazetteer_min_chars)
+            self.idf = name_idf(coo_matrix(Store.read(index["doc_entity"]), (self.n, self.m)))
+            docs = Store.read(data["documents"], ["doc_id", "title"]).set_index("doc_id")
+            self.titled = title_docs(docs["title"].reindex(self.doc_ids).fillna("").astype(str).tolist(),
+                                     self.gazetteer)
         self._load_chunks(data, index)
         encode_queries(["warm-up"], embedder)
         self.fallbacks = 0
@@ -54,6 +61,18 @@ class ZoomRetriever:
         """Vocabulary entities each question contains (n-gram matches and its NER mentions)."""
         return query_entity_links(questions, self.vocab_index, self.max_words, self.recogniser.names(questions))
 
+    def query_entity(self, questions: list[str]) -> tuple[list[list[int]], sp.csr_array]:
+        """Each question's linked entities and its (q x m) query–entity block: the paper's 0/1 links, or
+        (``query_linking: gazetteer``) the gazetteer's names weighted by IDF, with the NER names kept."""
+        links = self.query_links(questions)
+        if self.params.query_linking != "gazetteer":
+            return links, links_matrix(links, self.m)
+        seeds = query_seeds(questions, self.gazetteer, self.idf)
+        ner = sp.csr_array(links_matrix(links, self.m).multiply(self.idf[None, :]))
+        block = sp.csr_array(seeds.maximum(ner))
+        block.eliminate_zeros()
+        return [block.indices[a:b].tolist() for a, b in zip(block.indptr[:-1], block.indptr[1:])], block
+
     def query_doc(self, q_emb: np.ndarray) -> tuple[np.ndarray, sp.csr_array]:
         """(q x n) cosines (the tie-break) and A_doc->qry = exp(cos) kept above mean + k_std·std (eq. 2)."""
         cos = q_emb @ self.doc_emb.T
@@ -62,12 +81,15 @@ class ZoomRetriever:
     def search(self, questions: list[str], k: int) -> Hits:
         """Rank documents by DocZoom (ties by cosine); ChunkZoom picks each query's evidence chunks."""
         t = [time.perf_counter()]
-        links = self.query_links(questions)
+        links, query_entity = self.query_entity(questions)
         t.append(time.perf_counter())
         q_emb = encode_queries(questions, self.embedder)
         t.append(time.perf_counter())
         cos, query_doc = self.query_doc(q_emb)
-        scores = zoom.doc_zoom(self.M, query_doc, links_matrix(links, self.m), self.walk)
+        if self.params.query_linking == "gazetteer":  # the restart also starts at the passages the names title
+            query_doc = title_restart(query_doc, cos, query_entity, self.titled)
+        scores = zoom.doc_zoom(self.M, query_doc, query_entity, self.walk,
+                               weighted_entities=self.params.query_linking == "gazetteer")
         ranked = zoom.top_docs(scores, self.n, max(k, self.walk.top_k_docs), tie_break=cos)
         t.append(time.perf_counter())
         trace = self._chunk_zoom(questions, links, scores, ranked) if self.walk.fine_stage else None
@@ -105,10 +127,10 @@ class ZoomRetriever:
         """Peak bytes allocated by the DocZoom walk alone for this batch (tracemalloc), and M's size."""
         import tracemalloc
 
-        links = links_matrix(self.query_links(questions), self.m)
+        _, links = self.query_entity(questions)
         _, query_doc = self.query_doc(encode_queries(questions, self.embedder))
         tracemalloc.start()
-        zoom.doc_zoom(self.M, query_doc, links, self.walk)
+        zoom.doc_zoom(self.M, query_doc, links, self.walk, weighted_entities=self.params.query_linking == "gazetteer")
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         m_bytes = self.M.data.nbytes + self.M.indices.nbytes + self.M.indptr.nbytes

@@ -18,11 +18,13 @@ from tasks.graph.sparse import coo_matrix, to_coo
 from tasks.methods.zoomrag import algorithm as zoom
 from tasks.text.chunk import ChunkParams
 from tasks.text.embed import load_embeddings
+from tasks.text.gazetteer import LinkingParams
 
 
 @dataclass(frozen=True)
-class ZoomRAGParams(zoom.ZoomParams):
-    """``method=zoomrag``: the paper's walk settings plus how documents are cut into chunks."""
+class ZoomRAGParams(zoom.ZoomParams, LinkingParams):
+    """``method=zoomrag``: the paper's walk settings, how documents are cut into chunks, and the
+    entity linking (:class:`tasks.text.gazetteer.LinkingParams`, beyond the paper when not ``ner``)."""
 
     name: str = "zoomrag"
     top_k: int = 10

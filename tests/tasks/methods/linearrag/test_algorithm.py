@@ -380,9 +380,20 @@ def test_exact_vocabulary_strings_link_with_similarity_one() -> None:
     names = np.array(["beatrice", "frederick", "germany"], dtype=object)
     r.entity_names, r.entity_emb = names, np.eye(3, 8, dtype=np.float32)
     r.vocab_index = pd.Series(np.arange(3), index=pd.Index(names))
-    r.algo, r.embedder = LinearParams().retrieval(), EmbedderParams()
+    r.params = LinearParams()
+    r.algo, r.embedder = r.params.retrieval(), EmbedderParams()
     q_idx, col, unseen = r.lookup([["germany", "beatrice"], [], ["frederick", "paris"]])
     assert q_idx.tolist() == [0, 0, 2, 2] and col.tolist() == [2, 0, 1, -1] and unseen == ["paris"]
     near_beatrice = _unit(np.array([[0.6, 0.1, 0, 0, 0, 0, 0, 0.5]])).astype(np.float32)
     seeds = r.seed_activation(3, q_idx, col, near_beatrice)
     np.testing.assert_allclose(seeds.toarray(), [[1, 0, 1], [0, 0, 0], [near_beatrice[0, 0], 1, 0]], rtol=1e-6)
+    # beyond the paper (query_linking: gazetteer): exact links weigh their IDF, and the names a question
+    # contains are seeds too ('frederick' in question 1, which NER missed)
+    from tasks.text.gazetteer import Gazetteer
+
+    r.params = LinearParams(query_linking="gazetteer")
+    r.gazetteer, r.idf = Gazetteer.of(names), np.array([1.0, 0.5, 0.25])
+    questions = ["Whom did Beatrice marry in Germany?", "Was frederick's son king?", "Frederick in Paris"]
+    seeds = r.seed_activation(3, q_idx, col, near_beatrice, questions)
+    np.testing.assert_allclose(seeds.toarray(), [[1, 0, 0.25], [0, 0.5, 0], [near_beatrice[0, 0], 0.5, 0]],
+                               rtol=1e-6)

@@ -1,0 +1,259 @@
+"""Title-aware entity linking, beyond the papers: a gazetteer of the corpus's own names (issue #20).
+
+The papers link a passage to the entities spaCy finds in it, one node per exact normalised string.
+On Wikipedia-style corpora that loses the links that matter: a passage is about the entity its
+title names, and the bridge to a second hop is another passage's title written in the text,
+often lower-cased or possessive ("jones's"), which NER misses or splits. Here:
+
+* every passage's title, with a trailing parenthetical qualifier removed ("Peter Jones (actor)"
+  → "peter jones"), is an entity node of that passage;
+* the names of the corpus (titles and NER strings) form a gazetteer, matched whole-word,
+  leftmost-longest, over the normalised text of every chunk (and of questions): lower-cased,
+  possessive 's stripped, punctuation removed, dotted initials joined ("U.S." → "us");
+* a name's weight as a query seed is its IDF over passages, so hub names count less.
+
+The matcher is a word-level trie in dict form (every name's word n-gram is a key; a scan tries
+the longest n-gram first at each word that starts some name), so matches are whole-word by
+construction. Pure functions first, then the stage.
+"""
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.core.code_identity import code_version
+from tasks.core.stage import RunContext, input_fps, run_stage
+from tasks.core.store import ArtifactRef, Store
+from tasks.text.ner import normalize_entity
+
+_QUALIFIER = re.compile(r"\s*\([^()]*\)\s*$")
+_INITIALS = re.compile(r"\b(?:\w\.){2,}")
+
+
+def normalize_text(text: str) -> str:
+    """Text in the gazetteer's form: dotted initials joined ("U.S." → "US"), then :func:`normalize_entity`."""
+    text = unicodedata.normalize("NFKC", text)
+    return normalize_entity(_INITIALS.sub(lambda m: m.group(0).replace(".", ""), text))
+
+
+def title_name(title: str) -> str:
+    """The entity a passage's title names: its trailing parenthetical qualifier removed, normalised."""
+    return normalize_text(_QUALIFIER.sub("", title))
+
+
+def build_names(titles: Sequence[str], surfaces: Sequence[str], min_chars: int = 4) -> pd.DataFrame:
+    """``names(entity_idx, entity, n_words, is_title)``: normalised titles and NER surfaces, sorted, unique.
+
+    Names shorter than ``min_chars`` characters or made only of digits are dropped (they match noise).
+    """
+    titled = {title_name(t) for t in titles}
+    names = titled | {normalize_text(s) for s in surfaces}
+    names = np.array(sorted(n for n in names if len(n) >= min_chars and not n.replace(" ", "").isdigit()),
+                     dtype=object)
+    return pd.DataFrame({"entity_idx": np.arange(len(names), dtype=np.int64), "entity": names,
+                         "n_words": [len(n.split()) for n in names],
+                         "is_title": [n in titled for n in names]})
+
+
+LINKINGS = ("ner", "gazetteer")
+
+
+@dataclass(frozen=True)
+class LinkingParams:
+    """Beyond the papers (issue #20): how a graph method links passages and questions to entities.
+
+    ``graph_linking``: ``ner`` (the papers: spaCy mentions) or ``gazetteer`` (titles are entity nodes,
+    corpus names matched everywhere). ``query_linking``: ``ner`` (the papers) or ``gazetteer``
+    (names the question contains, IDF-weighted seeds). ``gazetteer_min_chars``: shortest name matched.
+    """
+
+    graph_linking: str = "ner"
+    query_linking: str = "ner"
+    gazetteer_min_chars: int = 4
+
+    def __post_init__(self) -> None:
+        for key in ("graph_linking", "query_linking"):
+            if getattr(self, key) not in LINKINGS:
+                raise ValueError(f"method.{key} must be one of {LINKINGS}, got {getattr(self, key)!r}")
+
+
+@dataclass(frozen=True)
+class Gazetteer:
+    """Names → entity index, keyed by their word sequence; ``starts`` holds every name's first word."""
+
+    index: dict[str, int]
+    starts: frozenset[str]
+    max_words: int
+    size: int  # vocabulary size (entity indices run 0..size-1)
+
+    @classmethod
+    def of(cls, names: Sequence[str], min_chars: int = 1) -> "Gazetteer":
+        """The gazetteer of a vocabulary (position = entity index); names under ``min_chars`` are left out."""
+        index = {str(n): i for i, n in enumerate(names) if len(str(n)) >= min_chars}
+        return cls(index, frozenset(n.split()[0] for n in index), max((len(n.split()) for n in index), default=1),
+                   len(names))
+
+
+def scan(words: list[str], gaz: Gazetteer) -> list[int]:
+    """Entity indices named in a word list, leftmost-longest and non-overlapping, one per occurrence."""
+    found, i, n_words = [], 0, len(words)
+    while i < n_words:
+        step = 1
+        if words[i] in gaz.starts:
+            for n in range(min(gaz.max_words, n_words - i), 0, -1):
+                hit = gaz.index.get(" ".join(words[i:i + n]))
+                if hit is not None:
+                    found.append(hit)
+                    step = n
+                    break
+        i += step
+    return found
+
+
+def match(texts: Sequence[str], gaz: Gazetteer) -> tuple[np.ndarray, np.ndarray]:
+    """Every name occurrence in ``texts``: ``(text position, entity index)`` arrays, one row per occurrence."""
+    hits = [scan(normalize_text(t).split(), gaz) for t in texts]
+    rows = np.repeat(np.arange(len(texts), dtype=np.int64), [len(h) for h in hits])
+    return rows, np.fromiter((e for h in hits for e in h), dtype=np.int64, count=len(rows))
+
+
+def _counts(rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int]) -> pd.DataFrame:
+    """COO ``(row, col, value)`` occurrence counts (duplicates summed)."""
+    m = sp.coo_array((np.ones(len(rows)), (rows, cols)), shape=shape).tocsr()
+    m.sum_duplicates()
+    c = m.tocoo()
+    return pd.DataFrame({"row": c.row.astype("int64"), "col": c.col.astype("int64"), "value": c.data})
+
+
+def linked_incidence(titles: Sequence[str], chunk_texts: Sequence[str], chunk_doc: np.ndarray,
+                     chunk_first: np.ndarray, gaz: Gazetteer) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Doc–entity and chunk–entity counts from the gazetteer: names matched in every chunk, plus each
+    document's title entity, counted once in its document and in its first chunk (``chunk_first``:
+    the chunk index of each document's first chunk, -1 when it has none)."""
+    n_docs, n_chunks, m = len(titles), len(chunk_texts), gaz.size
+    c_rows, c_cols = match(chunk_texts, gaz)
+    own = np.array([gaz.index.get(title_name(t), -1) for t in titles], dtype=np.int64)
+    has = own >= 0
+    titled_chunk = has & (chunk_first >= 0)
+    chunk_rows = np.concatenate([c_rows, chunk_first[titled_chunk]])
+    chunk_cols = np.concatenate([c_cols, own[titled_chunk]])
+    doc_rows = np.concatenate([np.asarray(chunk_doc, np.int64)[c_rows], np.flatnonzero(has)])
+    doc_cols = np.concatenate([c_cols, own[has]])
+    return _counts(doc_rows, doc_cols, (n_docs, m)), _counts(chunk_rows, chunk_cols, (n_chunks, m))
+
+
+def name_idf(doc_entity: sp.sparray) -> np.ndarray:
+    """Per entity, ln(N / df) / ln(N) clipped to [0, 1]: 1 for a name in one passage, 0 for one in all."""
+    n = doc_entity.shape[0]
+    df = np.bincount(sp.csr_array(doc_entity).tocoo().col, minlength=doc_entity.shape[1])
+    return np.clip(np.log(n / np.maximum(df, 1)) / np.log(max(n, 2)), 0.0, 1.0)
+
+
+def query_seeds(questions: Sequence[str], gaz: Gazetteer, idf: np.ndarray) -> sp.csr_array:
+    """(Q x E) seeds: the names each question contains (gazetteer scan), weighted by their IDF."""
+    rows, cols = match(questions, gaz)
+    seeds = sp.csr_array((idf[cols], (rows, cols)), shape=(len(questions), len(idf)), dtype=np.float64)
+    seeds.sum_duplicates()
+    seeds.data = idf[seeds.indices]  # a name named twice is still one seed of weight idf
+    seeds.eliminate_zeros()
+    return seeds
+
+
+def title_docs(titles: Sequence[str], gaz: Gazetteer) -> sp.csr_array:
+    """(E x N) 0/1: entity e is the name in passage n's title (:func:`title_name`)."""
+    own = np.array([gaz.index.get(title_name(t), -1) for t in titles], dtype=np.int64)
+    docs = np.flatnonzero(own >= 0)
+    return sp.csr_array((np.ones(len(docs)), (own[docs], docs)), shape=(gaz.size, len(titles)))
+
+
+def title_restart(query_doc: sp.sparray, cos: np.ndarray, query_entity: sp.sparray,
+                  titled: sp.sparray) -> sp.csr_array:
+    """(Q x N) query–passage restart links fused with the names the question contains.
+
+    ``query_doc`` holds the method's own exp(cos) links; a passage titled by a linked name (weight w
+    in ``query_entity``, e.g. its IDF) links with exp(cos) · (1 + w) instead, kept or not before.
+    """
+    named = sp.csr_array(sp.csr_array(query_entity) @ sp.csr_array(titled)).tocoo()
+    boost = np.exp(cos[named.row, named.col].astype(np.float64)) * (1.0 + named.data)
+    fused = sp.csr_array((boost, (named.row, named.col)), shape=query_doc.shape)
+    return sp.csr_array(sp.csr_array(query_doc, dtype=np.float64).maximum(fused))
+
+
+# ---------------------------------------------------------------- checking the graph (issue #20, item 4)
+
+def named_titles(titles: Sequence[str], texts: Sequence[str], min_chars: int = 4) -> pd.DataFrame:
+    """``(doc, titled)``: passage ``doc``'s lower-cased text names passage ``titled``'s title (whole word).
+
+    An independent reference for :func:`title_link_coverage`: one regex alternation of the titles over
+    the raw lower-cased text, as in ``shared/notes/multi-hop-structure.md``; no gazetteer normalisation.
+    """
+    plain = [_QUALIFIER.sub("", t).lower().strip() for t in titles]
+    by_name: dict[str, list[int]] = {}
+    for i, t in enumerate(plain):
+        if len(t) >= min_chars:
+            by_name.setdefault(t, []).append(i)
+    if not by_name:
+        return pd.DataFrame({"doc": pd.Series(dtype="int64"), "titled": pd.Series(dtype="int64")})
+    pattern = re.compile(r"(?<!\w)(?:" + "|".join(re.escape(t) for t in sorted(by_name, key=len, reverse=True))
+                         + r")(?!\w)")
+    pairs = {(d, j) for d, text in enumerate(texts) for hit in pattern.findall(text.lower())
+             for j in by_name[hit] if j != d}
+    frame = pd.DataFrame(sorted(pairs), columns=["doc", "titled"], dtype="int64")
+    return frame
+
+
+def title_link_coverage(titles: Sequence[str], texts: Sequence[str], doc_entity: sp.sparray,
+                        entity_names: Sequence[str]) -> dict[str, int]:
+    """How many (passage, title it names) pairs the entity graph carries.
+
+    ``named``: pairs from :func:`named_titles`; ``node``: the title's name is an entity node of the
+    naming passage; ``linked``: that node is also an entity of the titled passage, so a walk goes
+    passage → title entity → titled passage. A title's name is looked up in both normal forms
+    (:func:`title_name` and the NER's :func:`normalize_entity`).
+    """
+    pairs = named_titles(titles, texts)
+    index = {str(n): i for i, n in enumerate(entity_names)}
+    names = [title_name(t) for t in titles]
+    alt = [normalize_entity(_QUALIFIER.sub("", t)) for t in titles]
+    col = np.array([index.get(a, index.get(b, -1)) for a, b in zip(names, alt)], dtype=np.int64)
+    D = sp.csr_array(doc_entity) != 0
+    c = col[pairs["titled"].to_numpy()]
+    known = c >= 0
+    d, t = pairs["doc"].to_numpy()[known], pairs["titled"].to_numpy()[known]
+    in_doc = np.asarray(D[d, c[known]]).ravel().astype(bool)
+    in_titled = np.asarray(D[t, c[known]]).ravel().astype(bool)
+    return {"named": int(len(pairs)), "node": int(in_doc.sum()), "linked": int((in_doc & in_titled).sum())}
+
+
+# ---------------------------------------------------------------- stage
+
+@task(name="linked_entity_graph", cache_policy=NO_CACHE)
+def linked_entity_graph(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef,
+                        doc_mentions: ArtifactRef, min_chars: int = 4) -> dict[str, ArtifactRef]:
+    """Stage: the gazetteer's entity vocabulary and doc–/chunk–entity counts, the tables
+    :func:`tasks.text.entities.entity_graph` writes (``graph_linking: gazetteer``)."""
+    def compute() -> tuple[dict[str, pd.DataFrame], int]:
+        docs = Store.read(documents, ["doc_id", "title"])
+        ch = Store.read(chunks, ["chunk_id", "doc_id", "position", "text"])
+        surfaces = Store.read(doc_mentions, ["surface"])["surface"].astype(str).tolist()
+        vocab = build_names(docs["title"].astype(str).tolist(), surfaces, min_chars)
+        gaz = Gazetteer.of(vocab["entity"].tolist())
+        doc_pos = pd.Series(np.arange(len(docs), dtype=np.int64), index=pd.Index(docs["doc_id"]))
+        chunk_doc = doc_pos.loc[ch["doc_id"]].to_numpy()
+        first = np.full(len(docs), -1, dtype=np.int64)
+        lowest = pd.Series(ch["position"].to_numpy()).groupby(chunk_doc).idxmin()
+        first[lowest.index.to_numpy()] = lowest.to_numpy()
+        doc_entity, chunk_entity = linked_incidence(docs["title"].astype(str).tolist(),
+                                                    ch["text"].astype(str).tolist(), chunk_doc, first, gaz)
+        return {"entities": vocab, "doc_entity": doc_entity, "chunk_entity": chunk_entity}, len(vocab)
+
+    return run_stage(ctx, "linked_entity_graph", code_version(linked_entity_graph), {"min_chars": min_chars},
+                     input_fps(documents=documents, chunks=chunks, mentions=doc_mentions), compute)
