@@ -9,9 +9,10 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import hydra
+import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 from prefect import flow, task
@@ -104,8 +105,9 @@ def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
         **{k: v for k, v in result.items() if k not in {"hits", "latency", "qids", "load_seconds"}},
     }
     sentences = Store.read(gold_evidence(ctx, conf.dataset, conf.data_dir)["gold_sentences"])
-    metrics.update(evidence(ctx, conf, data, hits, sentences, run_dir))
-    metrics.update(split_metrics(ctx, conf, data, hits, gold, sentences, result["qids"], run_dir))
+    score_evidence_of = evidence_scorer(ctx, conf, data, sentences, run_dir)
+    metrics.update(score_evidence_of(hits))
+    metrics.update(split_metrics(conf, hits, gold, result["qids"], score_evidence_of))
     metrics.update(sweep_info())
     metrics.update(answer(ctx, conf, data, index, hits, run_dir))
     ctx.store.record_metrics(ctx.run_id, "evaluate", conf.method.name, ctx.dataset, metrics, manifest["overrides"])
@@ -115,22 +117,33 @@ def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
     return metrics
 
 
-def evidence(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], hits: pd.DataFrame,
-             sentences: pd.DataFrame, run_dir: str) -> dict[str, Any]:
-    """``evidence_recall@k`` (gold supporting sentences in the top-k evidence units) and ``context_recall``
-    (gold passages in the reader's context); the rules are in :mod:`tasks.eval.evidence`."""
+def evidence_scorer(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], sentences: pd.DataFrame,
+                    run_dir: str) -> Callable[[pd.DataFrame], dict[str, Any]]:
+    """``hits → evidence_recall@k`` (gold supporting sentences in the top-k evidence units) and ``context_recall``
+    (gold passages in the reader's context); the rules are in :mod:`tasks.eval.evidence`. The inputs are read
+    once and each question is encoded once, however many subsets (all, dev, test) are scored."""
     trace_path = Path(run_dir) / "trace.parquet"
     method = METHODS[conf.method.name]
-    return score_evidence(
-        hits, Store.read(data["documents"]), Store.read(data["gold"]), sentences, Store.read(data["questions"]),
-        Store.read(trace_path) if trace_path.exists() else None, list(conf.eval.ks), method.evidence_units,
-        method.answer is None, conf.eval.context_passages, conf.eval.max_context_tokens,
-        lambda texts: cached_encode(ctx.store, texts, conf.embedder, EVIDENCE_EMB),
-        lambda texts: encode_queries(texts, conf.embedder))
+    docs, gold, questions = (Store.read(data[n]) for n in ("documents", "gold", "questions"))
+    traces = Store.read(trace_path) if trace_path.exists() else None
+    q_emb: dict[str, np.ndarray] = {}
+
+    def encode_questions(texts: list[str]) -> np.ndarray:
+        missing = [t for t in dict.fromkeys(texts) if t not in q_emb]
+        if missing:
+            q_emb.update(zip(missing, encode_queries(missing, conf.embedder)))
+        return np.stack([q_emb[t] for t in texts]) if texts else np.zeros((0, 0), dtype=np.float32)
+
+    def score(hits: pd.DataFrame) -> dict[str, Any]:
+        return score_evidence(
+            hits, docs, gold, sentences, questions, traces, list(conf.eval.ks), method.evidence_units,
+            method.answer is None, conf.eval.context_passages, conf.eval.max_context_tokens,
+            lambda texts: cached_encode(ctx.store, texts, conf.embedder, EVIDENCE_EMB), encode_questions)
+    return score
 
 
-def split_metrics(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], hits: pd.DataFrame,
-                  gold: pd.DataFrame, sentences: pd.DataFrame, qids: list[str], run_dir: str) -> dict[str, Any]:
+def split_metrics(conf: Config, hits: pd.DataFrame, gold: pd.DataFrame, qids: list[str],
+                  score_evidence_of: Callable[[pd.DataFrame], dict[str, Any]]) -> dict[str, Any]:
     """Retrieval metrics on the seeded dev split and on the test split (``eval.dev_fraction``): a sweep
     maximises the dev score, and a report shows the best trial's test score."""
     if not conf.eval.dev_fraction:
@@ -139,7 +152,7 @@ def split_metrics(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], h
     for name, part in zip(["dev", "test"], dev_split(qids, conf.eval.dev_fraction, conf.eval.split_seed)):
         sub = hits[hits["qid"].isin(set(part))]
         scores = {"n_questions": len(part), **recall_at_k(sub, gold, list(conf.eval.ks), part)}
-        scores.update({k: v for k, v in evidence(ctx, conf, data, sub, sentences, run_dir).items()
+        scores.update({k: v for k, v in score_evidence_of(sub).items()
                        if k.startswith("evidence_recall@") or k == "context_recall"})
         out[name] = scores
     return out
