@@ -29,10 +29,10 @@ class HybridParams:
     bm25_depth: int = 100
     dense_weight: float = 1.0
     bm25_weight: float = 1.0
-    k1: float = 1.5
-    b: float = 0.75
-    stopwords: str = "en"
-    doc_template: str = "{title}\n{text}"
+    k1: float = BM25Params.k1  # the BM25 index keys default to method=bm25's, so the two share one index
+    b: float = BM25Params.b
+    stopwords: str = BM25Params.stopwords
+    doc_template: str = BM25Params.doc_template
     top_k: int = 10
     batch_size: int = 256
 
