@@ -72,12 +72,11 @@ class DaskPartitionRunner(PartitionedThreadRunner):
         finally:
             super().__exit__(*exc)
 
-    def submit_partition(self, fn: Callable[..., Any], compute_rows: Callable[[list[str]], Any], keys: list[str],
-                         name: str) -> Any:
+    def submit_partition(self, compute_rows: Callable[[list[str]], Any], keys: list[str], name: str) -> Any:
         """Compute one partition on a Dask worker; a future whose ``.result()`` is its rows.
 
         A plain Dask task, not a Prefect task run: a worker then needs no Prefect API (a temporary server or a
         remote scheduler's workers could not reach this process's), and progress is reported here, by the flow.
         """
-        return self._dask.client.submit(fn, compute_rows, keys, key=f"{name.replace(' ', '-')}-{uuid.uuid4().hex[:8]}",
+        return self._dask.client.submit(compute_rows, keys, key=f"{name.replace(' ', '-')}-{uuid.uuid4().hex[:8]}",
                                         pure=False)

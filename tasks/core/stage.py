@@ -169,10 +169,6 @@ def partition_plan(n_rows: int, partition_rows: int) -> list[tuple[int, int]]:
     return [(a, min(a + size, n_rows)) for a in range(0, n_rows, size)]
 
 
-def _compute_partition(compute_rows: Callable[[list[str]], Any], keys: list[str]) -> Any:
-    return compute_rows(keys)
-
-
 def _partition_runner() -> Any:
     """The flow's task runner when it partitions per-row stages (``flows.runners``), else None."""
     try:
@@ -205,7 +201,7 @@ def compute_partitions(stage: str, compute_rows: Callable[[list[str]], Any], mis
             progress.step(b - a)
             yield rows
         return
-    futures = [submit(_compute_partition, compute_rows, missing[a:b], f"{stage} rows {a}-{b - 1} of {len(missing)}")
+    futures = [submit(compute_rows, missing[a:b], f"{stage} rows {a}-{b - 1} of {len(missing)}")
                for a, b in plan]
     try:
         for (a, b), future in zip(plan, futures):
