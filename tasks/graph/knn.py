@@ -11,7 +11,12 @@ every method; its options combine, an entry is kept when it passes *every* test 
   the statistics and the top-k; it must be increasing, so the top-k by weight is the top-k by cosine;
 * ``symmetrise``: "none" (the row-wise graph), "union" (i ~ j if either row kept the pair) or
   "mutual" (both rows kept it); a pair kept both ways gets the larger of its two weights;
-* ``zero_diagonal``: self-pairs are neither neighbours nor part of the statistics.
+* ``zero_diagonal``: self-pairs are neither neighbours nor part of the statistics;
+* ``stats_sample``: with ``k`` and ``k_std`` together, each row's k best by faiss and the mean + k_std * std
+  statistics from a seeded sample of that many columns (exact when the rows are no more): memory and
+  output grow with n·k, not n² (ZoomRAG at scale, issue #17);
+* ``search``: "exact" (faiss.knn, time n²·d) or "ivf" (an inverted-file index of ``ivf_nlist`` k-means
+  cells, ``ivf_nprobe`` searched per row: approximate, time ~ n²·d·nprobe/nlist).
 
 Weights are float64 in a ``sp.csr_array``. Pure numpy / scipy.sparse / faiss: no I/O.
 """
@@ -26,6 +31,7 @@ import scipy.sparse as sp
 
 Transform = Callable[[np.ndarray], np.ndarray]
 Symmetrise = Literal["none", "union", "mutual"]
+Search = Literal["exact", "ivf"]
 
 
 def mean_std_mask(weights: np.ndarray, k_std: float = 3.0) -> np.ndarray:
@@ -78,15 +84,24 @@ def sparsify(similarity: np.ndarray, *, k: int | None = None, min_similarity: fl
 
 def knn_graph(emb: np.ndarray, *, k: int | None = None, min_similarity: float | None = None,
               k_std: float | None = None, transform: Transform | None = None, symmetrise: Symmetrise = "none",
-              zero_diagonal: bool = True, block_rows: int = 1024) -> sp.csr_array:
+              zero_diagonal: bool = True, block_rows: int = 1024, stats_sample: int | None = None,
+              search: Search = "exact", ivf_nlist: int = 0, ivf_nprobe: int = 16, seed: int = 0) -> sp.csr_array:
     """Sparse similarity graph over unit rows ``emb`` (n x d), built block_rows rows at a time (module doc).
 
     ZoomRAG's A_doc->doc is ``knn_graph(doc_emb, k_std=3.0, transform=np.exp)`` (eq. 2, §3.1);
     a kNN-k graph is ``knn_graph(emb, k=k, symmetrise="union")``. Peak memory: one block_rows x n block.
     """
     _require_a_test(k, min_similarity, k_std)
-    if k is not None and k_std is None:  # a kNN list needs only each row's best k: faiss, exact
-        rows, cols, vals = _faiss_top_k(emb, k, min_similarity, transform, zero_diagonal, block_rows)
+    if search == "ivf" and k is None:
+        raise ValueError("search='ivf' needs k: an inverted file answers nearest-neighbour lists only")
+    if k is not None and (k_std is None or stats_sample is not None):  # each row's best k only: faiss
+        index = ivf_index(emb, ivf_nlist, ivf_nprobe, seed) if search == "ivf" else None
+        rows, cols, vals = _faiss_top_k(emb, k, min_similarity, transform, zero_diagonal, block_rows, index)
+        if k_std is not None:  # the statistical rule on top of the k best, from (sampled) row statistics
+            mean, std = sampled_row_stats(emb, stats_sample or emb.shape[0], transform, zero_diagonal,
+                                          block_rows, seed)
+            keep = vals > (mean + k_std * std)[rows]
+            rows, cols, vals = rows[keep], cols[keep], vals[keep]
     else:
         rows, cols, vals = _dense_rows(emb, k, min_similarity, k_std, transform, zero_diagonal, block_rows)
     graph = sp.csr_array((vals, (rows, cols)), shape=(emb.shape[0], emb.shape[0]))
@@ -122,13 +137,58 @@ def _dense_rows(emb: np.ndarray, k: int | None, min_similarity: float | None, k_
     return np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
 
 
+def sampled_row_stats(emb: np.ndarray, sample: int, transform: Transform | None = None,
+                      zero_diagonal: bool = True, block_rows: int = 1024,
+                      seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's mean and population std of ``transform(cos)`` over a seeded sample of ``sample`` columns.
+
+    With ``sample >= n`` every column is used, and the figures are the exact row statistics of
+    :func:`mean_std_mask` (the diagonal left out when ``zero_diagonal``). Time n·sample·d, memory block_rows·sample.
+    """
+    n = emb.shape[0]
+    cols = np.arange(n) if sample >= n else np.sort(np.random.default_rng(seed).choice(n, sample, replace=False))
+    base = np.ascontiguousarray(emb[cols])
+    mean, std = np.zeros(n, dtype=emb.dtype), np.zeros(n, dtype=emb.dtype)
+    for start in range(0, n, block_rows):
+        block = emb[start : start + block_rows] @ base.T
+        if transform is not None:
+            block = transform(block, out=block) if isinstance(transform, np.ufunc) else transform(block)
+        if zero_diagonal:  # a row's own column, where the sample holds it
+            r, c = np.nonzero(np.arange(start, start + block.shape[0])[:, None] == cols[None, :])
+            block[r, c] = np.nan
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a one-column sample of itself: no statistics
+            mean[start : start + block.shape[0]] = np.nanmean(block, axis=1)
+            std[start : start + block.shape[0]] = np.nanstd(block, axis=1)
+    return mean, std
+
+
+def ivf_index(base: np.ndarray, nlist: int = 0, nprobe: int = 16, seed: int = 0) -> faiss.Index:
+    """An inner-product IVF-Flat index over ``base`` rows: ``nlist`` k-means cells (0: 4·sqrt(n)), ``nprobe`` searched.
+
+    Approximate: a row's true neighbour in an unsearched cell is missed. k-means is seeded, so the index,
+    and every list searched in it, is the same from run to run.
+    """
+    x = np.ascontiguousarray(base, dtype=np.float32)
+    n, d = x.shape
+    nlist = max(1, min(nlist or int(4 * np.sqrt(n)), n // 39 or 1))  # faiss wants >= 39 training points per cell
+    quantizer = faiss.IndexFlatIP(d)
+    index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
+    index.cp.seed = seed
+    index.train(x)
+    index.add(x)
+    index.nprobe = min(nprobe, nlist)
+    return index
+
+
 def knn_rows(query: np.ndarray, base: np.ndarray, k: int, *, self_offset: int | None = None,
-             min_similarity: float | None = None, block_rows: int = 1024,
+             min_similarity: float | None = None, block_rows: int = 1024, index: faiss.Index | None = None,
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(query row, base row, inner product) of each query row's k nearest base rows (faiss.knn, exact).
 
     ``self_offset``: query row i is base row ``self_offset + i`` and is not its own neighbour (one extra
-    hit is asked for and the row itself dropped). Similarities are faiss's float32.
+    hit is asked for and the row itself dropped). Similarities are faiss's float32. ``index``: search this
+    index of ``base`` (e.g. :func:`ivf_index`, approximate) instead of the exact product.
     """
     q = np.ascontiguousarray(query, dtype=np.float32)
     x = np.ascontiguousarray(base, dtype=np.float32)
@@ -137,7 +197,10 @@ def knn_rows(query: np.ndarray, base: np.ndarray, k: int, *, self_offset: int | 
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
     rows, cols, sims = [], [], []
     for start in range(0, q.shape[0], block_rows):
-        sim, idx = faiss.knn(q[start : start + block_rows], x, wanted, metric=faiss.METRIC_INNER_PRODUCT)
+        if index is None:
+            sim, idx = faiss.knn(q[start : start + block_rows], x, wanted, metric=faiss.METRIC_INNER_PRODUCT)
+        else:
+            sim, idx = index.search(q[start : start + block_rows], wanted)
         row = np.broadcast_to(np.arange(start, start + idx.shape[0])[:, None], idx.shape)
         keep = idx >= 0
         if self_offset is not None:
@@ -153,10 +216,11 @@ def knn_rows(query: np.ndarray, base: np.ndarray, k: int, *, self_offset: int | 
 
 
 def _faiss_top_k(emb: np.ndarray, k: int, min_similarity: float | None, transform: Transform | None,
-                 zero_diagonal: bool, block_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(rows, cols, weights) of each row's k nearest rows by exact inner product (faiss.knn)."""
+                 zero_diagonal: bool, block_rows: int,
+                 index: faiss.Index | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, cols, weights) of each row's k nearest rows by inner product (faiss.knn, or ``index``)."""
     rows, cols, sim = knn_rows(emb, emb, k, self_offset=0 if zero_diagonal else None,
-                               min_similarity=min_similarity, block_rows=block_rows)
+                               min_similarity=min_similarity, block_rows=block_rows, index=index)
     weights = sim if transform is None else transform(sim)
     return rows, cols, weights.astype(np.float64)
 

@@ -26,9 +26,10 @@ from tasks.core.store import (
     text_key,
 )
 from tasks.text.encoder import PACKAGED_MODEL, load_encoder
-from tasks.text.onnx_encoder import load_onnx_encoder
+from tasks.text.onnx_encoder import PRECISIONS, load_onnx_encoder
 
 QUERY_RUNTIMES = ("onnxruntime", "torch")
+DOC_RUNTIMES = ("torch", "onnxruntime")
 
 
 @dataclass(frozen=True)
@@ -47,13 +48,31 @@ class EmbedderParams:
     query_batch_size: int = 16  # online questions: small sub-batches are faster per query (4.3 vs 5.1 ms at 64)
     # online questions through ONNX Runtime (same weights, checked equal to 1e-4; tasks.text.onnx_encoder) or torch
     query_runtime: str = "onnxruntime"
+    # stored embeddings (passages, sentences, entities): torch | onnxruntime (same weights, checked equal to 1e-5)
+    doc_runtime: str = "torch"
+    # fp32 | int8 (beyond the paper, approximate: int8 weights for whatever runs on onnxruntime; issue #17)
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.query_runtime not in QUERY_RUNTIMES:
             raise ValueError(f"embedder.query_runtime must be one of {QUERY_RUNTIMES}, got {self.query_runtime!r}")
-        if self.query_runtime == "onnxruntime" and self.device != "cpu":
-            raise ValueError("embedder.query_runtime=onnxruntime runs on the CPU; with embedder.device="
-                             f"{self.device!r} set embedder.query_runtime=torch")
+        if self.doc_runtime not in DOC_RUNTIMES:
+            raise ValueError(f"embedder.doc_runtime must be one of {DOC_RUNTIMES}, got {self.doc_runtime!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"embedder.precision must be one of {PRECISIONS}, got {self.precision!r}")
+        for name in ("query_runtime", "doc_runtime"):
+            if getattr(self, name) == "onnxruntime" and self.device != "cpu":
+                raise ValueError(f"embedder.{name}=onnxruntime runs on the CPU; with embedder.device="
+                                 f"{self.device!r} set embedder.{name}=torch")
+        if self.precision == "int8" and "onnxruntime" not in (self.query_runtime, self.doc_runtime):
+            raise ValueError("embedder.precision=int8 quantises the ONNX Runtime encoder; set embedder.doc_runtime "
+                             "or embedder.query_runtime to onnxruntime")
+
+    def stored_identity(self) -> dict[str, str]:
+        """What, beyond the model, makes a stored embedding's value: the runtime and precision, when not the default."""
+        if self.doc_runtime == "torch":
+            return {}
+        return {"runtime": self.doc_runtime, **({"precision": self.precision} if self.precision != "fp32" else {})}
 
 
 def encode(texts: list[str], params: EmbedderParams, query: bool = False) -> np.ndarray:
@@ -78,13 +97,38 @@ def encode(texts: list[str], params: EmbedderParams, query: bool = False) -> np.
     return out
 
 
+def encode_stored(texts: list[str], params: EmbedderParams) -> np.ndarray:
+    """Texts to store (passages, sentences, entity names) → embeddings, by ``embedder.doc_runtime``."""
+    return encode_onnx(texts, params) if params.doc_runtime == "onnxruntime" else encode(texts, params)
+
+
+def stored_code(params: EmbedderParams) -> str:
+    """The code version of what computes a stored embedding under ``params`` (only that runtime's code)."""
+    return code_version(encode_onnx if params.doc_runtime == "onnxruntime" else encode)
+
+
+def encode_onnx(texts: list[str], params: EmbedderParams) -> np.ndarray:
+    """Stored embeddings through ONNX Runtime (``embedder.doc_runtime=onnxruntime``), longest first, batched."""
+    import torch
+
+    onnx = load_onnx_encoder(params.model, params.max_seq_length, torch.get_num_threads(), params.precision)
+    out = np.zeros((len(texts), onnx.dim), dtype=np.float32)
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    with progress_bar(len(texts), "embed", unit="text") as bar:
+        for start in range(0, len(texts), params.batch_size):
+            batch = order[start:start + params.batch_size]
+            out[batch] = onnx.encode([texts[i] for i in batch], params.batch_size)
+            bar.update(len(batch))
+    return out
+
+
 def encode_queries(texts: list[str], params: EmbedderParams) -> np.ndarray:
     """Online questions (and other short query-side strings) → embeddings, in small sub-batches."""
     if params.query_runtime == "onnxruntime" and texts:
         import torch
 
-        return load_onnx_encoder(params.model, params.max_seq_length, torch.get_num_threads()).encode(
-            texts, params.query_batch_size)
+        return load_onnx_encoder(params.model, params.max_seq_length, torch.get_num_threads(),
+                                 params.precision).encode(texts, params.query_batch_size)
     return encode(texts, replace(params, batch_size=params.query_batch_size), query=True)
 
 
@@ -97,13 +141,14 @@ def cached_encode(store: Store, texts: list[str], params: EmbedderParams, cache:
     if not texts:
         return encode([], params)
     keys = [text_key(t) for t in texts]
-    fp = short_hash({"stage": cache, "model": params.model, "max_seq_length": params.max_seq_length})
+    fp = short_hash({"stage": cache, "model": params.model, "max_seq_length": params.max_seq_length,
+                     **params.stored_identity()})
     wanted = list(dict.fromkeys(keys))
     rows_cache = store.row_cache(cache, fp, "key")
     missing = rows_cache.missing(wanted)
     if missing:
         by_key = dict(zip(keys, texts))
-        emb = encode([by_key[k] for k in missing], params)
+        emb = encode_stored([by_key[k] for k in missing], params)
         rows_cache.append(pa.table({"key": missing, "emb": embeddings_to_arrow(emb)}))
     rows = rows_cache.read(wanted)
     pos = {k: i for i, k in enumerate(rows.column("key").to_pylist())}
@@ -131,7 +176,7 @@ def embed(ctx: RunContext, table: ArtifactRef, id_col: str, params: EmbedderPara
 
     def compute_rows(missing: list[str]) -> pa.Table:
         by_key = dict(zip(keys.tolist(), texts))
-        emb = encode([by_key[k] for k in missing], params)
+        emb = encode_stored([by_key[k] for k in missing], params)
         return pa.table({"key": missing, "emb": embeddings_to_arrow(emb)})
 
     def assemble(rows: pa.Table) -> dict[str, pa.Table]:
@@ -140,7 +185,7 @@ def embed(ctx: RunContext, table: ArtifactRef, id_col: str, params: EmbedderPara
         return {"embeddings": pa.table({id_col: frame[id_col].tolist(), "emb": embeddings_to_arrow(emb)})}
 
     row_params = {"model": params.model, "max_seq_length": params.max_seq_length,
-                  "code": code_version(encode)}
+                  "code": stored_code(params), **params.stored_identity()}
     return run_row_stage(ctx, "embed", code_version(embed), params, row_params,
                          input_fps(table=table), keys, compute_rows, "key", assemble)
 

@@ -59,6 +59,12 @@ class ZoomParams:
     omega: float = 0.5
     keep_ratio: float = 0.7
     k_std: float = 3.0
+    # beyond the paper (issue #17): a per-row cap on the doc-doc rule, so the block grows with n, not n²
+    doc_doc_max_neighbors: int = 0  # 0: the paper's rule alone (about 1% of every row is kept)
+    doc_doc_stats_sample: int = 8192  # with a cap: the row mean/std from this many sampled columns (exact below)
+    doc_doc_search: str = "exact"  # with a cap: exact (faiss.knn) | ivf (approximate, for 100k+ documents)
+    ivf_nlist: int = 0  # doc_doc_search=ivf: k-means cells (0: 4*sqrt(n))
+    ivf_nprobe: int = 16  # doc_doc_search=ivf: cells searched per document
     rescale: Rescale = "nonzero_mean"
     use_entities: bool = True
     use_query_entity: bool = True
@@ -87,9 +93,19 @@ class ChunkZoomResult:
 # ---------------------------------------------------------------- doc-doc block
 
 
-def doc_doc_block(doc_emb: np.ndarray, k_std: float = 3.0, block_rows: int = 1024) -> sp.csr_array:
-    """A_doc->doc(i1, i2) = exp(cos(p_i1, p_i2)), no diagonal, kept above row mean + k*std (ZoomRAG eq. 2, §3.1)."""
-    return knn_graph(doc_emb, k_std=k_std, transform=np.exp, block_rows=block_rows)
+def doc_doc_block(doc_emb: np.ndarray, k_std: float = 3.0, block_rows: int = 1024, max_neighbors: int = 0,
+                  stats_sample: int = 8192, search: str = "exact", ivf_nlist: int = 0,
+                  ivf_nprobe: int = 16) -> sp.csr_array:
+    """A_doc->doc(i1, i2) = exp(cos(p_i1, p_i2)), no diagonal, kept above row mean + k*std (ZoomRAG eq. 2, §3.1).
+
+    ``max_neighbors > 0`` (beyond the paper): also within the row's ``max_neighbors`` best, found by faiss, with
+    the row statistics from ``stats_sample`` sampled columns (exact up to that many documents).
+    """
+    if max_neighbors <= 0:  # the paper's rule: every cell of a row is a candidate (time and output ~ n²)
+        return knn_graph(doc_emb, k_std=k_std, transform=np.exp, block_rows=block_rows)
+    return knn_graph(doc_emb, k=min(max_neighbors, max(doc_emb.shape[0] - 1, 1)), k_std=k_std, transform=np.exp,
+                     block_rows=block_rows, stats_sample=stats_sample, search=search,  # type: ignore[arg-type]
+                     ivf_nlist=ivf_nlist, ivf_nprobe=ivf_nprobe)
 
 
 def query_doc_block(cos: np.ndarray, k_std: float = 3.0) -> sp.csr_array:

@@ -46,11 +46,16 @@ class ZoomRAGParams(zoom.ZoomParams, LinkingParams):
 @task(name="doc_doc_graph", cache_policy=NO_CACHE)
 def doc_doc_graph(ctx: RunContext, doc_embeddings: ArtifactRef, params: ZoomRAGParams) -> dict[str, ArtifactRef]:
     """Stage: A_doc→doc = exp(cos), row-sparsified at mean + k·std (eq. 2), built in row blocks."""
-    slice_ = {"k_std": params.k_std}
+    slice_ = {"k_std": params.k_std, **({} if params.doc_doc_max_neighbors <= 0 else {
+        "max_neighbors": params.doc_doc_max_neighbors, "stats_sample": params.doc_doc_stats_sample,
+        "search": params.doc_doc_search,
+        **({"ivf_nlist": params.ivf_nlist, "ivf_nprobe": params.ivf_nprobe} if params.doc_doc_search == "ivf" else {})})}
 
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
         _, emb = load_embeddings(doc_embeddings, "doc_id")
-        block = zoom.doc_doc_block(emb, params.k_std, params.doc_block_rows)
+        block = zoom.doc_doc_block(emb, params.k_std, params.doc_block_rows, params.doc_doc_max_neighbors,
+                                   params.doc_doc_stats_sample, params.doc_doc_search, params.ivf_nlist,
+                                   params.ivf_nprobe)
         return {"doc_doc": to_coo(block)}, block.nnz
 
     return run_stage(ctx, "doc_doc_graph", code_version(doc_doc_graph), slice_,

@@ -195,3 +195,47 @@ def test_symmetrised_takes_the_larger_weight_of_a_pair():
 
 
 # ---------------------------------------------------------------- the old ZoomRAG sparsification, bit for bit
+
+
+# ---------------------------------------------------------------- capped mean + k*std at scale (issue #17)
+
+
+@pytest.mark.parametrize("k,k_std,zero_diagonal", [(3, 1.0, True), (10, 0.0, True), (7, 0.5, False)])
+def test_faiss_top_k_with_full_sample_statistics_is_the_exact_rule(k, k_std, zero_diagonal):
+    emb = unit_rows(np.random.default_rng(11), 60, 6)
+    got = knn_graph(emb, k=k, k_std=k_std, transform=np.exp, zero_diagonal=zero_diagonal, block_rows=16,
+                    stats_sample=60)
+    assert_graph(got, brute_force(emb, k=k, k_std=k_std, transform=np.exp, zero_diagonal=zero_diagonal))
+
+
+def test_sampled_row_statistics_are_exact_with_every_column_and_close_with_a_sample():
+    from tasks.graph.knn import sampled_row_stats
+
+    emb = unit_rows(np.random.default_rng(12), 400, 8)
+    w = np.exp(emb.astype(np.float64) @ emb.T.astype(np.float64))
+    np.fill_diagonal(w, np.nan)
+    mean, std = sampled_row_stats(emb, 400, np.exp, block_rows=64)
+    assert np.allclose(mean, np.nanmean(w, axis=1), atol=1e-5) and np.allclose(std, np.nanstd(w, axis=1), atol=1e-5)
+    m_s, s_s = sampled_row_stats(emb, 200, np.exp, block_rows=64, seed=3)
+    assert not np.allclose(m_s, mean, atol=1e-7)  # a real sample, not every column
+    assert np.abs(m_s - mean).max() < 0.05 * mean.std() + 3 * std.max() / np.sqrt(200)
+
+
+def test_ivf_search_with_every_cell_probed_is_exact_and_with_few_cells_misses_some():
+    emb = unit_rows(np.random.default_rng(13), 2000, 16)
+    exact = knn_graph(emb, k=10)
+    full = knn_graph(emb, k=10, search="ivf", ivf_nlist=20, ivf_nprobe=20)
+    assert np.array_equal(exact.toarray() != 0, full.toarray() != 0)
+    assert np.abs(exact.toarray() - full.toarray()).max() < 1e-5
+    few = knn_graph(emb, k=10, search="ivf", ivf_nlist=20, ivf_nprobe=1)
+    assert np.all(np.diff(few.indptr) <= 10)
+    overlap = (exact.multiply(few) != 0).sum() / exact.nnz
+    assert 0.1 < overlap < 1.0  # approximate: fewer cells searched, some true neighbours missed
+    again = knn_graph(emb, k=10, search="ivf", ivf_nlist=20, ivf_nprobe=1)
+    assert (few != again).nnz == 0  # seeded k-means: the same lists every time
+
+
+def test_ivf_search_needs_a_neighbour_list():
+    emb = unit_rows(np.random.default_rng(14), 50, 4)
+    with pytest.raises(ValueError, match="needs k"):
+        knn_graph(emb, k_std=1.0, search="ivf")

@@ -40,3 +40,42 @@ def test_unsupported_pipeline_names_the_fix() -> None:
 
     with pytest.raises(OnnxExportError, match="query_runtime=torch"):
         _check_pipeline([Transformer(), Pool()])
+
+
+PASSAGES = ["Mithridates VI of Pontus\nMithridates VI was king of Pontus in northern Anatolia from about 120 to "
+            "63 BC. " * 6, "Paris\nParis is the capital of France.", "", "short"] * 20  # > one batch of 64
+
+
+def test_stored_embeddings_through_onnx_runtime_equal_torch() -> None:
+    from tasks.text.embed import encode_stored
+
+    torch = encode_stored(PASSAGES, EmbedderParams())
+    onnx = encode_stored(PASSAGES, EmbedderParams(doc_runtime="onnxruntime"))
+    assert onnx.shape == torch.shape and onnx.dtype == np.float32
+    np.testing.assert_allclose(onnx, torch, atol=1e-5)
+
+
+def test_int8_encoder_is_close_but_not_equal_and_is_a_separate_cache() -> None:
+    from tasks.text.embed import encode_stored
+
+    params = EmbedderParams(doc_runtime="onnxruntime", precision="int8")
+    int8 = encode_stored(PASSAGES, params)
+    fp32 = encode_stored(PASSAGES, EmbedderParams())
+    cosine = (int8 * fp32).sum(axis=1)
+    assert cosine.min() > 0.95 and np.median(cosine) > 0.98  # close (the load check holds on its probes)
+    assert np.abs(int8 - fp32).max() > 1e-4  # approximate: really quantised
+    np.testing.assert_allclose(np.linalg.norm(int8, axis=1), 1.0, atol=1e-5)
+    assert EmbedderParams().stored_identity() == {}  # the torch rows keep their old cache
+    ids = {str(p.stored_identity()) for p in (EmbedderParams(), EmbedderParams(doc_runtime="onnxruntime"), params)}
+    assert len(ids) == 3
+
+
+def test_bad_runtime_and_precision_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="doc_runtime"):
+        EmbedderParams(doc_runtime="tensorrt")
+    with pytest.raises(ValueError, match="precision"):
+        EmbedderParams(precision="int4")
+    with pytest.raises(ValueError, match="set embedder.doc_runtime"):
+        EmbedderParams(precision="int8", query_runtime="torch")
+    with pytest.raises(ValueError, match="doc_runtime=torch"):
+        EmbedderParams(doc_runtime="onnxruntime", query_runtime="torch", device="cuda")

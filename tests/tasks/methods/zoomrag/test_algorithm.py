@@ -98,6 +98,22 @@ def test_doc_doc_block_blocked_equals_dense(block_rows):
     assert np.all(got.diagonal() == 0)
 
 
+@pytest.mark.parametrize("cap", [1, 3, 10])
+def test_capped_doc_doc_block_keeps_the_papers_cells_that_are_among_each_rows_best(cap):
+    """Beyond the paper (#17): the cap only removes cells, each row keeps its ``cap`` largest of the paper's."""
+    emb = unit_rows(np.random.default_rng(4), 300, 4)  # low dimension: several cells per row pass mean + 1σ
+    paper = doc_doc_block(emb, k_std=1.0).toarray()
+    got = doc_doc_block(emb, k_std=1.0, max_neighbors=cap).toarray()
+    want = np.zeros_like(paper)
+    for i, row in enumerate(paper):
+        best = np.argsort(-row, kind="stable")[:cap]
+        want[i, best[row[best] > 0]] = row[best[row[best] > 0]]
+    assert np.array_equal(got != 0, want != 0)
+    assert np.abs(got - want).max() < 1e-6
+    assert (paper != 0).sum(axis=1).max() > cap  # the cap binds somewhere
+    assert np.array_equal(doc_doc_block(emb, k_std=1.0, max_neighbors=0).toarray(), paper)
+
+
 def test_query_doc_block_equals_dense():
     """A_doc->qry: exp(cos) above each query's mean + k*std over all documents (no diagonal rule)."""
     rng = np.random.default_rng(2)
