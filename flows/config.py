@@ -123,7 +123,8 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
     from tasks.methods.serag.stages import SeRAGParams
     from tasks.methods.zoomrag.algorithm import ZoomParams
     from tasks.methods.zoomrag.stages import ZoomRAGParams
-    from tasks.text.embed import QUERY_RUNTIMES
+    from tasks.text.embed import DOC_RUNTIMES, QUERY_RUNTIMES
+    from tasks.text.onnx_encoder import PRECISIONS
     from tasks.text.ner import BACKENDS
 
     count, count0, prob, pos = "[1, inf)", "[0, inf)", "[0, 1]", "(0, inf)"
