@@ -92,7 +92,7 @@ def benchmark_flow(cfg: dict) -> dict[str, Any]:
     print(format_table(rows, list(rows[0].keys())), flush=True)
     result = {"method": conf.method.name, "dataset": ctx.dataset, "n_documents": data["documents"].rows,
               "n_questions": len(texts), "index_seconds": round(index_seconds, 3), "rows": rows,
-              **getattr(retriever, "run_stats", dict)()}
+              **getattr(retriever, "run_stats", dict)(), "run_id": ctx.run_id}
     ctx.store.record_metrics(ctx.run_id, "benchmark", conf.method.name, ctx.dataset, result, manifest["overrides"])
     return result
 

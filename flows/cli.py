@@ -15,6 +15,7 @@ COMMANDS = {
     "update": ("flows.update", "bring an index up to date with a grown or shrunk corpus"),
     "benchmark": ("flows.benchmark", "latency per query at several batch sizes, memory, per-part split"),
     "compare": ("flows.compare", "every method on one dataset (shared stages computed once), then the report"),
+    "scale": ("flows.scale", "the scale table: every method at several sample sizes (index s, memory, ms/query, disk)"),
     "report": ("flows.report", "results table and figures from the catalog → artifacts/reports/<name>/report.md"),
     "schedule": ("flows.schedule", "serve index/evaluate as Prefect deployments on cron schedules (conf/schedule.yaml)"),
 }

@@ -75,6 +75,18 @@ class CompareParams:
 
 
 @dataclass(frozen=True)
+class ScaleParams:
+    """``scale/``: the corpus sizes and methods ``flows.scale`` benchmarks, and the batch sizes it times."""
+
+    sizes: tuple[int, ...] = (1000, 10000, 100000)
+    methods: tuple[str, ...] = ("dense", "bm25", "hybrid", "zoomrag", "linearrag", "erarag", "serag", "archrag")
+    batch_sizes: tuple[int, ...] = (1, 256)
+    n_questions: int = 256
+    timeout_s: int = 0  # a cell's process is stopped after this many seconds (0: no limit)
+    name: str = "scale"
+
+
+@dataclass(frozen=True)
 class ReportParams:
     """``report/``: which runs ``flows.report`` reads from the catalog, and where it writes."""
 
@@ -144,6 +156,9 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
         RunnerParams: {"kind": ("thread", "dask"), "max_workers": count, "partition_rows": count0,
                        "n_workers": count, "threads_per_worker": count},
         CompareParams: {"methods": ("dense", "bm25", "hybrid", "zoomrag", "linearrag", "erarag", "serag", "archrag")},
+        ScaleParams: {"sizes": "[20, inf)", "methods": ("dense", "bm25", "hybrid", "zoomrag", "linearrag", "erarag",
+                                                         "serag", "archrag"),
+                      "batch_sizes": count, "n_questions": count, "timeout_s": count0},
         ReportParams: {"metric": ("recall@2", "recall@5", "recall@10", "evidence_recall@2", "evidence_recall@5",
                                   "evidence_recall@10", "context_recall", "em", "f1")},
         EvalParams: {"dev_fraction": "[0, 1)", "split_seed": count0, "objective": (
@@ -337,6 +352,7 @@ class Config:
     raw: dict
     report: ReportParams = ReportParams()
     compare: CompareParams = CompareParams()
+    scale: ScaleParams = ScaleParams()
 
 
 def load_config(cfg: Mapping[str, Any]) -> Config:
@@ -372,4 +388,5 @@ def load_config(cfg: Mapping[str, Any]) -> Config:
         raw=dict(cfg),
         report=build(ReportParams, "report", cfg.get("report", {})),
         compare=build(CompareParams, "compare", cfg.get("compare", {})),
+        scale=build(ScaleParams, "scale", cfg.get("scale", {})),
     )

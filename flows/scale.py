@@ -1,0 +1,154 @@
+"""``python -m flows.scale [scale.sizes=[…]] [scale.methods=[…]] [overrides]``: the scale table.
+
+For every size in ``scale.sizes`` (passages of the generated sample, ``dataset=sample``) and every method in
+``scale.methods``, one ``flows.benchmark`` run in its own process (so its peak memory is its own), all sharing
+one ``artifacts_dir``: a stage two methods share (passage embeddings, NER) is computed once. Each cell of the
+table is then read back from the catalog:
+
+* index seconds: the compute seconds of every stage the method's index uses, shared ones included (what a
+  user building only this method pays), each taken from the run that computed it;
+* peak memory: the largest peak RSS of those stages and of the timed retrieval;
+* ms/query: the median per-query latency at each of ``scale.batch_sizes``;
+* disk: the bytes of those stages' artifact files.
+
+The table goes to ``<artifacts_dir>/reports/<scale.name>/scale.md`` and each cell to the catalog's ``metrics``
+table (kind ``scale``). A cell whose process fails (out of memory, say) is a row saying so; the others go on.
+The last line printed is ``scale: {json}``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from flows.config import ScaleParams
+from tasks.core.store import Store
+
+
+def cell_overrides(size: int, method: str, params: ScaleParams, overrides: list[str]) -> list[str]:
+    """The ``flows.benchmark`` command line of one cell: this command's overrides, the size and the method."""
+    sizes = ",".join(str(b) for b in params.batch_sizes)
+    return [*overrides, "dataset=sample", f"dataset.n_passages={size}", f"method={method}",
+            f"benchmark.batch_sizes=[{sizes}]", f"benchmark.n_questions={params.n_questions}"]
+
+
+def index_footprint(store: Store, run_id: str) -> dict[str, float]:
+    """Compute seconds, peak RSS and bytes on disk of every stage one run used (cached ones included)."""
+    used = store.query(
+        "SELECT s.stage, s.fp, s.path, s.seconds, s.peak_rss_mb FROM stages s JOIN (SELECT DISTINCT stage, fp "
+        "FROM stage_events WHERE run_id = ?) e USING (stage, fp)", [run_id])
+    per_stage = used.drop_duplicates(["stage", "fp"])
+    paths = {p for p in used["path"].dropna().tolist() if p}
+    return {"index_seconds": float(per_stage["seconds"].fillna(0).sum()),
+            "index_peak_rss_mb": float(per_stage["peak_rss_mb"].fillna(0).max()) if len(per_stage) else 0.0,
+            "disk_mb": sum(_bytes(Path(p)) for p in paths) / 2**20}
+
+
+def _bytes(path: Path) -> int:
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return path.stat().st_size if path.exists() else 0
+
+
+def cell_row(size: int, method: str, bench: dict[str, Any], store: Store) -> dict[str, Any]:
+    """One row of the table from a benchmark's last line and the catalog."""
+    row: dict[str, Any] = {"passages": size, "method": method, **index_footprint(store, bench["run_id"])}
+    query_peak = 0.0
+    for r in bench["rows"]:
+        row[f"ms_per_query_b{r['batch_size']}"] = r["ms_per_query_p50"]
+        query_peak = max(query_peak, r.get("peak_rss_mb") or 0.0)
+    row["peak_rss_mb"] = max(row.pop("index_peak_rss_mb"), query_peak)
+    return row
+
+
+def run_cell(argv: list[str], timeout_s: int) -> tuple[dict[str, Any] | None, str]:
+    """Run one ``flows.benchmark`` process; (its ``benchmark:`` payload, "") or (None, why it failed)."""
+    try:
+        out = subprocess.run([sys.executable, "-m", "flows.benchmark", *argv], capture_output=True, text=True,
+                             timeout=timeout_s or None, cwd=Path(__file__).resolve().parents[1])
+    except subprocess.TimeoutExpired:
+        return None, f"stopped after {timeout_s} s"
+    last = [ln for ln in out.stdout.splitlines() if ln.startswith("benchmark: ")]
+    if out.returncode != 0 or not last:
+        tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or [f"exit {out.returncode}"]
+        return None, f"failed (exit {out.returncode}): {tail[0][:200]}"
+    return json.loads(last[-1][len("benchmark: "):]), ""
+
+
+def markdown(rows: list[dict[str, Any]], batch_sizes: list[int]) -> str:
+    """The scale table as Markdown, one line per (size, method)."""
+    cols = ["passages", "method", "index_seconds", "peak_rss_mb", *[f"ms_per_query_b{b}" for b in batch_sizes],
+            "disk_mb"]
+    head = ["passages", "method", "index s", "peak MB", *[f"ms/query @{b}" for b in batch_sizes], "disk MB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if r.get("error"):
+            lines.append(f"| {r['passages']} | {r['method']} | {r['error']} |" + " |" * (len(head) - 3))
+            continue
+        cells = [f"{r[c]:.1f}" if isinstance(r.get(c), float) else str(r.get(c, "")) for c in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def scale(params: ScaleParams, overrides: list[str], artifacts_dir: str) -> dict[str, Any]:
+    """Every (size, method) cell in turn, the table written and recorded; the summary returned."""
+    store = Store(artifacts_dir)
+    rows = []
+    for size in params.sizes:
+        for method in params.methods:
+            t0 = time.perf_counter()
+            bench, error = run_cell(cell_overrides(size, method, params, overrides), params.timeout_s)
+            row = ({"passages": size, "method": method, "error": error} if bench is None
+                   else cell_row(size, method, bench, store))
+            row["wall_seconds"] = round(time.perf_counter() - t0, 1)
+            print(json.dumps({"scale_cell": row}), flush=True)
+            if bench is not None:
+                store.record_metrics(bench["run_id"], "scale", method, f"sample-{size}", row,
+                                     {"dataset.n_passages": str(size)})
+            rows.append(row)
+    out = Path(artifacts_dir) / "reports" / params.name
+    out.mkdir(parents=True, exist_ok=True)
+    table = markdown(rows, params.batch_sizes)
+    tmp = out / "scale.md.tmp"
+    tmp.write_text(table)
+    os.replace(tmp, out / "scale.md")
+    print(table, flush=True)
+    return {"table": str(out / "scale.md"), "cells": rows}
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    """Hydra entry point: check the config and every cell's config, then run the cells."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from flows.config import load_config
+    from flows.pipeline import print_last_line
+    from flows.preflight import USER_ERRORS, fail, preflight, verbose
+
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    overrides = [o for o in HydraConfig.get().overrides.task
+                 if not o.split("=", 1)[0].lstrip("+~").startswith(("scale.", "dataset", "method", "benchmark."))]
+    try:
+        conf = load_config(plain)
+        params = conf.scale
+        from hydra import compose
+
+        for size in params.sizes:  # every cell's config is checked before the first one runs
+            for method in params.methods:
+                cell = compose("config", overrides=cell_overrides(size, method, params, overrides))
+                preflight(load_config(OmegaConf.to_container(cell, resolve=True)), "benchmark")
+    except USER_ERRORS as err:
+        fail(err, verbose(cfg))
+    print_last_line("scale", scale(params, overrides, conf.artifacts_dir))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
