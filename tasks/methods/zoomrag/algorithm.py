@@ -60,7 +60,7 @@ class ZoomParams:
     keep_ratio: float = 0.7
     k_std: float = 3.0
     # beyond the paper (issue #17): a per-row cap on the doc-doc rule, so the block grows with n, not n²
-    doc_doc_max_neighbors: int = 0  # 0: the paper's rule alone (about 1% of every row is kept)
+    doc_doc_max_neighbors: int = 64  # 0: the paper's rule alone (about 1% of every row is kept: n² cells)
     doc_doc_stats_sample: int = 8192  # with a cap: the row mean/std from this many sampled columns (exact below)
     doc_doc_search: str = "exact"  # with a cap: exact (faiss.knn) | ivf (approximate, for 100k+ documents)
     ivf_nlist: int = 0  # doc_doc_search=ivf: k-means cells (0: 4*sqrt(n))
