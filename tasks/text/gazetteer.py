@@ -73,16 +73,22 @@ class LinkingParams:
     ``graph_linking``: ``ner`` (the papers: spaCy mentions) or ``gazetteer`` (titles are entity nodes,
     corpus names matched everywhere). ``query_linking``: ``ner`` (the papers) or ``gazetteer``
     (names the question contains, IDF-weighted seeds). ``gazetteer_min_chars``: shortest name matched.
+    ``query_ner``: with gazetteer query linking, whether spaCy's question mentions are kept as seeds too
+    (false: the gazetteer alone, microseconds a question instead of spaCy's milliseconds; issue #17).
     """
 
     graph_linking: str = "ner"
     query_linking: str = "ner"
     gazetteer_min_chars: int = 4
+    query_ner: bool = True  # false (with query_linking=gazetteer): no spaCy on questions, the gazetteer's names alone
 
     def __post_init__(self) -> None:
         for key in ("graph_linking", "query_linking"):
             if getattr(self, key) not in LINKINGS:
                 raise ValueError(f"method.{key} must be one of {LINKINGS}, got {getattr(self, key)!r}")
+        if not self.query_ner and self.query_linking != "gazetteer":
+            raise ValueError("method.query_ner=false needs method.query_linking=gazetteer: with neither spaCy nor "
+                             "the gazetteer a question links to no entity")
 
 
 @dataclass(frozen=True)

@@ -41,3 +41,22 @@ def test_ablation_switches_change_results(tmp_path):
     assert pd.read_parquet(tmp_path / "b" / "hits.parquet")["doc_id"].tolist() == \
         pd.read_parquet(tmp_path / "c" / "hits.parquet")["doc_id"].tolist()
     assert full["recall@10"] >= dense["recall@10"]
+
+
+def test_gazetteer_alone_links_questions_without_spacy(tmp_path, monkeypatch):
+    """``method.query_ner=false``: the questions' entities come from the gazetteer only; spaCy never runs on them."""
+    import pytest
+
+    from tasks.text.ner import QueryRecogniser
+
+    def no_spacy(self, questions):
+        raise AssertionError("spaCy ran on the questions")
+
+    base = ["dataset.n_passages=80", "dataset.n_questions=16", "method.query_linking=gazetteer"]
+    monkeypatch.setattr(QueryRecogniser, "names", no_spacy)
+    for method in ("zoomrag", "linearrag"):
+        alone = evaluate_flow(make_config(tmp_path, f"method={method}", *base, "method.query_ner=false"),
+                              str(tmp_path / method))
+        assert alone["recall@10"] > 0
+    with pytest.raises(Exception, match="query_ner=false needs method.query_linking=gazetteer"):
+        evaluate_flow(make_config(tmp_path, "method=zoomrag", "method.query_ner=false"), str(tmp_path / "bad"))

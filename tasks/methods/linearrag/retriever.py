@@ -102,7 +102,7 @@ class LinearRetriever:
         """Top-k passages by LinearRAG's PPR importance (dense order for queries with no linked entity)."""
         n_q = len(questions)
         t0 = time.perf_counter()
-        names = self.recogniser.names(questions)
+        names = self.recogniser.names(questions) if self.params.query_ner else [[] for _ in questions]
         t1 = time.perf_counter()
         q_idx, col, unseen = self.lookup(names)
         emb = encode_queries(questions + unseen, self.embedder)  # one call: questions and unseen entity strings

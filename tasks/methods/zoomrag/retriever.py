@@ -64,12 +64,14 @@ class ZoomRetriever:
     def query_entity(self, questions: list[str]) -> tuple[list[list[int]], sp.csr_array]:
         """Each question's linked entities and its (q x m) query–entity block: the paper's 0/1 links, or
         (``query_linking: gazetteer``) the gazetteer's names weighted by IDF, with the NER names kept."""
-        links = self.query_links(questions)
         if self.params.query_linking != "gazetteer":
+            links = self.query_links(questions)
             return links, links_matrix(links, self.m)
-        seeds = query_seeds(questions, self.gazetteer, self.idf)
-        ner = sp.csr_array(links_matrix(links, self.m).multiply(self.idf[None, :]))
-        block = sp.csr_array(seeds.maximum(ner))
+        block = query_seeds(questions, self.gazetteer, self.idf)
+        if self.params.query_ner:  # spaCy's mentions (and the n-gram matches) kept beside the gazetteer's names
+            ner = sp.csr_array(links_matrix(self.query_links(questions), self.m).multiply(self.idf[None, :]))
+            block = sp.csr_array(block.maximum(ner))
+        block = sp.csr_array(block)
         block.eliminate_zeros()
         return [block.indices[a:b].tolist() for a, b in zip(block.indptr[:-1], block.indptr[1:])], block
 
