@@ -38,4 +38,4 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
 def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> LinearRetriever:
     """Online side of ``method=linearrag``."""
     return LinearRetriever(data, index, cfg.method, cfg.embedder,
-                          QueryRecogniser(cfg.ner, cfg.llm, cfg.artifacts_dir))
+                          QueryRecogniser(cfg.ner, cfg.llm, cfg.artifacts_dir) if cfg.method.query_ner else None)

@@ -42,9 +42,7 @@ def cell_overrides(size: int, method: str, params: ScaleParams, overrides: list[
 
 def index_footprint(store: Store, run_id: str) -> dict[str, float]:
     """Compute seconds, peak RSS and bytes on disk of every stage one run used (cached ones included)."""
-    used = store.query(
-        "SELECT s.stage, s.fp, s.path, s.seconds, s.peak_rss_mb FROM stages s JOIN (SELECT DISTINCT stage, fp "
-        "FROM stage_events WHERE run_id = ?) e USING (stage, fp)", [run_id])
+    used = store.output_rows(run_id)
     per_stage = used.drop_duplicates(["stage", "fp"])
     paths = {p for p in used["path"].dropna().tolist() if p}
     return {"index_seconds": float(per_stage["seconds"].fillna(0).sum()),

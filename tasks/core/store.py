@@ -391,8 +391,10 @@ class Store:
         return self.query("SELECT * FROM stage_events WHERE run_id = ? ORDER BY created_at", [run_id])
 
     def output_rows(self, run_id: str) -> pd.DataFrame:
-        """``(stage, fp, name, rows)`` of every output of the stages one run computed or reused, in write order."""
-        return self.query("SELECT s.stage, s.fp, s.name, s.rows FROM stages s JOIN (SELECT DISTINCT stage, fp "
+        """``(stage, fp, name, rows, path, seconds, peak_rss_mb)`` of every output of the stages one run computed or
+        reused, in write order (seconds and peak: the computing run's, repeated on each of a stage's outputs)."""
+        return self.query("SELECT s.stage, s.fp, s.name, s.rows, s.path, s.seconds, s.peak_rss_mb FROM stages s "
+                          "JOIN (SELECT DISTINCT stage, fp "
                           "FROM stage_events WHERE run_id = ?) e USING (stage, fp) ORDER BY s.rowid", [run_id])
 
     # -- row caches (per-row incremental stages) ----------------------------------

@@ -42,7 +42,7 @@ class LinearRetriever:
     """Online LinearRAG for a batch: query NER + encoding -> eq. (3) seeds -> bridging -> eq. (7) + PPR."""
 
     def __init__(self, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], params: LinearParams,
-                 embedder: EmbedderParams, recogniser: QueryRecogniser) -> None:
+                 embedder: EmbedderParams, recogniser: QueryRecogniser | None) -> None:
         self.params, self.algo, self.embedder, self.recogniser = params, params.retrieval(), embedder, recogniser
         self.doc_ids, self.passage_emb = load_embeddings(index["passage_embeddings"], "doc_id")
         sentence_ids, self.sentence_emb = load_embeddings(index["sentence_embeddings"], "chunk_id")

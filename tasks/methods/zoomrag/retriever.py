@@ -23,7 +23,7 @@ class ZoomRetriever:
     """Online ZoomRAG: query NER + encoding → DocZoom over M → ChunkZoom over the top-K documents."""
 
     def __init__(self, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], params: ZoomRAGParams,
-                 embedder: EmbedderParams, recogniser: QueryRecogniser) -> None:
+                 embedder: EmbedderParams, recogniser: QueryRecogniser | None) -> None:
         self.params, self.walk, self.embedder, self.recogniser = params, params.walk(), embedder, recogniser
         self.doc_ids, self.doc_emb = load_embeddings(index["doc_embeddings"], "doc_id")
         meta = Store.read(index["M_meta"]).iloc[0]
@@ -71,7 +71,6 @@ class ZoomRetriever:
         if self.params.query_ner:  # spaCy's mentions (and the n-gram matches) kept beside the gazetteer's names
             ner = sp.csr_array(links_matrix(self.query_links(questions), self.m).multiply(self.idf[None, :]))
             block = sp.csr_array(block.maximum(ner))
-        block = sp.csr_array(block)
         block.eliminate_zeros()
         return [block.indices[a:b].tolist() for a, b in zip(block.indptr[:-1], block.indptr[1:])], block
 

@@ -46,10 +46,12 @@ class ZoomRAGParams(zoom.ZoomParams, LinkingParams):
 @task(name="doc_doc_graph", cache_policy=NO_CACHE)
 def doc_doc_graph(ctx: RunContext, doc_embeddings: ArtifactRef, params: ZoomRAGParams) -> dict[str, ArtifactRef]:
     """Stage: A_doc→doc = exp(cos), row-sparsified at mean + k·std (eq. 2), built in row blocks."""
-    slice_ = {"k_std": params.k_std, **({} if params.doc_doc_max_neighbors <= 0 else {
-        "max_neighbors": params.doc_doc_max_neighbors, "stats_sample": params.doc_doc_stats_sample,
-        "search": params.doc_doc_search,
-        **({"ivf_nlist": params.ivf_nlist, "ivf_nprobe": params.ivf_nprobe} if params.doc_doc_search == "ivf" else {})})}
+    slice_ = {"k_std": params.k_std}  # the paper's rule; a cap adds what it uses (a paper-rule block keeps its id)
+    if params.doc_doc_max_neighbors > 0:
+        slice_.update(max_neighbors=params.doc_doc_max_neighbors, stats_sample=params.doc_doc_stats_sample,
+                      search=params.doc_doc_search)
+        if params.doc_doc_search == "ivf":
+            slice_.update(ivf_nlist=params.ivf_nlist, ivf_nprobe=params.ivf_nprobe)
 
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
         _, emb = load_embeddings(doc_embeddings, "doc_id")
