@@ -131,12 +131,13 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
     from tasks.methods.erarag import stages as era
     from tasks.methods.hybrid.retriever import HybridParams
     from tasks.methods.erarag.algorithm import EraRAGParams
-    from tasks.methods.linearrag.algorithm import LinearRAGParams
+    from tasks.methods.linearrag.algorithm import PASSAGE_RESETS, LinearRAGParams
     from tasks.methods.serag.stages import SeRAGParams
     from tasks.methods.zoomrag.algorithm import ZoomParams
     from tasks.methods.zoomrag.stages import ZoomRAGParams
     from tasks.text.embed import DOC_RUNTIMES, QUERY_RUNTIMES
     from tasks.text.onnx_encoder import PRECISIONS
+    from tasks.text.gazetteer import LINKINGS, LinkingParams
     from tasks.text.ner import BACKENDS
 
     count, count0, prob, pos = "[1, inf)", "[0, inf)", "[0, 1]", "(0, inf)"
@@ -175,14 +176,19 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
                      "omega": prob, "keep_ratio": "(0, 1]", "batch_size": count,
                      "walk_dtype": ("float32", "float64"), "chunk_iterations": count,
                      "doc_doc_max_neighbors": count0, "doc_doc_stats_sample": count,
-                     "doc_doc_search": ("exact", "ivf"), "ivf_nlist": count0, "ivf_nprobe": count},
+                     "doc_doc_search": ("exact", "ivf"), "ivf_nlist": count0, "ivf_nprobe": count,
+                     "title_edge_weight": count0, "title_name_weight": count0},
         ZoomRAGParams: {"top_k": count, "chunk_unit": CHUNK_UNITS, "max_entity_words": count,
                         "doc_block_rows": count, "chunk_group_size": count},
         LinearRAGParams: {"max_iterations": count, "top_k_sentence": count, "passage_ratio": count0,
                           "passage_node_weight": count0, "damping": prob,
                           "edge_weighting": ("share", "count", "indicator"), "top_k": count,
                           "min_similarity": "[-1, 1]", "ppr_tol": pos, "ppr_max_iter": count,
-                          "ppr_dtype": ("float32", "float64")},
+                          "ppr_dtype": ("float32", "float64"), "title_edge_weight": count0,
+                          "title_name_weight": count0, "passage_reset": PASSAGE_RESETS,
+                          "passage_reset_depth": count, "passage_reset_weight": count0},
+        LinkingParams: {"graph_linking": LINKINGS, "query_linking": LINKINGS, "gazetteer_min_chars": count,
+                        "query_lowercase_weight": count0},
         EraRAGParams: {"n_hyperplanes": "[1, 64]", "segment_min": "[2, inf)", "segment_avg": "[2, inf)",
                        "segment_max": "[2, inf)", "max_layers": count0, "stop_nodes": count,
                        "summary_tokens": count, "top_k": count, "token_budget": count, "detail_proportion": prob},

@@ -14,7 +14,7 @@ from flows.config import Config, ConfigError, field_limits, in_interval, load_co
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUP_FILES = sorted((p.parent.name, p.stem) for p in CONF.glob("*/*.yaml") if p.parent.name != "experiment")
-EXPERIMENTS = sorted(p.stem for p in CONF.glob("experiment/*.yaml"))  # global diffs (``+experiment=NAME``)
+EXPERIMENTS = sorted(p.stem for p in CONF.glob("experiment/*.yaml"))  # global diffs (``experiment=NAME``)
 
 
 def _compose(overrides: list[str]) -> dict:
@@ -156,11 +156,35 @@ def test_in_interval_ends():
         in_interval(0, "0..1")
 
 
+def _experiment_keys(method: str, experiment: str) -> dict:
+    """The method keys an experiment sets: its global file's and its per-method file's, where one exists."""
+    keys = dict(_yaml("experiment", experiment).get("method") or {})
+    per_method = CONF / "experiment_method" / experiment / f"{method}.yaml"
+    if per_method.exists():
+        keys.update(OmegaConf.to_container(OmegaConf.load(per_method))["method"])
+    return keys
+
+
 @pytest.mark.parametrize("method", ["zoomrag", "linearrag"])
-def test_beyond_paper_experiment_switches_only_the_linking(method):
-    assert "beyond_paper" in EXPERIMENTS
+def test_beyond_paper_experiment_changes_exactly_its_keys(method):
+    assert {"paper", "beyond_paper"} <= set(EXPERIMENTS)
     paper = load_config(_compose([f"method={method}"]))
-    beyond = load_config(_compose([f"method={method}", "+experiment=beyond_paper"]))
-    assert (paper.method.graph_linking, paper.method.query_linking) == ("ner", "ner")  # the paper is the default
-    assert (beyond.method.graph_linking, beyond.method.query_linking) == ("gazetteer", "gazetteer")
-    assert dataclasses.replace(beyond.method, graph_linking="ner", query_linking="ner") == paper.method
+    assert paper == load_config(_compose([f"method={method}", "experiment=paper"]))  # the paper is the default
+    beyond = load_config(_compose([f"method={method}", "experiment=beyond_paper"]))
+    keys = _experiment_keys(method, "beyond_paper")
+    assert {"graph_linking", "query_linking"} <= set(keys)
+    changed = {f.name for f in dataclasses.fields(paper.method)
+               if getattr(paper.method, f.name) != getattr(beyond.method, f.name)}
+    assert changed == set(keys)
+    assert all(getattr(beyond.method, k) == v for k, v in keys.items())
+    assert (paper.method.graph_linking, paper.method.query_linking) == ("ner", "ner")
+
+
+def test_beyond_paper_experiment_is_refused_for_a_method_without_entities():
+    with pytest.raises(ConfigError, match="graph_linking"):
+        load_config(_compose(["method=dense", "experiment=beyond_paper"]))
+
+
+def test_title_walk_needs_the_gazetteer_graph():
+    with pytest.raises(ConfigError, match="graph_linking=gazetteer"):
+        load_config(_compose(["method=linearrag", "method.title_edge_weight=5"]))

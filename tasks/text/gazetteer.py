@@ -75,12 +75,14 @@ class LinkingParams:
     (names the question contains, IDF-weighted seeds). ``gazetteer_min_chars``: shortest name matched.
     ``query_ner``: with gazetteer query linking, whether spaCy's question mentions are kept as seeds too
     (false: the gazetteer alone, microseconds a question instead of spaCy's milliseconds; issue #17).
+    ``query_lowercase_weight``: factor on the seed of a name the question writes all in lower case.
     """
 
     graph_linking: str = "ner"
     query_linking: str = "ner"
     gazetteer_min_chars: int = 4
     query_ner: bool = True  # false (with query_linking=gazetteer): no spaCy on questions, the gazetteer's names alone
+    query_lowercase_weight: float = 1.0  # factor on a question's names written all in lower case (1 = no cue)
 
     def __post_init__(self) -> None:
         for key in ("graph_linking", "query_linking"):
@@ -108,8 +110,8 @@ class Gazetteer:
                    len(names))
 
 
-def scan(words: list[str], gaz: Gazetteer) -> list[int]:
-    """Entity indices named in a word list, leftmost-longest and non-overlapping, one per occurrence."""
+def scan_spans(words: list[str], gaz: Gazetteer) -> list[tuple[int, int, int]]:
+    """Names in a word list, leftmost-longest and non-overlapping: ``(first word, n words, entity index)``."""
     found, i, n_words = [], 0, len(words)
     while i < n_words:
         step = 1
@@ -117,11 +119,21 @@ def scan(words: list[str], gaz: Gazetteer) -> list[int]:
             for n in range(min(gaz.max_words, n_words - i), 0, -1):
                 hit = gaz.index.get(" ".join(words[i:i + n]))
                 if hit is not None:
-                    found.append(hit)
+                    found.append((i, n, hit))
                     step = n
                     break
         i += step
     return found
+
+
+def scan(words: list[str], gaz: Gazetteer) -> list[int]:
+    """Entity indices named in a word list, leftmost-longest and non-overlapping, one per occurrence."""
+    return [hit for _, _, hit in scan_spans(words, gaz)]
+
+
+def cased_words(text: str) -> set[str]:
+    """Normalised words that come from a token with an upper-case letter ("Jones's" → {"jones"})."""
+    return {w for token in text.split() if any(c.isupper() for c in token) for w in normalize_text(token).split()}
 
 
 def match(texts: Sequence[str], gaz: Gazetteer) -> tuple[np.ndarray, np.ndarray]:
@@ -163,12 +175,36 @@ def name_idf(doc_entity: sp.sparray) -> np.ndarray:
     return np.clip(np.log(n / np.maximum(df, 1)) / np.log(max(n, 2)), 0.0, 1.0)
 
 
-def query_seeds(questions: Sequence[str], gaz: Gazetteer, idf: np.ndarray) -> sp.csr_array:
-    """(Q x E) seeds: the names each question contains (gazetteer scan), weighted by their IDF."""
-    rows, cols = match(questions, gaz)
-    seeds = sp.csr_array((idf[cols], (rows, cols)), shape=(len(questions), len(idf)), dtype=np.float64)
-    seeds.sum_duplicates()
-    seeds.data = idf[seeds.indices]  # a name named twice is still one seed of weight idf
+def query_seeds(questions: Sequence[str], gaz: Gazetteer, idf: np.ndarray,
+                lowercase_weight: float = 1.0) -> sp.csr_array:
+    """(Q x E) seeds: the names each question contains (gazetteer scan), weighted by their IDF.
+
+    ``lowercase_weight`` multiplies a name written entirely in lower case in the question ("the
+    film", "place of birth"): case is the question's own cue that a phrase names an entity, so
+    a common phrase that happens to title a passage seeds less. A name seen in both forms keeps 1.
+    """
+    if lowercase_weight == 1.0:
+        rows, cols = match(questions, gaz)
+        factor = np.ones(len(cols))
+    else:
+        rows_l, cols_l, fac_l = [], [], []
+        for i, q in enumerate(questions):
+            words, cased = normalize_text(q).split(), cased_words(q)
+            for start, n, hit in scan_spans(words, gaz):
+                rows_l.append(i)
+                cols_l.append(hit)
+                fac_l.append(1.0 if any(w in cased for w in words[start:start + n]) else lowercase_weight)
+        rows, cols = np.asarray(rows_l, np.int64), np.asarray(cols_l, np.int64)
+        factor = np.asarray(fac_l, np.float64)
+    shape = (len(questions), len(idf))
+    if len(rows) == 0:
+        return sp.csr_array(shape, dtype=np.float64)
+    # a name named twice is still one seed of weight idf (times its largest case factor)
+    order = np.lexsort((-factor, cols, rows))
+    rows, cols, factor = rows[order], cols[order], factor[order]
+    first = np.r_[True, (rows[1:] != rows[:-1]) | (cols[1:] != cols[:-1])]
+    rows, cols, factor = rows[first], cols[first], factor[first]
+    seeds = sp.csr_array((idf[cols] * factor, (rows, cols)), shape=shape, dtype=np.float64)
     seeds.eliminate_zeros()
     return seeds
 

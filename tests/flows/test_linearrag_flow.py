@@ -41,7 +41,7 @@ def test_linearrag_small_sample_end_to_end(tmp_path):
 
 def test_beyond_paper_experiment_runs_both_methods_on_the_gazetteer_graph(tmp_path):
     for method in ["linearrag", "zoomrag"]:
-        m = evaluate_flow(make_config(tmp_path, f"method={method}", "+experiment=beyond_paper", *SMALL),
+        m = evaluate_flow(make_config(tmp_path, f"method={method}", "experiment=beyond_paper", *SMALL),
                           str(tmp_path / method))
         assert m["n_questions"] == 12 and m["recall@2"] <= m["recall@5"] <= m["recall@10"]
         stages = set(Store(tmp_path / "artifacts").events(m["run_id"])["stage"])

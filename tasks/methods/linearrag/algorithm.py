@@ -78,6 +78,25 @@ class LinearRAGParams:
     ppr_tol: float = 1e-6  # per-query L1 change that stops the power iteration
     ppr_max_iter: int = 100
     ppr_dtype: str = "float32"  # float32 halves the memory traffic; its noise floor is ~1e-7 (L1)
+    # beyond the paper (issue #20), each at its paper value: the title walk and the passage reset
+    title_edge_weight: float = 0.0  # omega: extra weight of the edge from a title's entity to the passage it titles
+    title_name_weight: float = 1.0  # factor on passage -> entity edges whose entity is some passage's title
+    idf_edges: bool = False  # passage -> entity edges also weighted by the entity's IDF (hubs carry less)
+    passage_reset: str = "eq7"  # eq7 (paper) | top_similarity (the top passages by cosine, see top_similarity_reset)
+    passage_reset_depth: int = 20  # top_similarity: how many passages per query get reset mass
+    passage_reset_weight: float = 0.3  # top_similarity: passage share of the reset against the entities' (sum 1)
+
+    def __post_init__(self) -> None:
+        if self.passage_reset not in PASSAGE_RESETS:
+            raise ValueError(f"method.passage_reset must be one of {PASSAGE_RESETS}, got {self.passage_reset!r}")
+
+    @property
+    def title_walk(self) -> bool:
+        """Whether the walk's graph differs from the paper's (needs the passages' title entities)."""
+        return self.title_edge_weight != 0.0 or self.title_name_weight != 1.0 or self.idf_edges
+
+
+PASSAGE_RESETS = ("eq7", "top_similarity")
 
 
 # ----------------------------------------------------------- Tri-Graph (eqs. (1)-(2))
@@ -128,6 +147,40 @@ def passage_entity_graph(contain: sp.sparray, weighting: str = "indicator") -> s
     elif weighting != "count":
         raise ValueError(f"unknown weighting {weighting!r}")
     return sp.block_array([[None, edges], [edges.T, None]], format="csr")
+
+
+def title_walk_graph(
+    contain: sp.sparray,
+    titled: sp.sparray,
+    idf: np.ndarray,
+    weighting: str = "share",
+    title_edge_weight: float = 0.0,
+    title_name_weight: float = 1.0,
+    idf_edges: bool = False,
+) -> sp.csr_array:
+    """Directed passage-entity adjacency for the title walk (beyond the paper, issue #20); passages first.
+
+    ``titled`` (E x P) is 1 where entity e is the name in passage p's title. Entity -> passage
+    edges are the paper's ``weighting`` edges plus ``title_edge_weight`` * titled, so a walk that
+    reaches a name goes on mostly to the passage about it. Passage -> entity edges are the paper's,
+    times ``title_name_weight`` for names that title some passage (a passage's mention of another
+    passage's title is the bridge of a multi-hop question) and times ``idf`` when ``idf_edges``.
+    With the defaults (0, 1, False) this equals :func:`passage_entity_graph`. :func:`random_walk`
+    row-normalises, so only each row's proportions matter.
+    """
+    base = passage_entity_graph(contain, weighting)
+    n_p = contain.shape[0]
+    to_entity = sp.csr_array(base[:n_p, n_p:])
+    to_passage = sp.csr_array(base[n_p:, :n_p])
+    is_title = np.asarray(sp.csr_array(titled).sum(axis=1)).ravel() > 0
+    column = np.where(is_title, title_name_weight, 1.0)
+    if idf_edges:
+        column = column * np.asarray(idf, dtype=np.float64)
+    to_entity = sp.csr_array(to_entity @ sp.diags_array(column))
+    to_passage = sp.csr_array(to_passage + title_edge_weight * sp.csr_array(titled, dtype=np.float64))
+    to_entity.eliminate_zeros()
+    to_passage.eliminate_zeros()
+    return sp.block_array([[None, to_entity], [to_passage, None]], format="csr")
 
 
 # ------------------------------------------------------ entity activation (eqs. (3)-(5))
@@ -362,6 +415,30 @@ def rank_passages(scores: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarra
     return ranked, np.take_along_axis(scores, ranked, axis=1)
 
 
+def top_similarity_reset(passage_similarity: np.ndarray, depth: int = 20, weight: float = 0.3) -> np.ndarray:
+    """Passage reset of the title walk (beyond the paper, issue #20): (Q x P), each row sums to ``weight``.
+
+    The ``depth`` passages most similar to the query share ``weight`` in proportion to their
+    cosine above the (depth + 1)-th one, so the reset is a soft dense top-``depth`` rather than
+    eq. (7)'s mass on every passage. With eq. (7) the whole corpus keeps reset mass and the walk
+    from the named titles is drowned; here entity seeds (summing to 1) carry most of the restart.
+    """
+    sim = np.asarray(passage_similarity, dtype=np.float64)
+    n_q, n_p = sim.shape
+    out = np.zeros_like(sim)
+    if n_p == 0 or depth <= 0:
+        return out
+    k = min(depth, n_p)
+    top = np.argpartition(-sim, k - 1, axis=1)[:, :k]
+    top_sim = np.take_along_axis(sim, top, axis=1)
+    floor = (np.partition(-sim, k, axis=1)[:, k:k + 1] * -1.0) if k < n_p else top_sim.min(axis=1, keepdims=True)
+    mass = np.maximum(top_sim - floor, 0.0)
+    flat = mass.sum(axis=1, keepdims=True) <= 0
+    mass = np.where(flat, 1.0, mass)  # all top passages tie: share equally
+    np.put_along_axis(out, top, weight * mass / mass.sum(axis=1, keepdims=True), axis=1)
+    return out
+
+
 # ----------------------------------------------------------------------- orchestrator
 
 @dataclass(frozen=True)
@@ -398,15 +475,22 @@ def global_importance(
 ) -> np.ndarray:
     """Second stage (section 3.2.2): PPR scores of the P passages (Q x P).
 
-    Reset = [eq. (7) I(p) on passages, a_q on entities]; ``graph`` is
-    :func:`passage_entity_graph` (passages first) or its :func:`tasks.graph.walk.random_walk`. A query with
+    Reset = [eq. (7) I(p) on passages, a_q on entities] (``passage_reset: top_similarity``, beyond
+    the paper: :func:`top_similarity_reset` on passages, a_q scaled to sum 1); ``graph`` is
+    :func:`passage_entity_graph` or :func:`title_walk_graph` (passages first) or its :func:`tasks.graph.walk.random_walk`. A query with
     no active entity is ranked by ``passage_similarity`` itself (appendix G.4).
     """
-    passage_reset = passage_initial_scores(
-        passage_similarity, bridging.activation, bridging.level, contain,
-        params.passage_ratio, params.passage_node_weight,
-    )
-    reset = np.hstack([passage_reset, bridging.activation.toarray()])
+    entity_reset = bridging.activation.toarray()
+    if params.passage_reset == "top_similarity":  # beyond the paper (issue #20)
+        passage_reset = top_similarity_reset(passage_similarity, params.passage_reset_depth,
+                                             params.passage_reset_weight)
+        entity_reset = entity_reset / np.maximum(entity_reset.sum(axis=1, keepdims=True), 1e-300)
+    else:
+        passage_reset = passage_initial_scores(
+            passage_similarity, bridging.activation, bridging.level, contain,
+            params.passage_ratio, params.passage_node_weight,
+        )
+    reset = np.hstack([passage_reset, entity_reset])
     importance = personalized_pagerank(graph, reset, params.damping, params.ppr_tol, params.ppr_max_iter,
                                        params.ppr_dtype)
     fallback = np.diff(sp.csr_array(bridging.activation).indptr) == 0

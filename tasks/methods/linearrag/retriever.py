@@ -14,7 +14,7 @@ from tasks.graph.walk import random_walk
 from tasks.methods.linearrag import algorithm as lr
 from tasks.methods.linearrag.stages import LinearParams
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
-from tasks.text.gazetteer import Gazetteer, name_idf, query_seeds
+from tasks.text.gazetteer import Gazetteer, name_idf, query_seeds, title_docs
 from tasks.text.ner import QueryRecogniser
 
 
@@ -62,11 +62,19 @@ class LinearRetriever:
         self.contain = coo_matrix(Store.read(index["contain"]), (n_p, n_e))
         self.mention = coo_matrix(Store.read(index["mention"]), (n_s, n_e))
         self.mention.data[:] = 1.0  # eq. (2): binary sentence-entity edges (appendix G.3)
-        self.graph = lr.passage_entity_graph(self.contain, self.algo.edge_weighting)
-        self.walk = random_walk(self.graph, self.algo.ppr_dtype)
-        if params.query_linking == "gazetteer":  # beyond the paper: IDF-weighted names the question contains
+        if params.query_linking == "gazetteer" or self.algo.title_walk:
             self.gazetteer = Gazetteer.of(self.entity_names, params.gazetteer_min_chars)
             self.idf = name_idf(self.contain)
+        if self.algo.title_walk:  # beyond the paper: title entities lead the walk to the passages they title
+            docs = Store.read(data["documents"], ["doc_id", "title"]).set_index("doc_id")
+            titled = title_docs(docs["title"].reindex(self.doc_ids).fillna("").astype(str).tolist(),
+                                Gazetteer.of(self.entity_names))
+            a = self.algo
+            self.graph = lr.title_walk_graph(self.contain, titled, self.idf, a.edge_weighting, a.title_edge_weight,
+                                             a.title_name_weight, a.idf_edges)
+        else:
+            self.graph = lr.passage_entity_graph(self.contain, self.algo.edge_weighting)
+        self.walk = random_walk(self.graph, self.algo.ppr_dtype)
         encode_queries(["warm-up"], embedder)
         self.queries = self.fallbacks = self.seeds_total = self.active_total = 0
 
@@ -94,7 +102,8 @@ class LinearRetriever:
         exact = sp.csr_array((weight, (q_idx[known], col[known])), shape=matched.shape)
         seeds = sp.csr_array(matched.maximum(exact))
         if gazetteer and questions is not None:
-            seeds = sp.csr_array(seeds.maximum(query_seeds(questions, self.gazetteer, self.idf).astype(np.float32)))
+            seeds = sp.csr_array(seeds.maximum(query_seeds(questions, self.gazetteer, self.idf,
+                                                             self.params.query_lowercase_weight).astype(np.float32)))
         seeds.eliminate_zeros()
         return seeds
 

@@ -77,6 +77,15 @@ class ZoomParams:
     batch_size: int = 64  # queries advanced together per walk: the state memory bound (q x (N+1) floats)
     walk_dtype: str = "float32"
     chunk_iterations: int = 50
+    # beyond the paper (issue #20), each at its paper value: the title walk over M (see title_walk_block)
+    title_edge_weight: float = 0.0  # extra weight of the edge from a title's entity to the document it titles
+    title_name_weight: float = 1.0  # factor on document -> entity edges whose entity titles some document
+    idf_edges: bool = False  # document -> entity edges also weighted by the entity's IDF
+
+    @property
+    def title_walk(self) -> bool:
+        """Whether DocZoom walks on :func:`title_walk_block` rather than the paper's M."""
+        return self.title_edge_weight != 0.0 or self.title_name_weight != 1.0 or self.idf_edges
 
 
 @dataclass(frozen=True)
@@ -157,6 +166,33 @@ def global_block(
     de, f_de = rescale_block(incidence, rescale) if use_entities else (sp.csr_array((n, m)), 0.0)
     M = sp.block_array([[dd, de], [de.T, sp.csr_array((m, m))]], format="csr")
     return M, {"doc_doc": f_dd, "doc_entity": f_de}
+
+
+def title_walk_block(M: sp.sparray, n_docs: int, titled: sp.sparray, idf: np.ndarray,
+                     title_edge_weight: float = 0.0, title_name_weight: float = 1.0,
+                     idf_edges: bool = False) -> sp.csr_array:
+    """M with the title walk's edges (beyond the paper, issue #20); the defaults return M unchanged.
+
+    M[i, j] is the weight of j -> i (the walk normalises columns). ``titled`` (m x n) is 1 where
+    entity e is the name in document p's title. Entity -> document: the D block gains
+    ``title_edge_weight`` * titled^T (e leads mostly to the document about it; D^T is not
+    mirrored, so the edge is one way). Document -> entity: row e of D^T is multiplied by
+    ``title_name_weight`` when e titles a document (a document naming another's title is the
+    bridge of a multi-hop question) and by its IDF when ``idf_edges`` (hubs carry less).
+    """
+    M = sp.csr_array(M)
+    n, m = n_docs, M.shape[0] - n_docs
+    dd, de, ed = M[:n, :n], M[:n, n:], M[n:, :n]
+    is_title = np.asarray(sp.csr_array(titled).sum(axis=1)).ravel() > 0
+    row = np.where(is_title, title_name_weight, 1.0)
+    if idf_edges:
+        row = row * np.asarray(idf, dtype=np.float64)
+    ed = sp.csr_array(sp.diags_array(row.astype(M.dtype)) @ ed)
+    de = sp.csr_array(de + (title_edge_weight * sp.csr_array(titled).T).astype(M.dtype))
+    ed.eliminate_zeros()
+    de.eliminate_zeros()
+    out = sp.block_array([[dd, de], [ed, sp.csr_array((m, m), dtype=M.dtype)]], format="csr")
+    return out.astype(M.dtype, copy=False)
 
 
 def query_links(

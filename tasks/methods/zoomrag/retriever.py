@@ -41,6 +41,10 @@ class ZoomRetriever:
             docs = Store.read(data["documents"], ["doc_id", "title"]).set_index("doc_id")
             self.titled = title_docs(docs["title"].reindex(self.doc_ids).fillna("").astype(str).tolist(),
                                      self.gazetteer)
+            if self.walk.title_walk:  # beyond the paper: title entities lead the walk to the documents they title
+                w = self.walk
+                self.M = zoom.title_walk_block(self.M, self.n, self.titled, self.idf, w.title_edge_weight,
+                                               w.title_name_weight, w.idf_edges)
         self._load_chunks(data, index)
         encode_queries(["warm-up"], embedder)
         self.fallbacks = 0
@@ -67,7 +71,7 @@ class ZoomRetriever:
         if self.params.query_linking != "gazetteer":
             links = self.query_links(questions)
             return links, links_matrix(links, self.m)
-        block = query_seeds(questions, self.gazetteer, self.idf)
+        block = query_seeds(questions, self.gazetteer, self.idf, self.params.query_lowercase_weight)
         if self.params.query_ner:  # spaCy's mentions (and the n-gram matches) kept beside the gazetteer's names
             ner = sp.csr_array(links_matrix(self.query_links(questions), self.m).multiply(self.idf[None, :]))
             block = sp.csr_array(block.maximum(ner))

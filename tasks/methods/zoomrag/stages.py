@@ -33,6 +33,13 @@ class ZoomRAGParams(zoom.ZoomParams, LinkingParams):
     doc_block_rows: int = 1024
     chunk_group_size: int = 32  # ChunkZoom local problems solved together (similar sizes grouped)
 
+    def __post_init__(self) -> None:
+        LinkingParams.__post_init__(self)
+        if self.title_walk and (self.graph_linking != "gazetteer" or self.query_linking != "gazetteer"):
+            raise ValueError("method.title_edge_weight / title_name_weight / idf_edges (the title walk) need "
+                             "method.graph_linking=gazetteer and method.query_linking=gazetteer: with spaCy "
+                             "entities a document's title is no node")
+
     def walk(self) -> zoom.ZoomParams:
         """The slice :mod:`tasks.methods.zoomrag.algorithm` takes."""
         fields = zoom.ZoomParams.__dataclass_fields__

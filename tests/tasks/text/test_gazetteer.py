@@ -8,7 +8,7 @@ import scipy.sparse as sp
 
 from tasks.graph.sparse import coo_matrix
 from tasks.text.entities import entity_vocabulary, incidence
-from tasks.text.gazetteer import (Gazetteer, LinkingParams, build_names, linked_incidence, match, name_idf,
+from tasks.text.gazetteer import (Gazetteer, cased_words, LinkingParams, build_names, linked_incidence, match, name_idf,
                                   title_docs, title_restart,
                                   named_titles, normalize_text, query_seeds, scan, title_link_coverage,
                                   title_name)
@@ -67,6 +67,18 @@ def test_idf_down_weights_hubs_and_seeds_take_it():
     gaz = Gazetteer.of(["america", "peter jones", "mary smith"])
     seeds = query_seeds(["Was Peter Jones's wife, Mary Smith, from America? peter jones!"], gaz, idf)
     np.testing.assert_allclose(seeds.toarray(), [[0.0, 1.0, 1.0]])  # the hub carries no weight; no double count
+
+
+def test_lowercase_names_seed_at_their_weight_and_cased_use_wins():
+    gaz = Gazetteer.of(["place of birth", "peter jones", "the film"])
+    idf = np.array([0.8, 0.6, 0.5])
+    q = ["What is the place of birth of Peter Jones's son?", "Where was peter jones born?",
+         "Is Place Of Birth a film? Was place of birth, the film, made?"]
+    seeds = query_seeds(q, gaz, idf, lowercase_weight=0.1).toarray()
+    np.testing.assert_allclose(seeds, [[0.08, 0.6, 0.0], [0.0, 0.06, 0.0], [0.8, 0.0, 0.05]])
+    # weight 1 is the old behaviour, case ignored
+    np.testing.assert_allclose(query_seeds(q, gaz, idf, 1.0).toarray(), [[0.8, 0.6, 0], [0, 0.6, 0], [0.8, 0, 0.5]])
+    assert cased_words("Was Peter Jones's U.S. wife here") == {"was", "peter", "jones", "us"}
 
 
 def test_linking_params_refuse_unknown_values():

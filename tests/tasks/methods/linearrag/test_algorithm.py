@@ -319,7 +319,11 @@ def test_params_fields_are_the_config_keys() -> None:
     assert set(LinearRAGParams.__dataclass_fields__) == {
         "max_iterations", "iteration_threshold", "top_k_sentence", "passage_ratio", "passage_node_weight",
         "damping", "edge_weighting", "top_k", "min_similarity", "ppr_tol", "ppr_max_iter", "ppr_dtype",
+        "title_edge_weight", "title_name_weight", "idf_edges", "passage_reset", "passage_reset_depth",
+        "passage_reset_weight",
     }
+    with pytest.raises(ValueError, match="passage_reset"):
+        LinearRAGParams(passage_reset="bm25")
     with pytest.raises(Exception):
         LinearRAGParams().damping = 0.9  # type: ignore[misc]
 
@@ -397,3 +401,66 @@ def test_exact_vocabulary_strings_link_with_similarity_one() -> None:
     seeds = r.seed_activation(3, q_idx, col, near_beatrice, questions)
     np.testing.assert_allclose(seeds.toarray(), [[1, 0, 0.25], [0, 0.5, 0], [near_beatrice[0, 0], 0.5, 0]],
                                rtol=1e-6)
+
+
+# ------------------------------------------------------------- the title walk (beyond the paper, issue #20)
+
+@pytest.mark.parametrize("weighting", ["share", "count", "indicator"])
+def test_title_walk_graph_defaults_are_the_papers_graph(weighting: str) -> None:
+    contain, _, _, rng = _random_corpus(3)
+    titled = sp.csr_array((np.ones(5), (rng.choice(25, 5, replace=False), np.arange(5))), shape=(25, 12))
+    idf = rng.uniform(0.1, 1.0, 25)
+    paper = passage_entity_graph(contain, weighting)
+    same = lr.title_walk_graph(contain, titled, idf, weighting)
+    assert abs(paper - same).max() == 0
+    walk = lr.title_walk_graph(contain, titled, idf, weighting, 4.0, 3.0, True)
+    assert abs(walk - walk.T).max() > 0  # directed: the title edge is one way
+
+
+def test_title_walk_graph_hand_example() -> None:
+    # passages P0 (mentions a, b) and P1 (mentions b); entity b titles P1; a is in P0 only
+    contain = sp.csr_array(np.array([[1.0, 1.0], [0.0, 1.0]]))
+    titled = sp.csr_array(np.array([[0.0, 0.0], [0.0, 1.0]]))  # E x P
+    idf = np.array([0.5, 1.0])
+    g = lr.title_walk_graph(contain, titled, idf, "share", title_edge_weight=4.0, title_name_weight=3.0,
+                            idf_edges=True).toarray()
+    # passage -> entity: share (0.5, 0.5) for P0, times 3 for the title name b, times idf
+    np.testing.assert_allclose(g[0, 2:], [0.5 * 0.5, 0.5 * 3.0 * 1.0])
+    np.testing.assert_allclose(g[1, 2:], [0.0, 1.0 * 3.0])
+    # entity -> passage: share transposed, plus 4 on b -> P1
+    np.testing.assert_allclose(g[2, :2], [0.5, 0.0])
+    np.testing.assert_allclose(g[3, :2], [0.5, 1.0 + 4.0])
+
+
+def test_top_similarity_reset_hand_example() -> None:
+    sim = np.array([[0.9, 0.1, 0.5, 0.3, 0.5]])
+    out = lr.top_similarity_reset(sim, depth=2, weight=0.3)
+    # top 2: 0.9 and one 0.5; the third (0.5) is the floor, so the 0.5 in the top gets 0
+    np.testing.assert_allclose(out.sum(), 0.3)
+    assert out[0, 0] == pytest.approx(0.3) and np.count_nonzero(out) == 1
+    flat = lr.top_similarity_reset(np.full((2, 4), 0.2), depth=2, weight=1.0)
+    np.testing.assert_allclose(flat.sum(axis=1), 1.0)
+    assert (np.count_nonzero(flat, axis=1) == 2).all()
+    every = lr.top_similarity_reset(sim, depth=10, weight=1.0)  # depth past the corpus: all passages
+    np.testing.assert_allclose(every, np.array([[0.8, 0.0, 0.4, 0.2, 0.4]]) / 1.8)
+
+
+def test_title_walk_reaches_the_bridge_passage_the_paper_walk_misses() -> None:
+    """Q names A's title; A's text names B's title; B is unlike the question. The title walk puts B second."""
+    # passages: 0 = A (titled a, mentions b), 1 = B (titled b), 2..5 distractors mentioning a hub h
+    contain = sp.csr_array(np.array([[1, 1, 0], [0, 1, 0], [0, 0, 1], [0, 0, 1], [0, 0, 1], [1, 0, 1]],
+                                    dtype=np.float64))  # entities a, b, h; passage 5 also mentions a
+    titled = sp.csr_array(np.array([[1, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]], dtype=np.float64))
+    idf = np.array([0.7, 0.9, 0.2])
+    sim = np.array([[0.6, 0.05, 0.4, 0.35, 0.3, 0.5]])  # B is the least similar passage
+    seeds = sp.csr_array(np.array([[0.7, 0.0, 0.0]]))  # the question names a
+    bridging = lr.Bridging(seeds, sp.csr_array(seeds != 0, dtype=np.float64), [])
+    reset = dict(passage_reset="top_similarity", passage_reset_depth=3, damping=0.85, ppr_tol=1e-12,
+                 ppr_max_iter=1000, ppr_dtype="float64")
+    beyond = LinearRAGParams(title_edge_weight=50.0, title_name_weight=10.0, idf_edges=True, **reset)
+    graph = lr.title_walk_graph(contain, titled, idf, "share", 50.0, 10.0, True)
+    scores = lr.global_importance(sim, bridging, contain, graph, beyond)
+    assert set(np.argsort(-scores[0])[:2]) == {0, 1}
+    paper = lr.global_importance(sim, bridging, contain, passage_entity_graph(contain, "share"),
+                                 LinearRAGParams(**reset))
+    assert list(np.argsort(-paper[0])).index(1) > 1

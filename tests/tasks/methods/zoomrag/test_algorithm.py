@@ -392,3 +392,45 @@ def test_top_docs_equals_full_lexsort(seed):
         want = np.lexsort((-cos, -scores[:, 1:]), axis=1)[:, :k]
         np.testing.assert_array_equal(top_docs(scores, n, k, tie_break=cos), want)
         np.testing.assert_array_equal(top_docs(scores, n, k), np.lexsort((-scores[:, 1:],), axis=1)[:, :k])
+
+
+# ------------------------------------------------------------- the title walk (beyond the paper, issue #20)
+
+def _title_corpus():
+    """Docs 0 (about a, names b), 1 (about b), 2 and 3 (distractors naming a hub h and each other's topic)."""
+    from tasks.methods.zoomrag.algorithm import global_block
+
+    D = sp.csr_array(np.array([[1, 1, 0], [0, 1, 0], [0, 0, 1], [1, 0, 1]], dtype=np.float64))  # entities a, b, h
+    doc_doc = sp.csr_array(np.array([[0, 0, 1.2, 1.1], [0, 0, 0, 0], [1.2, 0, 0, 1.3], [1.1, 0, 1.3, 0]]))
+    M, _ = global_block(doc_doc, D)
+    titled = sp.csr_array(np.array([[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0]], dtype=np.float64))  # a->0, b->1
+    return M, titled, np.array([0.5, 0.8, 0.1])
+
+
+def test_title_walk_block_defaults_are_the_papers_M_and_hand_example():
+    from tasks.methods.zoomrag.algorithm import title_walk_block
+
+    M, titled, idf = _title_corpus()
+    assert abs(title_walk_block(M, 4, titled, idf) - M).max() == 0
+    T = title_walk_block(M, 4, titled, idf, title_edge_weight=5.0, title_name_weight=3.0, idf_edges=True)
+    Md, Td = M.toarray(), T.toarray()
+    np.testing.assert_array_equal(Td[:4, :4], Md[:4, :4])  # doc-doc untouched
+    np.testing.assert_allclose(Td[:4, 4:], Md[:4, 4:] + 5.0 * titled.toarray().T)  # entity -> titled doc, one way
+    np.testing.assert_allclose(Td[4:, :4], Md[4:, :4] * np.array([1.5, 2.4, 0.1])[:, None])  # tf * idf rows
+    assert abs(Td[4:, 4:]).max() == 0
+
+
+def test_title_walk_brings_the_bridge_document_into_the_top_two():
+    """The question names a (doc 0's title); doc 0 names b, the title of doc 1, which the question does not
+    resemble. With the title walk doc 1 is second; on the paper's M a distractor is."""
+    from tasks.methods.zoomrag.algorithm import title_walk_block
+
+    M, titled, idf = _title_corpus()
+    query_doc = sp.csr_array(np.array([[np.exp(0.6), 0.0, np.exp(0.5), np.exp(0.55)]]))
+    query_entity = sp.csr_array(np.array([[0.5, 0.0, 0.0]]))
+    params = ZoomParams(alpha=0.2, steps=5)  # a longer walk than the paper's alpha 0.8: the bridge is 3 hops out
+    paper = doc_zoom(M, query_doc, query_entity, params, weighted_entities=True)[0, 1:5]
+    T = title_walk_block(M, 4, titled, idf, 50.0, 10.0, True)
+    beyond = doc_zoom(T, query_doc, query_entity, params, weighted_entities=True)[0, 1:5]
+    assert list(np.argsort(-beyond)[:2]) == [0, 1]
+    assert 1 not in np.argsort(-paper)[:2]
