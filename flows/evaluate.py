@@ -36,7 +36,7 @@ from tasks.core.ingest import gold_evidence
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef, Store
 from tasks.eval.evidence import score_evidence
-from tasks.eval.metrics import dev_split, latency_summary, recall_at_k, recall_by_type
+from tasks.eval.metrics import dev_split, latency_summary, recall_at_k, recall_by_title_mention, recall_by_type
 from tasks.eval.retrieve import retrieve_all
 from tasks.llm.client import make_client
 from tasks.llm.generate import build_reader_messages, contexts_for, generate
@@ -101,6 +101,9 @@ def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
         "index_peak_rss_mb": round(float(split["peak_rss_mb"].max() or 0.0), 1),
         "recall_by_type": recall_by_type(hits, gold, Store.read(data["questions"]), list(conf.eval.ks),
                                          result["qids"]),
+        "recall_by_title_mention": recall_by_title_mention(hits, gold, Store.read(data["questions"]),
+                                                           Store.read(data["documents"], ["doc_id", "title"]),
+                                                           list(conf.eval.ks), result["qids"]),
         "shuffle_seed": conf.dataset.shuffle_seed, "run_id": ctx.run_id,
         **{k: v for k, v in result.items() if k not in {"hits", "latency", "qids", "load_seconds"}},
     }

@@ -1,6 +1,8 @@
 """Retrieval metrics: passage recall@k against gold, and latency summaries."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -33,6 +35,36 @@ def recall_by_type(hits: pd.DataFrame, gold: pd.DataFrame, questions: pd.DataFra
     asked = questions[questions["qid"].isin(set(qids))]
     return {str(t): {"n": len(g), **recall_at_k(hits, gold, ks, g["qid"].tolist())}
             for t, g in asked.groupby("qtype", sort=True)}
+
+
+_QUALIFIER = re.compile(r"\s*\([^()]*\)\s*$")
+
+
+def names_gold_title(questions: pd.DataFrame, gold: pd.DataFrame, documents: pd.DataFrame) -> pd.Series:
+    """Per qid: whether the question names the title of one of its gold passages (whole word, lower case,
+    trailing parenthetical qualifier removed, as in ``shared/notes/multi-hop-structure.md``)."""
+    title = documents.set_index("doc_id")["title"].astype(str)
+    g = gold.drop_duplicates(["qid", "doc_id"])
+    g = g.assign(name=title.reindex(g["doc_id"]).fillna("").map(lambda t: _QUALIFIER.sub("", t).lower().strip())
+                 .to_numpy())
+    text = questions.set_index("qid")["question"].astype(str).str.lower()
+    named = {q: False for q in questions["qid"]}
+    for q, name in zip(g["qid"], g["name"]):
+        if name and q in text.index and re.search(r"(?<!\w)" + re.escape(name) + r"(?!\w)", text[q]):
+            named[q] = True
+    return pd.Series(named, name="names_gold_title")
+
+
+def recall_by_title_mention(hits: pd.DataFrame, gold: pd.DataFrame, questions: pd.DataFrame,
+                            documents: pd.DataFrame, ks: list[int], qids: list[str]) -> dict[str, dict[str, float]]:
+    """:func:`recall_at_k` on the questions that name a gold passage's title and on those that name none
+    (issue #20: where title links cannot help, a graph method must still beat the simple retrievers)."""
+    named = names_gold_title(questions[questions["qid"].isin(set(qids))], gold, documents)
+    out = {}
+    for key, flag in (("names_gold_title", True), ("names_no_gold_title", False)):
+        part = [q for q in qids if bool(named.get(q, False)) == flag]
+        out[key] = {"n": len(part), **(recall_at_k(hits, gold, ks, part) if part else {})}
+    return out
 
 
 def dev_split(qids: list[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:

@@ -81,6 +81,7 @@ class ZoomParams:
     title_edge_weight: float = 0.0  # extra weight of the edge from a title's entity to the document it titles
     title_name_weight: float = 1.0  # factor on document -> entity edges whose entity titles some document
     idf_edges: bool = False  # document -> entity edges also weighted by the entity's IDF
+    query_entity_weight: float = 1.0  # query -> entity links times this after the per-block rescaling (1 = §3.2)
 
     @property
     def title_walk(self) -> bool:
@@ -203,11 +204,14 @@ def query_links(
     use_query_entity: bool = True,
     rescale: Rescale = "nonzero_mean",
     weighted: bool = False,
+    entity_weight: float = 1.0,
 ) -> tuple[sp.csr_array, np.ndarray]:
     """Query rows H = [A_doc->qry^T, A_ent->qry^T] of eq. (6), each block rescaled per query (§3.2).
 
     The paper's query-entity links are 0/1; ``weighted`` (beyond the paper) keeps ``query_entity``'s
-    values (e.g. IDF weights) before the rescaling. Returns H (q x (n+m)) and the per-query factors
+    values (e.g. IDF weights) before the rescaling. ``entity_weight`` (beyond the paper) multiplies the
+    rescaled entity block: §3.2 gives both blocks the same average weight, so a query linked to 15 documents
+    and 2 names sends 2/17 of its mass to the names. Returns H (q x (n+m)) and the per-query factors
     (q x 2: doc block, entity block).
     """
     qd, f_doc = rescale_rows(query_doc, rescale)
@@ -216,6 +220,7 @@ def query_links(
         qe = sp.csr_array(query_entity, dtype=np.float64) if weighted else \
             (sp.csr_array(query_entity) != 0).astype(np.float64)
         qe, f_ent = rescale_rows(qe, rescale)
+        qe = qe * entity_weight
     else:
         qe, f_ent = sp.csr_array((q, m)), np.zeros(q)
     return sp.hstack([qd, qe], format="csr"), np.column_stack([f_doc, f_ent])
@@ -302,6 +307,7 @@ def doc_zoom(
         use_query_entity=params.use_query_entity,
         rescale=params.rescale,
         weighted=weighted_entities,
+        entity_weight=params.query_entity_weight,
     )
     if params.coupled:
         return coupled_walk(M, H, params.alpha, params.steps)  # one joint graph: the batch is the point

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tasks.eval.metrics import latency_summary, recall_at_k
+from tasks.eval.metrics import latency_summary, names_gold_title, recall_at_k, recall_by_title_mention
 
 
 def _hits(rows: list[tuple[str, int, str]]) -> pd.DataFrame:
@@ -89,3 +89,18 @@ def test_dev_split_is_seeded_disjoint_and_sized():
     assert len(dev) == 3 and len(test) == 7 and not set(dev) & set(test) and set(dev) | set(test) == set(qids)
     assert dev_split(list(reversed(qids)), 0.3, seed=0)[0] == list(reversed(dev))  # order does not decide a side
     assert dev_split(qids, 0.3, seed=1)[0] != dev
+
+
+def test_recall_by_title_mention_splits_on_gold_titles_named_whole_word():
+    documents = pd.DataFrame({"doc_id": ["a", "b", "c", "d"],
+                              "title": ["Peter Jones (actor)", "Rome", "Romeo", "Place"]})
+    questions = pd.DataFrame({"qid": ["q1", "q2", "q3"],
+                              "question": ["Where was peter jones's wife born?", "Who loved Romeo?",
+                                           "Which city is older?"]})
+    gold = pd.DataFrame({"qid": ["q1", "q1", "q2", "q3", "q3"], "doc_id": ["a", "b", "b", "b", "d"]})
+    named = names_gold_title(questions, gold, documents)
+    assert named.to_dict() == {"q1": True, "q2": False, "q3": False}  # "Rome" is not a word of "Romeo"
+    hits = pd.DataFrame({"qid": ["q1", "q1", "q2", "q3"], "rank": [1, 2, 1, 1], "doc_id": ["a", "c", "b", "d"]})
+    out = recall_by_title_mention(hits, gold, questions, documents, [1, 2], ["q1", "q2", "q3"])
+    assert out["names_gold_title"] == {"n": 1, "recall@1": 50.0, "recall@2": 50.0}
+    assert out["names_no_gold_title"] == {"n": 2, "recall@1": 75.0, "recall@2": 75.0}

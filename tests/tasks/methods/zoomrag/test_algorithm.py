@@ -434,3 +434,12 @@ def test_title_walk_brings_the_bridge_document_into_the_top_two():
     beyond = doc_zoom(T, query_doc, query_entity, params, weighted_entities=True)[0, 1:5]
     assert list(np.argsort(-beyond)[:2]) == [0, 1]
     assert 1 not in np.argsort(-paper)[:2]
+
+
+def test_query_entity_weight_scales_only_the_rescaled_entity_block():
+    qd = sp.csr_array(np.array([[1.0, 2.0, 0.0], [0.0, 0.0, 3.0]]))
+    qe = sp.csr_array(np.array([[1.0, 0.0], [0.0, 1.0]]))
+    H1 = query_links(qd, qe)[0].toarray()
+    H5 = query_links(qd, qe, entity_weight=5.0)[0].toarray()
+    np.testing.assert_array_equal(H5[:, :3], H1[:, :3])
+    np.testing.assert_allclose(H5[:, 3:], 5.0 * H1[:, 3:])
