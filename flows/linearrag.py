@@ -28,11 +28,13 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
     graph = (linked_entity_graph(ctx, documents, sentences, mentions.result()["mentions"], p.gazetteer_min_chars)
              if p.graph_linking == "gazetteer"  # beyond the paper: titles and corpus names as entity nodes
              else entity_graph(ctx, documents, sentences, mentions.result()["mentions"]))
-    entities = entity_texts(ctx, graph["entities"])["entity_texts"]
-    entity_embeddings = embed(ctx, entities, "entity_id", cfg.embedder)["embeddings"]
-    return {"sentences": sentences, "passage_embeddings": passage_embeddings,
-            "sentence_embeddings": sentence_embeddings, "entities": graph["entities"],
-            "contain": graph["doc_entity"], "mention": graph["chunk_entity"], "entity_embeddings": entity_embeddings}
+    out = {"sentences": sentences, "passage_embeddings": passage_embeddings,
+           "sentence_embeddings": sentence_embeddings, "entities": graph["entities"],
+           "contain": graph["doc_entity"], "mention": graph["chunk_entity"]}
+    if p.query_ner:  # eq. (3) matches the question's NER strings to entity embeddings; the gazetteer alone needs none
+        entities = entity_texts(ctx, graph["entities"])["entity_texts"]
+        out["entity_embeddings"] = embed(ctx, entities, "entity_id", cfg.embedder)["embeddings"]
+    return out
 
 
 def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> LinearRetriever:

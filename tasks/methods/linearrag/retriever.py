@@ -51,9 +51,12 @@ class LinearRetriever:
             raise RuntimeError("sentence embeddings are not aligned with the sentences table; delete the artifacts")
         vocab = Store.read(index["entities"], ["entity_idx", "entity"]).sort_values("entity_idx")
         self.entity_names = vocab["entity"].astype(str).to_numpy(dtype=object)
-        entity_ids, self.entity_emb = load_embeddings(index["entity_embeddings"], "entity_id")
-        if not np.array_equal(entity_ids, self.entity_names):
-            raise RuntimeError("entity embeddings are not aligned with the vocabulary; delete the artifacts")
+        if "entity_embeddings" in index:
+            entity_ids, self.entity_emb = load_embeddings(index["entity_embeddings"], "entity_id")
+            if not np.array_equal(entity_ids, self.entity_names):
+                raise RuntimeError("entity embeddings are not aligned with the vocabulary; delete the artifacts")
+        else:  # method.query_ner=false: no question string is matched by cosine, so none were computed
+            self.entity_emb = np.zeros((len(self.entity_names), 0), np.float32)
         # writable contiguous copies: torch.from_numpy (see _dot) refuses nothing, warns on read-only arrays
         self.passage_emb, self.sentence_emb, self.entity_emb = (
             np.array(x, dtype=np.float32, order="C") for x in (self.passage_emb, self.sentence_emb, self.entity_emb))
@@ -67,8 +70,7 @@ class LinearRetriever:
             self.idf = name_idf(self.contain)
         if self.algo.title_walk:  # beyond the paper: title entities lead the walk to the passages they title
             docs = Store.read(data["documents"], ["doc_id", "title"]).set_index("doc_id")
-            titled = title_docs(docs["title"].reindex(self.doc_ids).fillna("").astype(str).tolist(),
-                                Gazetteer.of(self.entity_names))
+            titled = title_docs(docs["title"].reindex(self.doc_ids).fillna("").astype(str).tolist(), self.gazetteer)
             a = self.algo
             self.graph = lr.title_walk_graph(self.contain, titled, self.idf, a.edge_weighting, a.title_edge_weight,
                                              a.title_name_weight, a.idf_edges)
