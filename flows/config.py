@@ -188,7 +188,7 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
                           "title_name_weight": count0, "passage_reset": PASSAGE_RESETS,
                           "passage_reset_depth": count, "passage_reset_weight": count0},
         LinkingParams: {"graph_linking": LINKINGS, "query_linking": LINKINGS, "gazetteer_min_chars": count,
-                        "query_lowercase_weight": count0},
+                        "query_lowercase_weight": count0, "cover_named_min_seed": count0},
         EraRAGParams: {"n_hyperplanes": "[1, 64]", "segment_min": "[2, inf)", "segment_avg": "[2, inf)",
                        "segment_max": "[2, inf)", "max_layers": count0, "stop_nodes": count,
                        "summary_tokens": count, "top_k": count, "token_budget": count, "detail_proportion": prob},

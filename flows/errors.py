@@ -1,4 +1,4 @@
-"""``python -m flows.errors RUN AGAINST``: why a method's run misses gold passages that another run finds.
+"""``python -m flows.errors RUN [AGAINST] [--k K]``: why a method's run misses gold passages that another run finds.
 
 Both arguments are run folders of ``dagrag evaluate`` (they hold ``hits.parquet`` and ``manifest.json``)
 on the same dataset. Prints, per question type, the reasons of :mod:`tasks.eval.errors` for the gold
@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from tasks.core.ingest import DATASET_KINDS, load_dataset
-from tasks.eval.errors import losses_against
+from tasks.eval.errors import losses_against, miss_reasons, missed_gold
 
 
 def _dataset(run: Path) -> tuple[dict, str]:
@@ -30,23 +30,31 @@ def _dataset(run: Path) -> tuple[dict, str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m flows.errors", description=__doc__.splitlines()[0])
     ap.add_argument("run", type=Path, help="the method's evaluate run folder")
-    ap.add_argument("against", type=Path, help="the run it is compared with (e.g. method=hybrid)")
+    ap.add_argument("against", type=Path, nargs="?", default=None,
+                    help="the run it is compared with (e.g. method=hybrid); without it, every miss of RUN")
     ap.add_argument("--k", type=int, default=5, help="the cut-off (default 5)")
     args = ap.parse_args(argv)
-    for run in (args.run, args.against):
+    for run in [r for r in (args.run, args.against) if r is not None]:
         if not (run / "hits.parquet").exists() or not (run / "manifest.json").exists():
             print(f"error: {run} is not an evaluate run folder (no hits.parquet / manifest.json)", file=sys.stderr)
             return 2
     params, data_dir = _dataset(args.run)
-    if _dataset(args.against)[0] != params:
+    if args.against is not None and _dataset(args.against)[0] != params:
         print("error: the two runs are on different datasets", file=sys.stderr)
         return 2
     docs, questions, gold, _ = load_dataset(params, data_dir)
-    hits, other = pd.read_parquet(args.run / "hits.parquet"), pd.read_parquet(args.against / "hits.parquet")
-    qids = sorted(set(hits["qid"]) & set(other["qid"]))
-    out = losses_against(hits, other, gold, questions, docs, args.k, qids)
-    print(f"{out['qid'].nunique()} of {len(qids)} questions where {args.against.name} finds more gold passages "
-          f"in its top {args.k}; {len(out)} missed passages, by question type and reason:")
+    hits = pd.read_parquet(args.run / "hits.parquet")
+    if args.against is None:
+        qids = sorted(set(hits["qid"]))
+        out = miss_reasons(missed_gold(hits, gold, args.k, qids), hits, gold, questions, docs, args.k)
+        print(f"{out['qid'].nunique()} of {len(qids)} questions miss a gold passage in the top {args.k}; "
+              f"{len(out)} missed passages, by question type and reason:")
+    else:
+        other = pd.read_parquet(args.against / "hits.parquet")
+        qids = sorted(set(hits["qid"]) & set(other["qid"]))
+        out = losses_against(hits, other, gold, questions, docs, args.k, qids)
+        print(f"{out['qid'].nunique()} of {len(qids)} questions where {args.against.name} finds more gold "
+              f"passages in its top {args.k}; {len(out)} missed passages, by question type and reason:")
     if len(out):
         print(pd.crosstab(out["qtype"], out["reason"], margins=True).to_string())
     return 0

@@ -76,6 +76,7 @@ class LinkingParams:
     ``query_ner``: with gazetteer query linking, whether spaCy's question mentions are kept as seeds too
     (false: the gazetteer alone, microseconds a question instead of spaCy's milliseconds; issue #17).
     ``query_lowercase_weight``: factor on the seed of a name the question writes all in lower case.
+    ``cover_named_min_seed``: see :func:`cover_named`; 0 leaves the method's ranking alone.
     """
 
     graph_linking: str = "ner"
@@ -83,11 +84,15 @@ class LinkingParams:
     gazetteer_min_chars: int = 4
     query_ner: bool = True  # false (with query_linking=gazetteer): no spaCy on questions, the gazetteer's names alone
     query_lowercase_weight: float = 1.0  # factor on a question's names written all in lower case (1 = no cue)
+    cover_named_min_seed: float = 0.0  # > 0: each name seeded at least this much puts its best titled passage first
 
     def __post_init__(self) -> None:
         for key in ("graph_linking", "query_linking"):
             if getattr(self, key) not in LINKINGS:
                 raise ValueError(f"method.{key} must be one of {LINKINGS}, got {getattr(self, key)!r}")
+        if self.cover_named_min_seed > 0 and (self.graph_linking, self.query_linking) != ("gazetteer", "gazetteer"):
+            raise ValueError("method.cover_named_min_seed > 0 needs method.graph_linking=gazetteer and "
+                             "method.query_linking=gazetteer: it lifts the passages the question's names title")
         if not self.query_ner and self.query_linking != "gazetteer":
             raise ValueError("method.query_ner=false needs method.query_linking=gazetteer: with neither spaCy nor "
                              "the gazetteer a question links to no entity")
@@ -227,6 +232,56 @@ def title_restart(query_doc: sp.sparray, cos: np.ndarray, query_entity: sp.sparr
     boost = np.exp(cos[named.row, named.col].astype(np.float64)) * (1.0 + named.data)
     fused = sp.csr_array((boost, (named.row, named.col)), shape=query_doc.shape)
     return sp.csr_array(sp.csr_array(query_doc, dtype=np.float64).maximum(fused))
+
+
+def qualified_titles(titles: Sequence[str]) -> tuple[Gazetteer, np.ndarray, int]:
+    """The titles that carry a parenthetical qualifier, whole ("david elliot illustrator"), as a gazetteer:
+    ``(gazetteer, passage of each of its names, number of passages)`` for :func:`qualified_title_mentions`."""
+    qualified = [i for i, t in enumerate(titles) if _QUALIFIER.search(t)]
+    return Gazetteer.of([normalize_text(titles[i]) for i in qualified]), np.asarray(qualified, np.int64), len(titles)
+
+
+def qualified_title_mentions(questions: Sequence[str], qualified: tuple[Gazetteer, np.ndarray, int]) -> sp.csr_array:
+    """(Q x N) 1 where a question writes passage n's title *with* its qualifier ("David Elliot
+    (Illustrator)"): the question's own choice between same-named passages."""
+    gaz, passages, n = qualified
+    rows, cols = match(questions, gaz)
+    named = sp.csr_array((np.ones(len(rows)), (rows, passages[cols])), shape=(len(questions), n))
+    named.sum_duplicates()
+    named.data[:] = 1.0
+    return named
+
+
+def cover_named(scores: np.ndarray, seeds: sp.sparray, titled: sp.sparray, min_seed: float,
+                qualified: sp.sparray | None = None) -> np.ndarray:
+    """Scores (Q x N) re-ordered so that each name the question names comes first (issue #20, comparisons).
+
+    For every seed (q, e) of weight >= ``min_seed`` (``seeds`` Q x E, e.g. IDF times the case factor of
+    :func:`query_seeds`), the best-scoring passage that e titles (``titled`` E x N) is lifted above every
+    passage that is not lifted; lifted passages keep their order among themselves. A comparison question
+    then has each compared entity's passage in its top k, whatever the walk did with the other side.
+    ``qualified`` (Q x N, :func:`qualified_title_mentions`): a passage the question names with its
+    qualifier is the one lifted for its name, whatever its score.
+    """
+    out = np.array(scores, dtype=np.float64, copy=True)
+    if min_seed <= 0 or out.size == 0:
+        return out
+    s = sp.csr_array(seeds).tocoo()
+    keep = s.data >= min_seed
+    q, e = s.row[keep].astype(np.int64), s.col[keep].astype(np.int64)
+    t = sp.csr_array(titled)
+    lengths = t.indptr[e + 1] - t.indptr[e]
+    pair = np.repeat(np.arange(q.size), lengths)
+    offset = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    p = t.indices[np.repeat(t.indptr[e], lengths) + offset].astype(np.int64)
+    lifted = np.zeros(out.shape, dtype=bool)
+    exact = sp.csr_array(qualified if qualified is not None else (out.shape)).tocoo()
+    lifted[exact.row, exact.col] = True  # the question's "(2015 film)" names its passage outright
+    value = out[q[pair], p] + lifted[q[pair], p] * (np.abs(out).max() * 4 + 1.0)  # and picks among namesakes
+    order = np.lexsort((p, -value, pair))  # per (query, name): best passage first, ties by lower index
+    first = order[np.r_[True, pair[order][1:] != pair[order][:-1]]] if order.size else order
+    lifted[q[pair[first]], p[first]] = True  # a passage two names title is lifted once
+    return out + lifted * (out.max(axis=1) - out.min(axis=1) + 1.0)[:, None]
 
 
 # ---------------------------------------------------------------- checking the graph (issue #20, item 4)

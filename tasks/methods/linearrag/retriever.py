@@ -14,7 +14,8 @@ from tasks.graph.walk import random_walk
 from tasks.methods.linearrag import algorithm as lr
 from tasks.methods.linearrag.stages import LinearParams
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
-from tasks.text.gazetteer import Gazetteer, name_idf, query_seeds, title_docs
+from tasks.text.gazetteer import (Gazetteer, cover_named, name_idf, qualified_title_mentions, qualified_titles,
+                                  query_seeds, title_docs)
 from tasks.text.ner import QueryRecogniser
 
 
@@ -68,12 +69,14 @@ class LinearRetriever:
         if params.query_linking == "gazetteer" or self.algo.title_walk:
             self.gazetteer = Gazetteer.of(self.entity_names, params.gazetteer_min_chars)
             self.idf = name_idf(self.contain)
-        if self.algo.title_walk:  # beyond the paper: title entities lead the walk to the passages they title
+        if params.graph_linking == "gazetteer" and params.query_linking == "gazetteer":
             docs = Store.read(data["documents"], ["doc_id", "title"]).set_index("doc_id")
-            titled = title_docs(docs["title"].reindex(self.doc_ids).fillna("").astype(str).tolist(), self.gazetteer)
+            titles = docs["title"].reindex(self.doc_ids).fillna("").astype(str).tolist()
+            self.titled, self.qualified = title_docs(titles, self.gazetteer), qualified_titles(titles)
+        if self.algo.title_walk:  # beyond the paper: title entities lead the walk to the passages they title
             a = self.algo
-            self.graph = lr.title_walk_graph(self.contain, titled, self.idf, a.edge_weighting, a.title_edge_weight,
-                                             a.title_name_weight, a.idf_edges)
+            self.graph = lr.title_walk_graph(self.contain, self.titled, self.idf, a.edge_weighting,
+                                             a.title_edge_weight, a.title_name_weight, a.idf_edges)
         else:
             self.graph = lr.passage_entity_graph(self.contain, self.algo.edge_weighting)
         self.walk = random_walk(self.graph, self.algo.ppr_dtype)
@@ -126,7 +129,13 @@ class LinearRetriever:
         t3 = time.perf_counter()
         similarity = _dot(q_emb, self.passage_emb)
         scores = lr.global_importance(similarity, bridging, self.contain, self.walk, self.algo)
-        ranked, top = lr.rank_passages(scores, k)
+        if self.params.cover_named_min_seed > 0:  # beyond the paper: each named entity's passage first
+            lifted = cover_named(scores, seeds, self.titled, self.params.cover_named_min_seed,
+                                 qualified_title_mentions(questions, self.qualified))
+            ranked, _ = lr.rank_passages(lifted, k)
+            top = np.take_along_axis(scores, ranked, axis=1)
+        else:
+            ranked, top = lr.rank_passages(scores, k)
         t4 = time.perf_counter()
         fallback = np.diff(seeds.indptr) == 0
         self.queries += n_q

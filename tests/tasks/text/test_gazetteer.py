@@ -8,7 +8,7 @@ import scipy.sparse as sp
 
 from tasks.graph.sparse import coo_matrix
 from tasks.text.entities import entity_vocabulary, incidence
-from tasks.text.gazetteer import (Gazetteer, cased_words, LinkingParams, build_names, linked_incidence, match, name_idf,
+from tasks.text.gazetteer import (Gazetteer, cased_words, cover_named, qualified_title_mentions, qualified_titles, LinkingParams, build_names, linked_incidence, match, name_idf,
                                   title_docs, title_restart,
                                   named_titles, normalize_text, query_seeds, scan, title_link_coverage,
                                   title_name)
@@ -128,3 +128,33 @@ def test_title_restart_links_the_titled_passages_with_a_boost():
     seeds = sp.csr_array(np.array([[0.5, 0.0]]))  # the question names 'mary smith' (weight 0.5)
     fused = title_restart(query_doc, cos, seeds, titled).toarray()
     np.testing.assert_allclose(fused, [[0.0, np.exp(0.2) * 1.5, np.exp(0.9)]])
+
+
+def test_cover_named_lifts_each_named_entitys_best_passage_once_keeping_their_order():
+    scores = np.array([[0.9, 0.8, 0.1, 0.05, 0.3], [0.5, 0.4, 0.3, 0.2, 0.1]])
+    # entity 0 titles passages 2 and 3 (ambiguous title), entity 1 titles passage 4, entity 2 titles 4 too
+    titled = sp.csr_array(np.array([[0, 0, 1, 1, 0], [0, 0, 0, 0, 1], [0, 0, 0, 0, 1]], dtype=float))
+    seeds = sp.csr_array(np.array([[0.7, 0.5, 0.9], [0.05, 0.0, 0.0]]))  # query 1's only name is below the floor
+    out = cover_named(scores, seeds, titled, min_seed=0.3)
+    assert list(np.argsort(-out[0], kind="stable")) == [4, 2, 0, 1, 3]  # 4 (lifted once) and 2 (best of 2, 3) first
+    np.testing.assert_array_equal(out[1], scores[1])
+    np.testing.assert_array_equal(cover_named(scores, seeds, titled, 0.0), scores)  # 0 = off
+
+
+def test_a_qualified_title_in_the_question_picks_among_namesakes():
+    titles = ["David Elliot (footballer)", "David Elliot (illustrator)", "Amy (2015 film)", "Eustace Ferguson"]
+    q = ["Do David Elliot (Illustrator) and Eustace Ferguson share a nationality?", "Is Amy (2015 Film) older?"]
+    named = qualified_title_mentions(q, qualified_titles(titles)).toarray()
+    np.testing.assert_array_equal(named, [[0, 1, 0, 0], [0, 0, 1, 0]])
+    gaz = Gazetteer.of(["david elliot", "eustace ferguson"])
+    seeds = query_seeds(q, gaz, np.array([0.8, 0.9]))
+    titled = sp.csr_array(np.array([[1, 1, 0, 0], [0, 0, 0, 1]], dtype=float))
+    scores = np.array([[0.9, 0.2, 0.5, 0.4], [0.9, 0.8, 0.1, 0.3]])
+    out = cover_named(scores, seeds, titled, 0.3, sp.csr_array(named))
+    assert set(np.argsort(-out[0])[:2]) == {1, 3}  # the illustrator, not the higher-scored footballer
+    assert np.argsort(-out[1])[0] == 2  # "amy" is too short to be a name; its qualified title still lifts it
+
+
+def test_cover_named_needs_both_gazetteer_linkings():
+    with pytest.raises(ValueError, match="cover_named_min_seed"):
+        LinkingParams(graph_linking="gazetteer", query_linking="ner", cover_named_min_seed=0.5)
