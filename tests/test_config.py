@@ -180,9 +180,10 @@ def test_beyond_paper_experiment_changes_exactly_its_keys(method):
     assert (paper.method.graph_linking, paper.method.query_linking) == ("ner", "ner")
 
 
-def test_beyond_paper_experiment_is_refused_for_a_method_without_entities():
-    with pytest.raises(ConfigError, match="graph_linking"):
-        load_config(_compose(["method=dense", "experiment=beyond_paper"]))
+@pytest.mark.parametrize("method", ["dense", "serag", "archrag", "erarag"])
+def test_beyond_paper_experiment_is_refused_with_a_clear_error_for_other_methods(method):
+    with pytest.raises(ConfigError, match="apply to method=zoomrag and method=linearrag only"):
+        load_config(_compose([f"method={method}", "experiment=beyond_paper"]))
 
 
 def test_title_walk_needs_the_gazetteer_graph():

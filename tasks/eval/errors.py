@@ -12,19 +12,10 @@ whole-word, lower case, trailing parenthetical qualifier removed):
 """
 from __future__ import annotations
 
-import re
-
 import pandas as pd
 
-_QUALIFIER = re.compile(r"\s*\([^()]*\)\s*$")
-
-
-def _title(t: str) -> str:
-    return _QUALIFIER.sub("", str(t)).lower().strip()
-
-
-def _names(text: str, name: str) -> bool:
-    return bool(name) and re.search(r"(?<!\w)" + re.escape(name) + r"(?!\w)", text) is not None
+from tasks.eval.metrics import names_whole_word as _names
+from tasks.eval.metrics import plain_title as _title
 
 
 def missed_gold(hits: pd.DataFrame, gold: pd.DataFrame, k: int, qids: list[str]) -> pd.DataFrame:

@@ -40,17 +40,26 @@ def recall_by_type(hits: pd.DataFrame, gold: pd.DataFrame, questions: pd.DataFra
 _QUALIFIER = re.compile(r"\s*\([^()]*\)\s*$")
 
 
+def plain_title(title: str) -> str:
+    """A title as ``shared/notes/multi-hop-structure.md`` matches it: qualifier removed, lower case."""
+    return _QUALIFIER.sub("", str(title)).lower().strip()
+
+
+def names_whole_word(text: str, name: str) -> bool:
+    """``text`` (already lower case) contains ``name`` as whole words."""
+    return bool(name) and re.search(r"(?<!\w)" + re.escape(name) + r"(?!\w)", text) is not None
+
+
 def names_gold_title(questions: pd.DataFrame, gold: pd.DataFrame, documents: pd.DataFrame) -> pd.Series:
     """Per qid: whether the question names the title of one of its gold passages (whole word, lower case,
     trailing parenthetical qualifier removed, as in ``shared/notes/multi-hop-structure.md``)."""
     title = documents.set_index("doc_id")["title"].astype(str)
     g = gold.drop_duplicates(["qid", "doc_id"])
-    g = g.assign(name=title.reindex(g["doc_id"]).fillna("").map(lambda t: _QUALIFIER.sub("", t).lower().strip())
-                 .to_numpy())
+    g = g.assign(name=title.reindex(g["doc_id"]).fillna("").map(plain_title).to_numpy())
     text = questions.set_index("qid")["question"].astype(str).str.lower()
     named = {q: False for q in questions["qid"]}
     for q, name in zip(g["qid"], g["name"]):
-        if name and q in text.index and re.search(r"(?<!\w)" + re.escape(name) + r"(?!\w)", text[q]):
+        if q in text.index and names_whole_word(text[q], name):
             named[q] = True
     return pd.Series(named, name="names_gold_title")
 
