@@ -18,6 +18,7 @@ from tasks.methods.serag.stages import (
 from tasks.text.chunk import chunk
 from tasks.text.embed import embed
 from tasks.text.entities import entity_graph, entity_texts
+from tasks.text.gazetteer import linked_entity_graph
 from tasks.text.ner import QueryRecogniser, ner
 
 __all__ = ["SeRAGParams", "index", "retriever", "update"]
@@ -31,7 +32,9 @@ def _dag(ctx: RunContext, data: dict[str, ArtifactRef], cfg, incremental: bool) 
         chunk_embeddings = embed(ctx, documents, "doc_id", cfg.embedder, use_template=True)["embeddings"]
     else:
         chunk_embeddings = embed(ctx, chunks, "chunk_id", cfg.embedder)["embeddings"]
-    entities = entity_graph(ctx, documents, chunks, mentions.result()["mentions"])
+    entities = (linked_entity_graph(ctx, documents, chunks, mentions.result()["mentions"], p.gazetteer_min_chars)
+                if p.graph_linking == "gazetteer"  # beyond the paper: titles and corpus names as entity nodes
+                else entity_graph(ctx, documents, chunks, mentions.result()["mentions"]))
     names = entity_texts(ctx, entities["entities"])["entity_texts"]
     entity_embeddings = embed(ctx, names, "entity_id", cfg.embedder)["embeddings"]
     graph = serag_graph(ctx, documents, chunks, chunk_embeddings, entities["chunk_entity"], entities["entities"], p,
@@ -56,5 +59,6 @@ def update(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Arti
 def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> SeRAGRetriever:
     """Online side of ``method=serag``."""
     p = cfg.method
-    return SeRAGRetriever(data, index, p, cfg.embedder, QueryRecogniser(cfg.ner, cfg.llm, cfg.artifacts_dir),
+    return SeRAGRetriever(data, index, p, cfg.embedder,
+                          QueryRecogniser(cfg.ner, cfg.llm, cfg.artifacts_dir) if p.query_ner else None,
                           SelfQuery(self_query_client(p, cfg.llm, cfg.artifacts_dir), p.self_query_max_tokens))

@@ -165,7 +165,7 @@ def _experiment_keys(method: str, experiment: str) -> dict:
     return keys
 
 
-@pytest.mark.parametrize("method", ["zoomrag", "linearrag"])
+@pytest.mark.parametrize("method", ["zoomrag", "linearrag", "serag"])
 def test_beyond_paper_experiment_changes_exactly_its_keys(method):
     assert {"paper", "beyond_paper"} <= set(EXPERIMENTS)
     paper = load_config(_compose([f"method={method}"]))
@@ -180,9 +180,9 @@ def test_beyond_paper_experiment_changes_exactly_its_keys(method):
     assert (paper.method.graph_linking, paper.method.query_linking) == ("ner", "ner")
 
 
-@pytest.mark.parametrize("method", ["dense", "serag", "archrag", "erarag"])
+@pytest.mark.parametrize("method", ["dense", "archrag", "erarag"])
 def test_beyond_paper_experiment_is_refused_with_a_clear_error_for_other_methods(method):
-    with pytest.raises(ConfigError, match="apply to method=zoomrag and method=linearrag only"):
+    with pytest.raises(ConfigError, match="apply to method=zoomrag, linearrag and serag only"):
         load_config(_compose([f"method={method}", "experiment=beyond_paper"]))
 
 

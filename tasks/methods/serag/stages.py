@@ -22,6 +22,7 @@ from tasks.graph.sparse import coo_matrix, to_coo
 from tasks.methods.serag import algorithm as se
 from tasks.text.chunk import ChunkParams
 from tasks.text.embed import embeddings_to_arrow, load_embeddings
+from tasks.text.gazetteer import LinkingParams
 
 log = logging.getLogger("dagrag.serag")
 
@@ -32,8 +33,9 @@ except ImportError:  # pragma: no cover - only before serag-tree is merged
 
 
 @dataclass(frozen=True)
-class SeRAGParams:
-    """``method=serag``: every App. A.3 (Table 5) constant, the Table 2 ablations, and our choices."""
+class SeRAGParams(LinkingParams):
+    """``method=serag``: every App. A.3 (Table 5) constant, the Table 2 ablations, and our choices; the
+    entity linking (:class:`tasks.text.gazetteer.LinkingParams`, beyond the paper when not ``ner``)."""
 
     name: str = "serag"
     top_k: int = 10  # passages returned per query (recall@k); the paper's reader budget is k = 3
@@ -63,6 +65,7 @@ class SeRAGParams:
     batch_size: int = 64
 
     def __post_init__(self) -> None:
+        LinkingParams.__post_init__(self)
         if self.entity_sim not in {"embedding", "exact"}:
             raise ValueError(f"method.entity_sim must be embedding or exact, got {self.entity_sim!r}")
         if self.tree_height != 2:
