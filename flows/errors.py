@@ -13,18 +13,23 @@ from pathlib import Path
 
 import pandas as pd
 
-from tasks.core.ingest import DATASET_KINDS, load_dataset
+from tasks.core.ingest import load_dataset
 from tasks.eval.errors import losses_against, miss_reasons, missed_gold
 
 
-def _dataset(run: Path) -> tuple[dict, str]:
-    """The dataset settings a run's manifest records (hipporag and sample runs), and its data_dir."""
+def _dataset(run: Path):
+    """The dataset and data_dir of a run: its recorded overrides composed and checked as the run's were."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from flows.config import load_config
+    from flows.schedule import CONF
+
     over = json.loads((run / "manifest.json").read_text())["overrides"]
-    kind = over.get("dataset", "sample")
-    fields = {k.split(".", 1)[1]: v for k, v in over.items() if k.startswith("dataset.")}
-    cls = DATASET_KINDS[kind]
-    typed = {k: type(getattr(cls(), k))(v) if getattr(cls(), k) is not None else v for k, v in fields.items()}
-    return cls(**typed), over.get("data_dir", "../shared/datasets")
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[f"{k}={v}" for k, v in over.items()])
+    conf = load_config(OmegaConf.to_container(cfg, resolve=True))
+    return conf.dataset, conf.data_dir
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,10 @@
 """Retrieval metrics: passage recall@k against gold, and latency summaries."""
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pandas as pd
+
+from tasks.text.gazetteer import names_whole_word, plain_title
 
 
 def recall_at_k(hits: pd.DataFrame, gold: pd.DataFrame, ks: list[int], qids: list[str]) -> dict[str, float]:
@@ -35,19 +35,6 @@ def recall_by_type(hits: pd.DataFrame, gold: pd.DataFrame, questions: pd.DataFra
     asked = questions[questions["qid"].isin(set(qids))]
     return {str(t): {"n": len(g), **recall_at_k(hits, gold, ks, g["qid"].tolist())}
             for t, g in asked.groupby("qtype", sort=True)}
-
-
-_QUALIFIER = re.compile(r"\s*\([^()]*\)\s*$")
-
-
-def plain_title(title: str) -> str:
-    """A title as ``shared/notes/multi-hop-structure.md`` matches it: qualifier removed, lower case."""
-    return _QUALIFIER.sub("", str(title)).lower().strip()
-
-
-def names_whole_word(text: str, name: str) -> bool:
-    """``text`` (already lower case) contains ``name`` as whole words."""
-    return bool(name) and re.search(r"(?<!\w)" + re.escape(name) + r"(?!\w)", text) is not None
 
 
 def names_gold_title(questions: pd.DataFrame, gold: pd.DataFrame, documents: pd.DataFrame) -> pd.Series:

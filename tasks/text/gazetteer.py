@@ -284,7 +284,40 @@ def cover_named(scores: np.ndarray, seeds: sp.sparray, titled: sp.sparray, min_s
     return out + lifted * (out.max(axis=1) - out.min(axis=1) + 1.0)[:, None]
 
 
+@dataclass(frozen=True)
+class TitleIndex:
+    """What a retriever needs of the passages' titles: ``titled`` (E x N, :func:`title_docs`) and, for
+    :func:`cover_named`, the gazetteer of qualified titles (:func:`qualified_titles`; None when unused)."""
+
+    titled: sp.csr_array
+    qualified: tuple[Gazetteer, np.ndarray, int] | None
+
+    @classmethod
+    def read(cls, documents: ArtifactRef, doc_ids: Sequence[str], gaz: Gazetteer, qualified: bool) -> "TitleIndex":
+        """The titles of ``documents`` in the order of ``doc_ids`` (the retriever's passage order)."""
+        docs = Store.read(documents, ["doc_id", "title"]).set_index("doc_id")
+        titles = docs["title"].reindex(list(doc_ids)).fillna("").astype(str).tolist()
+        return cls(title_docs(titles, gaz), qualified_titles(titles) if qualified else None)
+
+    def cover(self, scores: np.ndarray, seeds: sp.sparray, questions: Sequence[str], min_seed: float) -> np.ndarray:
+        """:func:`cover_named` with the questions' qualified titles."""
+        if self.qualified is None:
+            raise ValueError("this TitleIndex was read without qualified titles (qualified=False)")
+        return cover_named(scores, seeds, self.titled, min_seed, qualified_title_mentions(questions, self.qualified))
+
+
 # ---------------------------------------------------------------- checking the graph (issue #20, item 4)
+
+def plain_title(title: str) -> str:
+    """A title as ``shared/notes/multi-hop-structure.md`` matches it: qualifier removed, lower case."""
+    return _QUALIFIER.sub("", str(title)).lower().strip()
+
+
+def names_whole_word(text: str, name: str) -> bool:
+    """``text`` (already lower case) contains ``name`` as whole words."""
+    return bool(name) and re.search(r"(?<!\w)" + re.escape(name) + r"(?!\w)", text) is not None
+
+
 
 def named_titles(titles: Sequence[str], texts: Sequence[str], min_chars: int = 4) -> pd.DataFrame:
     """``(doc, titled)``: passage ``doc``'s lower-cased text names passage ``titled``'s title (whole word).
@@ -292,7 +325,7 @@ def named_titles(titles: Sequence[str], texts: Sequence[str], min_chars: int = 4
     An independent reference for :func:`title_link_coverage`: one regex alternation of the titles over
     the raw lower-cased text, as in ``shared/notes/multi-hop-structure.md``; no gazetteer normalisation.
     """
-    plain = [_QUALIFIER.sub("", t).lower().strip() for t in titles]
+    plain = [plain_title(t) for t in titles]
     by_name: dict[str, list[int]] = {}
     for i, t in enumerate(plain):
         if len(t) >= min_chars:

@@ -46,3 +46,11 @@ def test_beyond_paper_experiment_runs_each_method_on_the_gazetteer_graph(tmp_pat
         assert m["n_questions"] == 12 and m["recall@2"] <= m["recall@5"] <= m["recall@10"]
         stages = set(Store(tmp_path / "artifacts").events(m["run_id"])["stage"])
         assert "linked_entity_graph" in stages and "entity_graph" not in stages
+
+
+def test_title_walk_with_the_papers_question_linking_runs(tmp_path):
+    """The title walk needs titles as nodes (graph_linking), not the gazetteer on questions."""
+    m = evaluate_flow(make_config(tmp_path, "method=linearrag", "method.graph_linking=gazetteer",
+                                  "method.title_edge_weight=50", "method.passage_reset=top_similarity", *SMALL),
+                      str(tmp_path / "walk"))
+    assert m["n_questions"] == 12 and m["recall@2"] <= m["recall@5"] <= m["recall@10"]

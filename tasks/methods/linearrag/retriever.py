@@ -14,8 +14,7 @@ from tasks.graph.walk import random_walk
 from tasks.methods.linearrag import algorithm as lr
 from tasks.methods.linearrag.stages import LinearParams
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
-from tasks.text.gazetteer import (Gazetteer, cover_named, name_idf, qualified_title_mentions, qualified_titles,
-                                  query_seeds, title_docs)
+from tasks.text.gazetteer import Gazetteer, TitleIndex, name_idf, query_seeds
 from tasks.text.ner import QueryRecogniser
 
 
@@ -66,16 +65,15 @@ class LinearRetriever:
         self.contain = coo_matrix(Store.read(index["contain"]), (n_p, n_e))
         self.mention = coo_matrix(Store.read(index["mention"]), (n_s, n_e))
         self.mention.data[:] = 1.0  # eq. (2): binary sentence-entity edges (appendix G.3)
-        if params.query_linking == "gazetteer" or self.algo.title_walk:
+        if params.query_linking == "gazetteer" or params.graph_linking == "gazetteer":
             self.gazetteer = Gazetteer.of(self.entity_names, params.gazetteer_min_chars)
             self.idf = name_idf(self.contain)
-        if params.graph_linking == "gazetteer" and params.query_linking == "gazetteer":
-            docs = Store.read(data["documents"], ["doc_id", "title"]).set_index("doc_id")
-            titles = docs["title"].reindex(self.doc_ids).fillna("").astype(str).tolist()
-            self.titled, self.qualified = title_docs(titles, self.gazetteer), qualified_titles(titles)
+        if params.graph_linking == "gazetteer":  # titles are entity nodes: the title walk and cover_named use them
+            self.titles = TitleIndex.read(data["documents"], self.doc_ids, self.gazetteer,
+                                          qualified=params.cover_named_min_seed > 0)
         if self.algo.title_walk:  # beyond the paper: title entities lead the walk to the passages they title
             a = self.algo
-            self.graph = lr.title_walk_graph(self.contain, self.titled, self.idf, a.edge_weighting,
+            self.graph = lr.title_walk_graph(self.contain, self.titles.titled, self.idf, a.edge_weighting,
                                              a.title_edge_weight, a.title_name_weight, a.idf_edges)
         else:
             self.graph = lr.passage_entity_graph(self.contain, self.algo.edge_weighting)
@@ -130,9 +128,8 @@ class LinearRetriever:
         similarity = _dot(q_emb, self.passage_emb)
         scores = lr.global_importance(similarity, bridging, self.contain, self.walk, self.algo)
         if self.params.cover_named_min_seed > 0:  # beyond the paper: each named entity's passage first
-            lifted = cover_named(scores, seeds, self.titled, self.params.cover_named_min_seed,
-                                 qualified_title_mentions(questions, self.qualified))
-            ranked, _ = lr.rank_passages(lifted, k)
+            ranked, _ = lr.rank_passages(self.titles.cover(scores, seeds, questions, self.params.cover_named_min_seed),
+                                         k)
             top = np.take_along_axis(scores, ranked, axis=1)
         else:
             ranked, top = lr.rank_passages(scores, k)

@@ -278,14 +278,18 @@ def smallest_k(values: np.ndarray, k: int, distinct_below: int) -> np.ndarray:
     return np.argsort(values, axis=1, kind="stable")[:, :k]
 
 
-def rank_documents(chunk_order: np.ndarray, chunk_doc: np.ndarray, n_docs: int, k: int) -> np.ndarray:
-    """Ranked chunks → ranked passages: a passage ranks at its best chunk's rank (q × min(k, n_docs));
-    passages without a chunk come last, by index."""
+def best_chunk_rank(chunk_order: np.ndarray, chunk_doc: np.ndarray, n_docs: int) -> np.ndarray:
+    """(q × n_docs) each passage's best chunk's position in the ranked chunks; n (= no chunk) for none."""
     q, n = chunk_order.shape
     rank = np.empty_like(chunk_order)  # rank[i, chunk] = its position in row i's order
     np.put_along_axis(rank, chunk_order, np.broadcast_to(np.arange(n, dtype=chunk_order.dtype), (q, n)), axis=1)
-    best = segment_reduce(rank, chunk_doc, n_docs, np.minimum, n)
-    return smallest_k(best, min(k, n_docs), n)
+    return segment_reduce(rank, chunk_doc, n_docs, np.minimum, n)
+
+
+def rank_documents(chunk_order: np.ndarray, chunk_doc: np.ndarray, n_docs: int, k: int) -> np.ndarray:
+    """Ranked chunks → ranked passages: a passage ranks at its best chunk's rank (q × min(k, n_docs));
+    passages without a chunk come last, by index."""
+    return smallest_k(best_chunk_rank(chunk_order, chunk_doc, n_docs), min(k, n_docs), chunk_order.shape[1])
 
 
 # ---------------------------------------------------------------- §3.1 under a growing corpus (flows.update)

@@ -14,8 +14,7 @@ from tasks.methods.serag import algorithm as se
 from tasks.methods.serag.stages import SeRAGParams, chunk_frame
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
 from tasks.text.entities import query_entity_links
-from tasks.text.gazetteer import (Gazetteer, cover_named, name_idf, qualified_title_mentions, qualified_titles,
-                                  query_seeds, title_docs)
+from tasks.text.gazetteer import Gazetteer, TitleIndex, name_idf, query_seeds
 from tasks.text.ner import QueryRecogniser
 
 SELF_QUERY_STAGE = "serag_self_query"
@@ -105,14 +104,13 @@ class SeRAGRetriever:
         if params.query_linking == "gazetteer":  # beyond the paper: the names the question contains
             self.gazetteer = Gazetteer.of(self.entity_names, params.gazetteer_min_chars)
             self.idf = name_idf(coo_matrix(Store.read(index["doc_entity"]), (len(self.doc_ids), self.m)))
-            docs = Store.read(data["documents"], ["doc_id", "title"]).set_index("doc_id")
-            titles = docs["title"].reindex(self.doc_ids).fillna("").astype(str).tolist()
-            self.titled, self.qualified = title_docs(titles, self.gazetteer), qualified_titles(titles)
+            if params.cover_named_min_seed > 0:
+                self.titles = TitleIndex.read(data["documents"], self.doc_ids, self.gazetteer, qualified=True)
         self.tree_meta = Store.read(index["tree_meta"]).iloc[0].to_dict()
         self.graph_meta = Store.read(index["W_meta"]).iloc[0].to_dict()
         encode_queries(["warm-up"], embedder)
 
-    def query_entity_sim(self, questions: list[str]):
+    def query_entity_sim(self, questions: list[str], named: sp.csr_array | None = None):
         """(q × m) sim(e, e_q) of eq. 12. e_q: the question's NER names plus the vocabulary entities its
         n-grams match (the corpus's normalisation). ``entity_sim=embedding``: cosine of the names'
         embeddings (gated at τ later); ``exact``: a contained vocabulary entity has sim = 1, others 0.
@@ -120,13 +118,18 @@ class SeRAGRetriever:
         ``query_lowercase_weight`` when written all in lower case, with spaCy's kept when ``query_ner``.
 
         A vocabulary entity (matched by an n-gram, or a NER name in the vocabulary) uses its stored
-        embedding; only the batch's distinct out-of-vocabulary NER names are encoded, in one call."""
+        embedding; only the batch's distinct out-of-vocabulary NER names are encoded, in one call.
+        ``named``: :meth:`named_entities` of the questions, when the caller has them already."""
         if self.params.query_linking == "gazetteer":
-            named = query_seeds(questions, self.gazetteer, np.ones(self.m), self.params.query_lowercase_weight)
+            named = self.named_entities(questions) if named is None else named
             if not self.params.query_ner:
                 return named
             return sp.csr_array(named.maximum(sp.csr_array(self._paper_sim(questions))))
         return self._paper_sim(questions)
+
+    def named_entities(self, questions: list[str]) -> sp.csr_array:
+        """(q × m) the gazetteer's names in each question: 1, or ``query_lowercase_weight`` if all lower case."""
+        return query_seeds(questions, self.gazetteer, np.ones(self.m), self.params.query_lowercase_weight)
 
     def _paper_sim(self, questions: list[str]):
         """Eq. 12's sim(e, e_q) from the question's NER names and vocabulary n-grams (the paper's linking)."""
@@ -148,31 +151,27 @@ class SeRAGRetriever:
         texts = self.self_query(questions)
         t.append(time.perf_counter())
         q_emb = encode_queries(texts, self.embedder)
-        sim = self.query_entity_sim(questions)
+        cover = self.params.cover_named_min_seed > 0  # beyond the paper: each named entity's passage first
+        named = self.named_entities(questions) if cover else None
+        sim = self.query_entity_sim(questions, named)
         t.append(time.perf_counter())
         bonus = se.entity_bonus(sim, self.chunk_entity, self.scoring.tau)
         scores, candidates = se.hybrid_scores(q_emb, self.chunk_emb, self.comm_emb, self.community, bonus,
                                               self.scoring)
         order = se.rank_chunks(scores, candidates)
-        docs = se.rank_documents(order, self.chunk_doc, len(self.doc_ids), k)
-        if self.params.cover_named_min_seed > 0:  # beyond the paper: each named entity's passage first
-            docs = self._cover_named(questions, order, k)
+        n_docs = len(self.doc_ids)
+        if cover:  # passages scored by minus their best chunk's rank; the names weigh their IDF (as seeds)
+            rank = se.best_chunk_rank(order, self.chunk_doc, n_docs).astype(np.float64)
+            lifted = self.titles.cover(-rank, named.multiply(self.idf[None, :]), questions,
+                                       self.params.cover_named_min_seed)
+            docs = np.argsort(-lifted, axis=1, kind="stable")[:, :min(k, n_docs)]
+        else:
+            docs = se.rank_documents(order, self.chunk_doc, n_docs, k)
         t.append(time.perf_counter())
         # a passage's score: its best chunk's S
         best = se.segment_reduce(scores, self.chunk_doc, len(self.doc_ids), np.maximum, -np.inf)
         parts = dict(zip(["self_query", "query_encoding", "scoring"], np.diff(t)))
         return Hits(docs, np.take_along_axis(best, docs, axis=1), parts)
-
-    def _cover_named(self, questions: list[str], order: np.ndarray, k: int) -> np.ndarray:
-        """:func:`tasks.text.gazetteer.cover_named` over passages scored by minus their best chunk's rank."""
-        n_docs, (q, n) = len(self.doc_ids), order.shape
-        rank = np.empty_like(order)
-        np.put_along_axis(rank, order, np.broadcast_to(np.arange(n, dtype=order.dtype), (q, n)), axis=1)
-        best = se.segment_reduce(rank, self.chunk_doc, n_docs, np.minimum, n)
-        seeds = query_seeds(questions, self.gazetteer, self.idf, self.params.query_lowercase_weight)
-        lifted = cover_named(-best.astype(np.float64), seeds, self.titled, self.params.cover_named_min_seed,
-                             qualified_title_mentions(questions, self.qualified))
-        return np.argsort(-lifted, axis=1, kind="stable")[:, :min(k, n_docs)]
 
     def run_stats(self) -> dict:
         """Index facts worth reporting with the metrics."""

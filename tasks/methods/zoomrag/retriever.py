@@ -15,8 +15,7 @@ from tasks.methods.zoomrag import algorithm as zoom
 from tasks.methods.zoomrag.stages import ZoomRAGParams
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
 from tasks.text.entities import query_entity_links
-from tasks.text.gazetteer import (Gazetteer, cover_named, name_idf, qualified_title_mentions, qualified_titles,
-                                  query_seeds, title_docs, title_restart)
+from tasks.text.gazetteer import Gazetteer, TitleIndex, name_idf, query_seeds, title_restart
 from tasks.text.ner import QueryRecogniser
 
 
@@ -39,12 +38,11 @@ class ZoomRetriever:
         if params.query_linking == "gazetteer":  # beyond the paper: IDF-weighted names the question contains
             self.gazetteer = Gazetteer.of(self.entity_names, params.gazetteer_min_chars)
             self.idf = name_idf(coo_matrix(Store.read(index["doc_entity"]), (self.n, self.m)))
-            docs = Store.read(data["documents"], ["doc_id", "title"]).set_index("doc_id")
-            titles = docs["title"].reindex(self.doc_ids).fillna("").astype(str).tolist()
-            self.titled, self.qualified = title_docs(titles, self.gazetteer), qualified_titles(titles)
+            self.titles = TitleIndex.read(data["documents"], self.doc_ids, self.gazetteer,
+                                          qualified=params.cover_named_min_seed > 0)
             if self.walk.title_walk:  # beyond the paper: title entities lead the walk to the documents they title
                 w = self.walk
-                self.M = zoom.title_walk_block(self.M, self.n, self.titled, self.idf, w.title_edge_weight,
+                self.M = zoom.title_walk_block(self.M, self.n, self.titles.titled, self.idf, w.title_edge_weight,
                                                w.title_name_weight, w.idf_edges)
         self._load_chunks(data, index)
         encode_queries(["warm-up"], embedder)
@@ -93,15 +91,14 @@ class ZoomRetriever:
         t.append(time.perf_counter())
         cos, query_doc = self.query_doc(q_emb)
         if self.params.query_linking == "gazetteer":  # the restart also starts at the passages the names title
-            query_doc = title_restart(query_doc, cos, query_entity, self.titled)
+            query_doc = title_restart(query_doc, cos, query_entity, self.titles.titled)
         scores = zoom.doc_zoom(self.M, query_doc, query_entity, self.walk,
                                weighted_entities=self.params.query_linking == "gazetteer")
         ordering = scores
         if self.params.cover_named_min_seed > 0:  # beyond the paper: each named entity's document first
             ordering = scores.copy()
-            ordering[:, 1:1 + self.n] = cover_named(scores[:, 1:1 + self.n], query_entity, self.titled,
-                                                    self.params.cover_named_min_seed,
-                                                    qualified_title_mentions(questions, self.qualified))
+            ordering[:, 1:1 + self.n] = self.titles.cover(scores[:, 1:1 + self.n], query_entity, questions,
+                                                          self.params.cover_named_min_seed)
         ranked = zoom.top_docs(ordering, self.n, max(k, self.walk.top_k_docs), tie_break=cos)
         t.append(time.perf_counter())
         trace = self._chunk_zoom(questions, links, scores, ranked) if self.walk.fine_stage else None
