@@ -26,7 +26,7 @@ from tasks.core.store import (
     text_key,
 )
 from tasks.text.encoder import PACKAGED_MODEL, load_encoder
-from tasks.text.onnx_encoder import PRECISIONS, load_onnx_encoder
+from tasks.text.onnx_encoder import PRECISIONS, cpu_threads, load_onnx_encoder
 
 QUERY_RUNTIMES = ("onnxruntime", "torch")
 DOC_RUNTIMES = ("torch", "onnxruntime")
@@ -109,9 +109,7 @@ def stored_code(params: EmbedderParams) -> str:
 
 def encode_onnx(texts: list[str], params: EmbedderParams) -> np.ndarray:
     """Stored embeddings through ONNX Runtime (``embedder.doc_runtime=onnxruntime``), longest first, batched."""
-    import torch
-
-    onnx = load_onnx_encoder(params.model, params.max_seq_length, torch.get_num_threads(), params.precision)
+    onnx = load_onnx_encoder(params.model, params.max_seq_length, cpu_threads(), params.precision)
     out = np.zeros((len(texts), onnx.dim), dtype=np.float32)
     order = np.argsort([-len(t) for t in texts], kind="stable")
     with progress_bar(len(texts), "embed", unit="text") as bar:
@@ -125,9 +123,7 @@ def encode_onnx(texts: list[str], params: EmbedderParams) -> np.ndarray:
 def encode_queries(texts: list[str], params: EmbedderParams) -> np.ndarray:
     """Online questions (and other short query-side strings) → embeddings, in small sub-batches."""
     if params.query_runtime == "onnxruntime" and texts:
-        import torch
-
-        return load_onnx_encoder(params.model, params.max_seq_length, torch.get_num_threads(),
+        return load_onnx_encoder(params.model, params.max_seq_length, cpu_threads(),
                                  params.precision).encode(texts, params.query_batch_size)
     return encode(texts, replace(params, batch_size=params.query_batch_size), query=True)
 

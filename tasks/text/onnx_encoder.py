@@ -1,4 +1,4 @@
-"""Online query encoding with ONNX Runtime: the same sentence-transformers weights, exported once per process.
+"""Online query encoding with ONNX Runtime: the same sentence-transformers weights, exported once per machine.
 
 On this 2-core box ONNX Runtime runs MiniLM on short questions about 1.35x faster than PyTorch eager
 (3.3 vs 4.5 ms per question at batch 256, sub-batches of 16), with embeddings equal to 2e-7. Questions
@@ -7,23 +7,41 @@ use it by default (``embedder.query_runtime``); stored embeddings when ``embedde
 ``embedder.precision=int8`` (beyond the paper, approximate) quantises the exported transformer's weights to
 int8 (ONNX Runtime dynamic quantisation); it is checked by cosine to the eager encoder, not to 1e-5.
 
-The export happens in memory (no file, nothing downloaded) when the first query batch arrives,
-and is checked against the PyTorch encoder on probe strings. A model whose pipeline is not
-transformer → mean pooling → normalisation, or whose export does not match, is refused with an
-error that names ``embedder.query_runtime=torch``; it never silently falls back.
+The export happens when the first query batch arrives (nothing downloaded), and is checked against
+the PyTorch encoder on probe strings. A model whose pipeline is not transformer → mean pooling →
+normalisation, or whose export does not match, is refused with an error that names
+``embedder.query_runtime=torch``; it never silently falls back.
+
+The exported model is kept in a model cache (``$DAGRAG_MODEL_CACHE``, default
+``$XDG_CACHE_HOME/dagrag/models`` or ``~/.cache/dagrag/models``; ``off`` disables it), keyed by the model's
+files (name, size, mtime), the versions of torch, transformers and onnxruntime, this module's code,
+the precision and ``max_seq_length``. Next to it lie the PyTorch encoder's embeddings of the probe strings.
+A later process loads the file and its tokenizer (the ``tokenizers`` library: no torch import, no export,
+about 2-4 s less per process) and checks the loaded encoder against those stored PyTorch embeddings with
+the same rule as a fresh export; an entry that fails the check or cannot be read is exported again.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
+import json
+import logging
+import os
+import shutil
+import tempfile
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
 from tasks.core.progress import timed
-from tasks.text.encoder import load_encoder
+from tasks.text.encoder import load_encoder, model_path
+
+log = logging.getLogger("dagrag")
 
 PROBE = ["Who directed the film that won the award in 1994?", "Paris", "the United States of America",
          "Which river flows through the capital of the country where the composer was born, and how long is it?"]
@@ -36,14 +54,48 @@ class OnnxExportError(RuntimeError):
     """The encoder cannot be run by ONNX Runtime faithfully."""
 
 
+Tokenize = Callable[[list[str]], dict[str, np.ndarray]]
+
+
+def fast_tokenizer(folder: Path, max_length: int) -> Tokenize | None:
+    """The model's ``tokenizer.json`` through the ``tokenizers`` library (truncated at ``max_length``, padded
+    to the longest text), the same ids sentence-transformers' tokenizer gives; None when the folder has none."""
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path))
+    tok.enable_truncation(max_length)
+    pad = tok.padding or {}
+    tok.enable_padding(pad_id=pad.get("pad_id", 0), pad_token=pad.get("pad_token", "[PAD]"),
+                       pad_type_id=pad.get("pad_type_id", 0))
+
+    def tokenize(texts: list[str]) -> dict[str, np.ndarray]:
+        enc = tok.encode_batch(texts)
+        return {"input_ids": np.array([e.ids for e in enc], dtype=np.int64),
+                "attention_mask": np.array([e.attention_mask for e in enc], dtype=np.int64),
+                "token_type_ids": np.array([e.type_ids for e in enc], dtype=np.int64)}
+
+    return tokenize
+
+
+def hf_tokenizer(tokenizer: Any, max_length: int) -> Tokenize:
+    """The eager model's own (transformers) tokenizer as a :data:`Tokenize`."""
+    def tokenize(texts: list[str]) -> dict[str, np.ndarray]:
+        tok = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="np")
+        return {k: np.asarray(v, dtype=np.int64) for k, v in tok.items()}
+
+    return tokenize
+
+
 @dataclass(frozen=True)
 class OnnxEncoder:
     """An ONNX Runtime session over the transformer plus the tokenizer and pooling of the original model."""
 
     session: Any
-    tokenizer: Any
+    tokenize: Tokenize
     input_names: tuple[str, ...]
-    max_length: int
     dim: int
 
     def encode(self, texts: list[str], batch_size: int) -> np.ndarray:
@@ -52,9 +104,8 @@ class OnnxEncoder:
         order = np.argsort([-len(t) for t in texts], kind="stable")
         for start in range(0, len(texts), batch_size):
             idx = order[start:start + batch_size]
-            tok = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True,
-                                 max_length=self.max_length, return_tensors="np")
-            hidden = self.session.run(None, {n: tok[n].astype(np.int64) for n in self.input_names})[0]
+            tok = self.tokenize([texts[i] for i in idx])
+            hidden = self.session.run(None, {n: tok[n] for n in self.input_names})[0]
             mask = tok["attention_mask"][..., None].astype(np.float32)
             pooled = (hidden * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
             out[idx] = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
@@ -123,36 +174,128 @@ def _quantised(blob: bytes) -> bytes:
         return dst.read_bytes()
 
 
-@functools.lru_cache(maxsize=4)
-def load_onnx_encoder(model: str, max_seq_length: int, threads: int, precision: str = "fp32") -> OnnxEncoder:
-    """Export ``model``'s transformer once per process (int8: quantised) and check it against the eager encoder."""
+def _session(blob: bytes, threads: int) -> Any:
     import onnxruntime as ort
 
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(blob, opts, providers=["CPUExecutionProvider"])
+
+
+def _check(got: np.ndarray, eager: np.ndarray, model: str, precision: str) -> None:
+    """The load check: fp32 equal to the eager encoder to ``MAX_ABS_DIFF``; int8 within ``INT8_MIN_COSINE``."""
+    if precision == "int8":
+        cosine = float((got * eager).sum(axis=1).min())
+        if cosine < INT8_MIN_COSINE:
+            raise OnnxExportError(f"the int8 ONNX encoder of {model!r} is too far from the PyTorch encoder (cosine "
+                                  f"{cosine:.3f} < {INT8_MIN_COSINE}); set embedder.precision=fp32")
+        return
+    diff = float(np.abs(got - eager).max())
+    if diff > MAX_ABS_DIFF:
+        raise OnnxExportError(f"the ONNX export of {model!r} differs from the PyTorch encoder by {diff:.2g} "
+                              f"(> {MAX_ABS_DIFF}); set embedder.query_runtime=torch and embedder.doc_runtime=torch")
+
+
+def model_cache_root() -> Path | None:
+    """Where exported encoders are kept (``$DAGRAG_MODEL_CACHE``; ``off``: nowhere)."""
+    env = os.environ.get("DAGRAG_MODEL_CACHE", "").strip()
+    if env.lower() in ("off", "0", "none", "false"):
+        return None
+    if env:
+        return Path(env).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dagrag" / "models"
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "-"
+
+
+def export_key(folder: Path, max_seq_length: int, precision: str) -> str:
+    """What an exported encoder depends on: the model's files, the exporting libraries, this code, the settings."""
+    from tasks.core.code_identity import code_version
+
+    files = sorted((str(f.relative_to(folder)), f.stat().st_size, f.stat().st_mtime_ns)
+                   for f in folder.rglob("*") if f.is_file())
+    ident = {"folder": str(folder.resolve()), "files": files, "max_seq_length": max_seq_length, "precision": precision,
+             "versions": [_version(p) for p in ("torch", "transformers", "onnxruntime", "onnx", "tokenizers")],
+             "code": code_version(_export, _quantised, fast_tokenizer, OnnxEncoder)}
+    return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:20]
+
+
+def _cached(entry: Path, folder: Path, max_seq_length: int, threads: int, model: str, precision: str
+            ) -> OnnxEncoder | None:
+    """The encoder stored in ``entry``, checked against its stored eager probe embeddings; None if absent or bad."""
+    meta_path = entry / "meta.json"
+    if not meta_path.is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+        tokenize = fast_tokenizer(folder, max_seq_length)
+        if tokenize is None:
+            return None
+        out = OnnxEncoder(_session((entry / "model.onnx").read_bytes(), threads), tokenize,
+                          tuple(meta["input_names"]), int(meta["dim"]))
+        _check(out.encode(PROBE, 2), np.asarray(meta["probe"], dtype=np.float32), model, precision)
+        return out
+    except Exception as err:  # noqa: BLE001 - a damaged or stale entry is exported again, and said so
+        log.warning("model cache entry %s is unusable (%s); exporting again", entry, err)
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
+
+
+def _store(entry: Path, blob: bytes, names: tuple[str, ...], dim: int, eager: np.ndarray) -> None:
+    """Write an entry atomically: a temporary folder beside it, renamed into place (a lost race is harmless)."""
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=".tmp-"))
+        (tmp / "model.onnx").write_bytes(blob)
+        (tmp / "meta.json").write_text(json.dumps({"input_names": list(names), "dim": dim,
+                                                   "probe": eager.astype(float).tolist()}))
+        try:
+            os.replace(tmp, entry)
+        except OSError:  # another process stored the same entry first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as err:  # a read-only or full cache only costs the next process the export
+        log.warning("cannot write the model cache at %s (%s); set DAGRAG_MODEL_CACHE to a writable folder", entry, err)
+
+
+@functools.lru_cache(maxsize=4)
+def load_onnx_encoder(model: str, max_seq_length: int, threads: int, precision: str = "fp32") -> OnnxEncoder:
+    """``model``'s transformer on ONNX Runtime (int8: quantised), checked against the eager encoder: from the
+    model cache when an entry exists (see the module docstring), else exported now and stored there."""
     if precision not in PRECISIONS:
         raise ValueError(f"embedder.precision must be one of {PRECISIONS}, got {precision!r}")
+    folder, root = Path(model_path(model)), model_cache_root()
+    entry = root / export_key(folder, max_seq_length, precision) if root is not None and folder.is_dir() else None
+    if entry is not None:
+        with timed(f"loading the ONNX Runtime encoder ({precision}) from the model cache"):
+            out = _cached(entry, folder, max_seq_length, threads, model, precision)
+        if out is not None:
+            return out
     enc = load_encoder(model, max_seq_length, "cpu")
     _check_pipeline(enc)
     with timed(f"exporting {model} to ONNX Runtime ({precision})"):
         blob, names = _export(enc[0].auto_model, enc.tokenizer)
         if precision == "int8":
             blob = _quantised(blob)
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        session = ort.InferenceSession(blob, opts, providers=["CPUExecutionProvider"])
-        out = OnnxEncoder(session, enc.tokenizer, names, enc.max_seq_length,
+        tokenize = fast_tokenizer(folder, enc.max_seq_length) if folder.is_dir() else None
+        out = OnnxEncoder(_session(blob, threads), tokenize or hf_tokenizer(enc.tokenizer, enc.max_seq_length), names,
                           getattr(enc, "get_embedding_dimension", enc.get_sentence_embedding_dimension)())
         eager = enc.encode(PROBE, normalize_embeddings=True, convert_to_numpy=True)
-        got = out.encode(PROBE, 2)
-    if precision == "int8":
-        cosine = float((got * eager).sum(axis=1).min())
-        if cosine < INT8_MIN_COSINE:
-            raise OnnxExportError(f"the int8 ONNX encoder of {model!r} is too far from the PyTorch encoder (cosine "
-                                  f"{cosine:.3f} < {INT8_MIN_COSINE}); set embedder.precision=fp32")
-        return out
-    diff = float(np.abs(got - eager).max())
-    if diff > MAX_ABS_DIFF:
-        raise OnnxExportError(f"the ONNX export of {model!r} differs from the PyTorch encoder by {diff:.2g} "
-                              f"(> {MAX_ABS_DIFF}); set embedder.query_runtime=torch and embedder.doc_runtime=torch")
+        _check(out.encode(PROBE, 2), eager, model, precision)
+    if entry is not None and tokenize is not None:
+        _store(entry, blob, names, out.dim, eager)
     return out
+
+
+def cpu_threads() -> int:
+    """Threads for ONNX Runtime: the CPUs this process may run on (what torch uses by default here)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1

@@ -79,3 +79,74 @@ def test_bad_runtime_and_precision_settings_are_refused() -> None:
         EmbedderParams(precision="int8", query_runtime="torch")
     with pytest.raises(ValueError, match="doc_runtime=torch"):
         EmbedderParams(doc_runtime="onnxruntime", query_runtime="torch", device="cuda")
+
+
+def _fresh_load(monkeypatch: pytest.MonkeyPatch, cache: object, precision: str = "fp32"):
+    from tasks.text.embed import EmbedderParams
+    from tasks.text.onnx_encoder import cpu_threads, load_onnx_encoder
+
+    monkeypatch.setenv("DAGRAG_MODEL_CACHE", str(cache))
+    load_onnx_encoder.cache_clear()
+    p = EmbedderParams()
+    return load_onnx_encoder(p.model, p.max_seq_length, cpu_threads(), precision)
+
+
+def test_model_cache_reloads_the_same_encoder_without_torch(tmp_path, monkeypatch) -> None:
+    import subprocess
+    import sys
+
+    texts = ["Who wrote Hamlet?", "Paris", "a much longer question " * 40]
+    exported = _fresh_load(monkeypatch, tmp_path).encode(texts, 2)
+    (entry,) = [d for d in tmp_path.iterdir() if not d.name.startswith(".")]
+    assert (entry / "model.onnx").stat().st_size > 1e6 and (entry / "meta.json").is_file()
+    cached = _fresh_load(monkeypatch, tmp_path)
+    assert cached.encode(texts, 2).tobytes() == exported.tobytes()  # the same model file, the same numbers
+    # a new process loads it without importing torch (no export, no eager model)
+    code = ("import sys; from tasks.text.embed import EmbedderParams, encode_queries; "
+            "e = encode_queries(['Who wrote Hamlet?'], EmbedderParams()); "
+            "assert 'torch' not in sys.modules, 'torch imported'; print(e[0, :4].tolist())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "DAGRAG_MODEL_CACHE": str(tmp_path)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    np.testing.assert_allclose(eval(out.stdout.strip().splitlines()[-1]), exported[0, :4], atol=1e-6)
+    _fresh_load(monkeypatch, tmp_path, "int8")  # precision is part of the key: a second entry
+    assert len([d for d in tmp_path.iterdir() if not d.name.startswith(".")]) == 2
+
+
+def test_model_cache_entry_that_fails_the_check_is_exported_again(tmp_path, monkeypatch, caplog) -> None:
+    import json
+
+    good = _fresh_load(monkeypatch, tmp_path).encode(["Paris"], 1)
+    (entry,) = [d for d in tmp_path.iterdir() if not d.name.startswith(".")]
+    meta = json.loads((entry / "meta.json").read_text())
+    meta["probe"] = [[-v for v in row] for row in meta["probe"]]  # stored eager embeddings no longer match
+    (entry / "meta.json").write_text(json.dumps(meta))
+    with caplog.at_level("WARNING", logger="dagrag"):
+        again = _fresh_load(monkeypatch, tmp_path).encode(["Paris"], 1)
+    assert "unusable" in caplog.text
+    np.testing.assert_allclose(again, good, atol=1e-6)
+    assert json.loads((entry / "meta.json").read_text())["probe"][0][0] == -meta["probe"][0][0]  # rewritten
+    (entry / "model.onnx").write_bytes(b"not a model")  # an unreadable file: the same
+    np.testing.assert_allclose(_fresh_load(monkeypatch, tmp_path).encode(["Paris"], 1), good, atol=1e-6)
+
+
+def test_model_cache_off_stores_nothing(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    _fresh_load(monkeypatch, "off")
+    assert not (tmp_path / ".cache").exists()
+
+
+def test_fast_tokenizer_gives_the_models_own_ids() -> None:
+    from pathlib import Path
+
+    from tasks.text.encoder import load_encoder, model_path
+    from tasks.text.onnx_encoder import fast_tokenizer, hf_tokenizer
+
+    p = EmbedderParams()
+    texts = ["Who wrote Hamlet?", "", "a much longer question " * 90, "Ünïcödé café — “quotes” 東京 naïve"]
+    fast = fast_tokenizer(Path(model_path(p.model)), p.max_seq_length)(texts)
+    ref = hf_tokenizer(load_encoder(p.model, p.max_seq_length, "cpu").tokenizer, p.max_seq_length)(texts)
+    assert fast["input_ids"].shape == (4, p.max_seq_length)  # truncated at max_seq_length, padded to the longest
+    for name in ref:
+        np.testing.assert_array_equal(fast[name], ref[name])
