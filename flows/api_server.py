@@ -1,31 +1,36 @@
-"""Prefect's API for a command: a long-lived server when ``PREFECT_API_URL`` names one, else Prefect's
-temporary server, started by this process and tied to its life.
+"""Prefect's API for a command: a long-lived server when ``PREFECT_API_URL`` names one, else a temporary
+server started by this process, tied to its life, and started early so that its start-up overlaps the command's.
 
-Prefect starts its temporary API server (``SubprocessASGIServer``: ``python -m uvicorn`` on a random port
-8000–8999) as a child process and stops it from an ``atexit`` hook. A SIGKILL, an OOM kill, a SIGTERM
-(Python runs no ``atexit`` hook on it) or a crash of the interpreter skips that hook, and the server lived
-on as an orphan. :func:`ensure_api` starts the same server earlier, from the main thread, with
-``PR_SET_PDEATHSIG`` set in the child between ``fork`` and ``exec``: the kernel then sends the server
-SIGKILL the moment this process dies, however it dies. (The "parent" of ``PR_SET_PDEATHSIG`` is the thread
-that forked, hence the main thread.) Prefect's own clients, in any thread, then find this instance in
-Prefect's singleton registry and use it, so nothing else changes: the same server, the same start-up time,
-Prefect's normal stop at a clean exit.
+The temporary server is Prefect's own (the ``python -m uvicorn … prefect.server.api.server:create_app`` command
+line and environment of Prefect's ``SubprocessASGIServer``), with three differences:
 
-Linux only; elsewhere the server is Prefect's unchanged.
+* **Tied.** It is started with ``PR_SET_PDEATHSIG`` set in the child between ``fork`` and ``exec``: the kernel
+  sends it SIGKILL the moment this process dies, however it dies (SIGKILL, an OOM kill, SIGTERM, on which
+  Python runs no ``atexit`` hook, or a crash). Prefect's own server lived on as an orphan then. (The "parent"
+  of ``PR_SET_PDEATHSIG`` is the thread that forked, hence the main thread.)
+* **Early.** ``dagrag COMMAND`` launches it before the command's imports and config checks
+  (:func:`launch_api`), and :func:`ensure_api` waits for it only when a flow is about to run. Its start-up
+  (about 5 s on 2 cores) then overlaps the command's own (about 3 s).
+* **Not imported here.** This process talks to it over HTTP, as to any server (``PREFECT_API_URL`` is set to
+  it once it answers), so it never imports Prefect's server package (about 3 s).
+
+A command that fails its checks stops the server it launched. Linux only for the tie; elsewhere the server is
+a plain child process, stopped at a clean exit.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
-import functools
+import importlib.util
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
-from types import SimpleNamespace
+import time
 from typing import Any, Callable
-from unittest import mock
 
 log = logging.getLogger("dagrag")
 
@@ -65,46 +70,132 @@ def tied_popen(*args: Any, **kwargs: Any) -> subprocess.Popen:
     return subprocess.Popen(*args, **kwargs)
 
 
-@functools.cache
-def _tied_server_class() -> type:
-    """``SubprocessASGIServer`` whose uvicorn child is started by :func:`tied_popen` (built on first use, so
-    importing this module does not import Prefect's server)."""
-    import prefect.server.api.server as server_module
+class TemporaryServer:
+    """Prefect's temporary API server in a tied child process (see the module docstring)."""
 
-    class TiedServer(server_module.SubprocessASGIServer):
-        """Prefect's temporary API server, killed by the kernel when this process dies."""
+    def __init__(self) -> None:
+        self.port: int | None = None
+        self.process: subprocess.Popen | None = None
+        self.ready = False
 
-        def _run_uvicorn_command(self) -> subprocess.Popen:
-            # Prefect's own command line and environment; only the module's Popen is swapped, for this call
-            shim = SimpleNamespace(Popen=tied_popen, TimeoutExpired=subprocess.TimeoutExpired)
-            with mock.patch.object(server_module, "subprocess", shim):
-                return super()._run_uvicorn_command()
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
 
-    return TiedServer
+    def launch(self) -> None:
+        """Start the child now; do not wait for it."""
+        from prefect.settings import get_current_settings
+
+        self.port = _free_port()
+        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+               "PREFECT__SERVER_FINAL": "1", **get_current_settings().to_environment_variables(exclude_unset=True)}
+        env.pop("PREFECT_API_URL", None)
+        app_dir = os.path.dirname(os.path.dirname(importlib.util.find_spec("prefect").origin))
+        self.process = tied_popen([sys.executable, "-m", "uvicorn", "--app-dir", app_dir, "--factory",
+                                   "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port",
+                                   str(self.port), "--log-level", "error", "--lifespan", "on"], env=env)
+        atexit.register(self.stop)
+        log.debug("temporary Prefect server launched on %s", self.api_url)
+
+    def wait(self, timeout_s: float) -> str:
+        """Block until the server answers ``/health`` (relaunching on a port taken meanwhile); its API URL."""
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                code = self.process.poll() if self.process is not None else None
+                if code == 3:  # uvicorn could not bind: the port was taken after we picked it
+                    self.launch()
+                elif code is not None:
+                    raise RuntimeError(f"Prefect's temporary server exited with status {code} while starting; "
+                                       f"start one with `prefect server start` and export PREFECT_API_URL")
+                try:
+                    if client.get(f"{self.api_url}/health").status_code == 200:
+                        self.ready = True
+                        return self.api_url
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"Prefect's temporary server did not answer within {timeout_s:.0f} s "
+                                       f"(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Terminate the child (SIGTERM, then SIGKILL after 5 s); safe to call twice."""
+        proc, self.process, self.ready = self.process, None, False
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _free_port() -> int:
+    """A loopback port free now (the kernel's pick); a race with another process is handled by ``wait``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+_server: TemporaryServer | None = None
+
+
+def _harness_url() -> str | None:
+    """The URL of a temporary server Prefect itself runs in this process (``prefect_test_harness``), if any."""
+    module = sys.modules.get("prefect.server.api.server")
+    current = getattr(module, "SubprocessASGIServer", None)
+    current = current._instances.get(None) if current is not None else None
+    return current.api_url if current is not None and current.running else None
+
+
+def launch_api() -> None:
+    """Start the temporary server now, without waiting, unless an API is configured (``PREFECT_API_URL``), one
+    runs already, or ephemeral mode is off. From the main thread, before the command's own start-up."""
+    global _server
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE
+
+    if _server is not None or PREFECT_API_URL.value() or not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value() \
+            or _harness_url():
+        return
+    _server = TemporaryServer()
+    _server.launch()
+
+
+def stop_api() -> None:
+    """Stop the temporary server this process launched (a command that failed its checks)."""
+    global _server
+    if _server is not None:
+        _server.stop()
+        _server = None
 
 
 def ensure_api() -> str | None:
     """Make sure this process has a Prefect API before a flow runs; returns its URL.
 
     - ``PREFECT_API_URL`` set (a long-lived ``prefect server start``): that URL, nothing is started.
-    - A temporary server already running in this process (for example ``prefect_test_harness``): its URL.
-    - Otherwise Prefect's temporary server is started now, tied to this process (see the module docstring),
-      and registered as the server every Prefect client in this process uses.
+    - A temporary server Prefect runs in this process (for example ``prefect_test_harness``): its URL.
+    - Otherwise the temporary server (launched now unless :func:`launch_api` did earlier) is waited for, and
+      ``PREFECT_API_URL`` is set to it for this process and its children (Dask workers included).
     - Ephemeral mode disallowed and no URL: None (Prefect raises its own error when a flow starts).
     """
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE
+    from prefect.context import refresh_global_settings_context
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
 
     url = PREFECT_API_URL.value()
     if url:
         return url
-    if not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value():
+    url = _harness_url()
+    if url:
+        return url
+    launch_api()
+    if _server is None:
         return None
-    current = SubprocessASGIServer._instances.get(None)
-    if current is not None and current.running:
-        return current.api_url
-    if current is not None:  # registered but not running: replace it with a tied one
-        SubprocessASGIServer._instances.pop(None, None)
-    server = _tied_server_class()()  # registers itself under the default key (Prefect's singleton registry)
-    server.start()
-    return server.api_url
+    url = _server.wait(float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()))
+    os.environ["PREFECT_API_URL"] = url
+    refresh_global_settings_context()
+    return url

@@ -20,6 +20,10 @@ COMMANDS = {
     "schedule": ("flows.schedule", "serve index/evaluate as Prefect deployments on cron schedules (conf/schedule.yaml)"),
 }
 
+# commands whose run needs Prefect's API: their temporary server is launched before their own start-up
+NEEDS_API = {"evaluate", "index", "update", "benchmark", "compare", "report"}
+NO_RUN_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "--shell-completion", "-sc"}
+
 USAGE = "usage: dagrag COMMAND [overrides] [hydra flags]\n\ncommands:\n" + "\n".join(
     f"  {name:<10} {what}" for name, (_, what) in COMMANDS.items()
 ) + "\n\n`dagrag COMMAND --help` lists the config groups and keys."
@@ -44,6 +48,10 @@ def main(argv: list[str] | None = None, default: str | None = None) -> int:
         print(f"dagrag: {what}\n\n{USAGE}", file=sys.stderr)
         return 2
     module = COMMANDS[command][0]
+    if command in NEEDS_API and not NO_RUN_FLAGS.intersection(rest):
+        from flows.api_server import launch_api
+
+        launch_api()  # its start-up overlaps the command's imports and checks (flows.api_server)
     sys.argv = [module, *rest]  # runpy puts the module's file in argv[0], as `python -m` does
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)

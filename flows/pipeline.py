@@ -152,7 +152,7 @@ def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any) -> dict[str, An
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from flows.api_server import ensure_api
+    from flows.api_server import ensure_api, stop_api
     from flows.config import load_config, with_runner
     from flows.preflight import (
         USER_ERRORS,
@@ -167,6 +167,7 @@ def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any) -> dict[str, An
         plain = OmegaConf.to_container(cfg, resolve=True)
         preflight(load_config(plain), getattr(flow_fn, "name", ""))
     except (*USER_ERRORS, OmegaConfBaseException) as err:  # a missing ??? value, a bad interpolation
+        stop_api()  # the temporary server `dagrag` launched early (flows.api_server), unused
         discard_job_folder(plain.get("artifacts_dir"))
         fail(err, verbose(cfg))
     ensure_api()  # Prefect's temporary server, if needed, dies with this process (no orphan on SIGKILL)

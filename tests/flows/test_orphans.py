@@ -189,3 +189,50 @@ def test_ensure_api_starts_nothing_when_an_api_is_configured():
     assert PREFECT_API_URL.value()
     assert ensure_api() == PREFECT_API_URL.value()
     assert {p.pid for p in me.children(recursive=True)} <= before
+
+
+def test_temporary_server_launches_answers_and_stops(tmp_path, monkeypatch):
+    """The early-launched server is Prefect's real API: it answers /health and Prefect's own client, and
+    ``stop`` ends the process."""
+    import httpx
+
+    from flows.api_server import TemporaryServer
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    server = TemporaryServer()
+    server.launch()
+    try:
+        url = server.wait(120)
+        assert url == server.api_url and server.ready
+        assert httpx.get(f"{url}/health", timeout=5).json() is True
+        assert httpx.get(f"{url}/admin/version", timeout=5).status_code == 200
+        child = psutil.Process(server.process.pid)
+        assert "uvicorn" in child.cmdline() and "prefect.server.api.server:create_app" in child.cmdline()
+    finally:
+        server.stop()
+    assert not _survivors([child], grace_s=5.0) and server.process is None
+    server.stop()  # twice is fine
+
+
+def test_dagrag_command_that_fails_its_checks_stops_its_early_server(tmp_path):
+    """``dagrag evaluate`` launches the temporary server before its checks; a user error stops it again:
+    exit 2, the one-line error, and no process left behind (observed while it ran)."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    argv = [sys.executable, "-m", "flows.cli", "evaluate", "method=bm25", "dataset=hipporag",
+            "dataset.name=missing", f"data_dir={tmp_path}", f"artifacts_dir={tmp_path / 'artifacts'}"]
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    me, seen, servers = psutil.Process(proc.pid), {}, set()
+    while proc.poll() is None:
+        try:
+            for p in me.children(recursive=True):
+                seen.setdefault(p.pid, p)
+                if "uvicorn" in p.cmdline():
+                    servers.add(p.pid)
+        except psutil.Error:
+            pass
+        time.sleep(0.02)
+    out, err = proc.communicate()
+    assert proc.returncode == 2 and err.strip().splitlines()[-1].startswith("error: "), err
+    assert servers, "no early server was launched"  # the control: there was something to stop
+    assert not _survivors(list(seen.values()), grace_s=2.0)
