@@ -184,7 +184,7 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
                           "passage_node_weight": count0, "damping": prob,
                           "edge_weighting": ("share", "count", "indicator"), "top_k": count,
                           "min_similarity": "[-1, 1]", "ppr_tol": pos, "ppr_max_iter": count,
-                          "ppr_dtype": ("float32", "float64"), "title_edge_weight": count0,
+                          "ppr_dtype": ("float32", "float64"), "ppr_threads": count0, "title_edge_weight": count0,
                           "title_name_weight": count0, "passage_reset": PASSAGE_RESETS,
                           "passage_reset_depth": count, "passage_reset_weight": count0},
         LinkingParams: {"graph_linking": LINKINGS, "query_linking": LINKINGS, "gazetteer_min_chars": count,

@@ -110,28 +110,66 @@ def stationary_walk(transition: np.ndarray, x0: np.ndarray, restart: float) -> n
     return restart * np.linalg.solve(system, x0)
 
 
-def personalized_pagerank(adj: sp.sparray | RandomWalk, personalization: np.ndarray, damping: float = 0.5,
-                          tol: float = 1e-8, max_iter: int = 100, dtype: str | type = np.float64) -> np.ndarray:
+def personalized_pagerank(adj: sp.sparray | RandomWalk, personalization: np.ndarray | sp.sparray,
+                          damping: float = 0.5, tol: float = 1e-8, max_iter: int = 100,
+                          dtype: str | type = np.float64, *, nodes: int | None = None, threads: int = 1) -> np.ndarray:
     """Personalized PageRank for a batch of reset vectors (Q x n), LinearRAG eq. (6).
 
     ``adj``: (n, n) weighted adjacency, ``adj[i, j]`` = weight of edge i -> j, or its prebuilt
-    :func:`random_walk`. ``personalization``: (Q, n) non-negative reset mass, normalised per row
-    here (an all-zero row gives an all-zero result). ``damping`` d is the probability of following
+    :func:`random_walk`. ``personalization``: (Q, n) non-negative reset mass, dense or sparse, normalised
+    per row here (an all-zero row gives an all-zero result). ``damping`` d is the probability of following
     an edge (networkx's ``alpha``; restart c = 1 - d); dangling nodes jump by the personalization
     (networkx's default). Stops when every query's L1 change in one step is < tol, checked every
     fourth step. ``dtype`` is the iteration's float type (the reset is normalised in float64
-    first); float32 cannot reach tol below ~1e-7.
+    first); float32 cannot reach tol below ~1e-7. Returns float64 (Q, n), or (Q, ``nodes``): the first
+    ``nodes`` nodes only. ``threads`` > 1 walks that many blocks of queries at once (numpy and scipy's
+    sparse product release the GIL); each block stops by the same rule on its own queries.
     """
     walk = adj if isinstance(adj, RandomWalk) else random_walk(adj, dtype)
-    reset = np.clip(np.asarray(personalization, dtype=np.float64), 0.0, None)
-    total = reset.sum(axis=1)
-    result = np.zeros_like(reset)
-    live = np.flatnonzero(total > 0)  # an all-zero reset row stays all zero, no iteration needed
+    n_q, n = personalization.shape
+    keep = n if nodes is None else nodes
+    x0, total = restart_columns(personalization, dtype)
+    live = np.flatnonzero(total > 0)
+    result = np.zeros((n_q, keep))
     if live.size == 0:
         return result
-    reset = np.ascontiguousarray((reset[live] / total[live, None]).T, dtype=dtype)  # (n, Q'): a column per query
-    # 1 - (1 - d) == d exactly for d >= 0.5 (Sterbenz), so the kernel's follow probability is d itself there
-    scores = restarted_walk(walk.matrix.astype(dtype, copy=False), reset, 1.0 - damping, max_iter, tol=tol,
-                            check_every=4, dangling=walk.dangling)
-    result[live] = scores.T
+    if live.size < n_q:
+        x0 = np.ascontiguousarray(x0[:, live])
+    matrix = walk.matrix.astype(dtype, copy=False)
+
+    def run(block: np.ndarray) -> np.ndarray:
+        # 1 - (1 - d) == d exactly for d >= 0.5 (Sterbenz), so the kernel's follow probability is d itself there
+        return restarted_walk(matrix, block, 1.0 - damping, max_iter, tol=tol, check_every=4,
+                              dangling=walk.dangling)[:keep]
+
+    blocks = [np.ascontiguousarray(b) for b in np.array_split(x0, min(max(threads, 1), live.size), axis=1)]
+    if len(blocks) == 1:
+        scores = [run(blocks[0])]
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(blocks)) as pool:
+            scores = list(pool.map(run, blocks))
+    result[live] = np.hstack(scores).T
     return result
+
+
+def restart_columns(personalization: np.ndarray | sp.sparray, dtype: str | type) -> tuple[np.ndarray, np.ndarray]:
+    """(Q, n) reset mass → ((n, Q) columns in ``dtype``, each normalised to sum 1 in float64, and the (Q,) row
+    totals): negatives clipped to 0, an all-zero row stays zero, no dense float64 (Q, n) copy made."""
+    n_q, n = personalization.shape
+    out = np.zeros((n, n_q), dtype=dtype)
+    if sp.issparse(personalization):
+        coo = sp.coo_array(personalization)
+        coo.sum_duplicates()
+        data = np.clip(coo.data.astype(np.float64), 0.0, None)
+        total = np.bincount(coo.row, weights=data, minlength=n_q)
+        ok = total[coo.row] > 0
+        out[coo.col[ok], coo.row[ok]] = data[ok] / total[coo.row[ok]]
+        return out, total
+    reset = np.asarray(personalization)
+    if (reset < 0).any():
+        reset = np.clip(reset, 0.0, None)
+    total = reset.sum(axis=1, dtype=np.float64)
+    np.divide(reset.T, np.where(total > 0, total, 1.0)[None, :], out=out, casting="unsafe")
+    return out, total

@@ -26,7 +26,8 @@ from tasks.core.store import (
     text_key,
 )
 from tasks.text.encoder import PACKAGED_MODEL, load_encoder
-from tasks.text.onnx_encoder import PRECISIONS, cpu_threads, load_onnx_encoder
+from tasks.core.resources import cpu_threads
+from tasks.text.onnx_encoder import PRECISIONS, load_onnx_encoder
 
 QUERY_RUNTIMES = ("onnxruntime", "torch")
 DOC_RUNTIMES = ("torch", "onnxruntime")

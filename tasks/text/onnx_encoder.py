@@ -292,10 +292,3 @@ def load_onnx_encoder(model: str, max_seq_length: int, threads: int, precision: 
         _store(entry, blob, names, out.dim, eager)
     return out
 
-
-def cpu_threads() -> int:
-    """Threads for ONNX Runtime: the CPUs this process may run on (what torch uses by default here)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1

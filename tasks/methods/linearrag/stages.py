@@ -7,8 +7,9 @@ matrix C (mention counts N_{e,p}), ``chunk_entity`` the mention matrix M (binari
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
+from tasks.core.resources import cpu_threads
 from tasks.methods.linearrag import algorithm as lr
 from tasks.text.chunk import ChunkParams
 from tasks.text.gazetteer import LinkingParams
@@ -35,7 +36,8 @@ class LinearParams(lr.LinearRAGParams, LinkingParams):
     def retrieval(self) -> lr.LinearRAGParams:
         """The slice :mod:`tasks.methods.linearrag.algorithm` takes."""
         names = {f.name for f in fields(lr.LinearRAGParams)}
-        return lr.LinearRAGParams(**{f.name: getattr(self, f.name) for f in fields(self) if f.name in names})
+        algo = lr.LinearRAGParams(**{f.name: getattr(self, f.name) for f in fields(self) if f.name in names})
+        return replace(algo, ppr_threads=algo.ppr_threads or cpu_threads())  # 0: one block of queries per CPU
 
     def sentences(self) -> ChunkParams:
         """Passages are cut into sentences (section 3.1)."""

@@ -83,7 +83,8 @@ def test_bad_runtime_and_precision_settings_are_refused() -> None:
 
 def _fresh_load(monkeypatch: pytest.MonkeyPatch, cache: object, precision: str = "fp32"):
     from tasks.text.embed import EmbedderParams
-    from tasks.text.onnx_encoder import cpu_threads, load_onnx_encoder
+    from tasks.core.resources import cpu_threads
+    from tasks.text.onnx_encoder import load_onnx_encoder
 
     monkeypatch.setenv("DAGRAG_MODEL_CACHE", str(cache))
     load_onnx_encoder.cache_clear()
