@@ -181,6 +181,9 @@ def _session(blob: bytes, threads: int) -> Any:
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # no busy-waiting between runs: spinning workers held both cores after an encode, so the retriever's next
+    # products (numpy, scipy, torch) waited for them (a batch-1 question's walk measured 2-3x slower)
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(blob, opts, providers=["CPUExecutionProvider"])
 
 

@@ -60,7 +60,7 @@ class LinearRetriever:
         # writable contiguous copies: torch.from_numpy (see _dot) refuses nothing, warns on read-only arrays
         self.passage_emb, self.sentence_emb, self.entity_emb = (
             np.array(x, dtype=np.float32, order="C") for x in (self.passage_emb, self.sentence_emb, self.entity_emb))
-        self.vocab_index = pd.Series(np.arange(len(self.entity_names)), index=pd.Index(self.entity_names))
+        self.vocab_index = {name: i for i, name in enumerate(self.entity_names.tolist())}  # a dict: O(1) per name
         n_p, n_s, n_e = len(self.doc_ids), len(chunks), len(self.entity_names)
         self.contain = coo_matrix(Store.read(index["contain"]), (n_p, n_e))
         self.mention = coo_matrix(Store.read(index["mention"]), (n_s, n_e))
@@ -84,9 +84,9 @@ class LinearRetriever:
     def lookup(self, names: list[list[str]]) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """Query entity strings -> (query of each, vocabulary index or -1, the strings not in the vocabulary)."""
         q_idx = np.repeat(np.arange(len(names)), [len(x) for x in names])
-        flat = pd.Index([n for x in names for n in x], dtype=object)
-        col = self.vocab_index.reindex(flat).fillna(-1).to_numpy(np.int64)
-        return q_idx, col, flat[col < 0].tolist()
+        flat = [n for x in names for n in x]
+        col = np.fromiter((self.vocab_index.get(n, -1) for n in flat), dtype=np.int64, count=len(flat))
+        return q_idx, col, [n for n, c in zip(flat, col) if c < 0]
 
     def seed_activation(self, n_q: int, q_idx: np.ndarray, col: np.ndarray, unseen_emb: np.ndarray,
                         questions: list[str] | None = None) -> sp.csr_array:

@@ -374,8 +374,6 @@ def test_global_importance_fallback_rows_are_dense_similarity() -> None:
 
 
 def test_exact_vocabulary_strings_link_with_similarity_one() -> None:
-    import pandas as pd
-
     from tasks.methods.linearrag.retriever import LinearRetriever
     from tasks.methods.linearrag.stages import LinearParams
     from tasks.text.embed import EmbedderParams
@@ -383,7 +381,7 @@ def test_exact_vocabulary_strings_link_with_similarity_one() -> None:
     r = LinearRetriever.__new__(LinearRetriever)
     names = np.array(["beatrice", "frederick", "germany"], dtype=object)
     r.entity_names, r.entity_emb = names, np.eye(3, 8, dtype=np.float32)
-    r.vocab_index = pd.Series(np.arange(3), index=pd.Index(names))
+    r.vocab_index = {n: i for i, n in enumerate(names)}
     r.params = LinearParams()
     r.algo, r.embedder = r.params.retrieval(), EmbedderParams()
     q_idx, col, unseen = r.lookup([["germany", "beatrice"], [], ["frederick", "paris"]])
