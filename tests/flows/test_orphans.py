@@ -236,3 +236,29 @@ def test_dagrag_command_that_fails_its_checks_stops_its_early_server(tmp_path):
     assert proc.returncode == 2 and err.strip().splitlines()[-1].startswith("error: "), err
     assert servers, "no early server was launched"  # the control: there was something to stop
     assert not _survivors(list(seen.values()), grace_s=2.0)
+
+
+def test_dagrag_command_runs_on_its_own_early_server_and_leaves_nothing(tmp_path):
+    """With no ``PREFECT_API_URL``, ``dagrag evaluate`` runs its flow on the server it launched first thing:
+    the run completes, the flow's API calls reached that server (it is the only one), and no process is left."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    argv = [sys.executable, "-m", "flows.cli", "evaluate", "method=bm25", "dataset.n_passages=60",
+            "dataset.n_questions=10", f"artifacts_dir={tmp_path / 'artifacts'}"]
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    me, seen, servers = psutil.Process(proc.pid), {}, set()
+    while proc.poll() is None:
+        try:
+            for p in me.children(recursive=True):
+                seen.setdefault(p.pid, p)
+                if "uvicorn" in p.cmdline():
+                    servers.add(p.pid)
+        except psutil.Error:
+            pass
+        time.sleep(0.05)
+    out = proc.communicate()[0]
+    assert proc.returncode == 0, out[-3000:]
+    assert out.strip().splitlines()[-1].startswith("metrics: ") and "Finished in state Completed" in out
+    assert len(servers) == 1, f"expected one temporary server, saw {len(servers)}"
+    assert (tmp_path / "prefect-home" / "prefect.db").exists()  # the server recorded the run in its database
+    assert not _survivors(list(seen.values()), grace_s=5.0)
