@@ -191,6 +191,28 @@ def test_ensure_api_starts_nothing_when_an_api_is_configured():
     assert {p.pid for p in me.children(recursive=True)} <= before
 
 
+def _run_watching_children(argv: list[str], env: dict[str, str]):
+    """Run a command to its end, recording every descendant it has meanwhile and which of them are uvicorn
+    servers: (process, (stdout, stderr), {pid: process}, {server pids})."""
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:  # files: a full pipe would block
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=err, text=True)
+        me, seen, servers = psutil.Process(proc.pid), {}, set()
+        while proc.poll() is None:
+            try:
+                for p in me.children(recursive=True):
+                    seen.setdefault(p.pid, p)
+                    if "uvicorn" in p.cmdline():
+                        servers.add(p.pid)
+            except psutil.Error:
+                pass
+            time.sleep(0.02)
+        out.seek(0)
+        err.seek(0)
+        return proc, (out.read(), err.read()), seen, servers
+
+
 def test_temporary_server_launches_answers_and_stops(tmp_path, monkeypatch):
     """The early-launched server is Prefect's real API: it answers /health and Prefect's own client, and
     ``stop`` ends the process."""
@@ -221,18 +243,7 @@ def test_dagrag_command_that_fails_its_checks_stops_its_early_server(tmp_path):
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
     argv = [sys.executable, "-m", "flows.cli", "evaluate", "method=bm25", "dataset=hipporag",
             "dataset.name=missing", f"data_dir={tmp_path}", f"artifacts_dir={tmp_path / 'artifacts'}"]
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    me, seen, servers = psutil.Process(proc.pid), {}, set()
-    while proc.poll() is None:
-        try:
-            for p in me.children(recursive=True):
-                seen.setdefault(p.pid, p)
-                if "uvicorn" in p.cmdline():
-                    servers.add(p.pid)
-        except psutil.Error:
-            pass
-        time.sleep(0.02)
-    out, err = proc.communicate()
+    proc, (out, err), seen, servers = _run_watching_children(argv, env)
     assert proc.returncode == 2 and err.strip().splitlines()[-1].startswith("error: "), err
     assert servers, "no early server was launched"  # the control: there was something to stop
     assert not _survivors(list(seen.values()), grace_s=2.0)
@@ -245,18 +256,8 @@ def test_dagrag_command_runs_on_its_own_early_server_and_leaves_nothing(tmp_path
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
     argv = [sys.executable, "-m", "flows.cli", "evaluate", "method=bm25", "dataset.n_passages=60",
             "dataset.n_questions=10", f"artifacts_dir={tmp_path / 'artifacts'}"]
-    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    me, seen, servers = psutil.Process(proc.pid), {}, set()
-    while proc.poll() is None:
-        try:
-            for p in me.children(recursive=True):
-                seen.setdefault(p.pid, p)
-                if "uvicorn" in p.cmdline():
-                    servers.add(p.pid)
-        except psutil.Error:
-            pass
-        time.sleep(0.05)
-    out = proc.communicate()[0]
+    proc, (out, err), seen, servers = _run_watching_children(argv, env)
+    out += err
     assert proc.returncode == 0, out[-3000:]
     assert out.strip().splitlines()[-1].startswith("metrics: ") and "Finished in state Completed" in out
     assert len(servers) == 1, f"expected one temporary server, saw {len(servers)}"
