@@ -50,19 +50,33 @@ def column_normalise(adj: sp.sparray | np.ndarray) -> sp.csr_array | np.ndarray:
 @dataclass(frozen=True)
 class RandomWalk:
     """The walk over a graph: ``matrix`` (n, n) column-stochastic transitions
-    (``matrix[j, i]`` = P(i -> j); the columns of ``dangling`` nodes, which have no edge, are 0)."""
+    (``matrix[j, i]`` = P(i -> j); the columns of ``dangling`` nodes, which have no edge, are 0).
+    On a bipartite graph whose first ``split`` nodes form one side, ``to_second`` (rows: second side, columns:
+    first) and ``to_first`` (the reverse) are the two non-zero blocks of ``matrix``; otherwise ``split`` is 0."""
 
     matrix: sp.csr_array
     dangling: np.ndarray
+    split: int = 0
+    to_second: sp.csr_array | None = None
+    to_first: sp.csr_array | None = None
 
 
-def random_walk(adj: sp.sparray, dtype: str | type = np.float64) -> RandomWalk:
-    """Row-normalised random walk on ``adj`` (``adj[i, j]`` = weight of i -> j), transposed: LinearRAG eq. (6)'s P."""
+def random_walk(adj: sp.sparray, dtype: str | type = np.float64, split: int = 0) -> RandomWalk:
+    """Row-normalised random walk on ``adj`` (``adj[i, j]`` = weight of i -> j), transposed: LinearRAG eq. (6)'s P.
+
+    ``split`` > 0 declares the graph bipartite between nodes ``[0, split)`` and ``[split, n)`` (checked: an edge
+    inside a side is an error) and keeps its two blocks for :func:`alternating_walk`.
+    """
     adj = sp.csr_array(adj, dtype=np.float64)
     out_weight = np.asarray(adj.sum(axis=1)).ravel()
     inv_out = np.divide(1.0, out_weight, out=np.zeros_like(out_weight), where=out_weight != 0)
     matrix = (sp.diags_array(inv_out) @ adj).T.tocsr().astype(dtype)
-    return RandomWalk(matrix, np.flatnonzero(out_weight == 0))
+    dangling = np.flatnonzero(out_weight == 0)
+    if split <= 0:
+        return RandomWalk(matrix, dangling)
+    if matrix[:split, :split].count_nonzero() or matrix[split:, split:].count_nonzero():
+        raise ValueError(f"the graph is not bipartite between nodes [0, {split}) and [{split}, {matrix.shape[0]})")
+    return RandomWalk(matrix, dangling, split, matrix[split:, :split].tocsr(), matrix[:split, split:].tocsr())
 
 
 def restarted_walk(transition: Transition, x0: np.ndarray, restart: float, steps: int, *,
@@ -99,6 +113,44 @@ def restarted_walk(transition: Transition, x0: np.ndarray, restart: float, steps
     return x
 
 
+def alternating_walk(walk: RandomWalk, x0: np.ndarray, restart: float, steps: int, tol: float,
+                     check_every: int = 4) -> np.ndarray:
+    """The restarted walk of :func:`restarted_walk` (with ``dangling``) on a bipartite ``walk``, by block
+    Gauss-Seidel: each sweep updates the second side from the first, then the first from the second side's new
+    values. It has the same fixed point, and each sweep shrinks the error by about (1 - c)^2 instead of 1 - c,
+    for the cost of one power step (the two blocks hold the matrix's entries once). Stops like
+    :func:`restarted_walk`: every column's L1 change over one sweep < ``tol``, checked every ``check_every``.
+    """
+    if walk.split <= 0 or walk.to_second is None or walk.to_first is None:
+        raise ValueError("alternating_walk needs a bipartite RandomWalk (random_walk(..., split=n))")
+    k, follow = walk.split, 1.0 - restart
+    dtype = x0.dtype.type
+    first_dangling, second_dangling = walk.dangling[walk.dangling < k], walk.dangling[walk.dangling >= k] - k
+    to_second, to_first = walk.to_second.astype(x0.dtype, copy=False), walk.to_first.astype(x0.dtype, copy=False)
+    r1, r2 = x0[:k], x0[k:]
+    x1, x2 = r1.copy(), r2.copy()
+
+    def coef(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # teleport c + (1 - c) * dangling mass, per column
+        mass = np.take(a, first_dangling, axis=0).sum(axis=0, keepdims=True, dtype=np.float64) \
+            + np.take(b, second_dangling, axis=0).sum(axis=0, keepdims=True, dtype=np.float64)
+        return (restart + follow * mass).astype(x0.dtype)
+
+    for it in range(steps):
+        old1, old2 = x1, x2
+        jump = coef(x1, x2)
+        x2 = to_second @ x1
+        x2 *= dtype(follow)
+        x2 += r2 * jump
+        jump = coef(x1, x2)  # the second side's new values
+        x1 = to_first @ x2
+        x1 *= dtype(follow)
+        x1 += r1 * jump
+        if (it % check_every == check_every - 1 or it == steps - 1) and \
+                (np.abs(x1 - old1).sum(axis=0) + np.abs(x2 - old2).sum(axis=0)).max(initial=0.0) < tol:
+            break
+    return np.concatenate([x1, x2], axis=0)
+
+
 def stationary_walk(transition: np.ndarray, x0: np.ndarray, restart: float) -> np.ndarray:
     """Fixed point of the restarted walk, x = c (I - (1 - c) P)^-1 x0, ZoomRAG eq. (10).
 
@@ -110,9 +162,13 @@ def stationary_walk(transition: np.ndarray, x0: np.ndarray, restart: float) -> n
     return restart * np.linalg.solve(system, x0)
 
 
+SWEEPS = ("power", "alternating")
+
+
 def personalized_pagerank(adj: sp.sparray | RandomWalk, personalization: np.ndarray | sp.sparray,
                           damping: float = 0.5, tol: float = 1e-8, max_iter: int = 100,
-                          dtype: str | type = np.float64, *, nodes: int | None = None, threads: int = 1) -> np.ndarray:
+                          dtype: str | type = np.float64, *, nodes: int | None = None, threads: int = 1,
+                          sweeps: str = "power") -> np.ndarray:
     """Personalized PageRank for a batch of reset vectors (Q x n), LinearRAG eq. (6).
 
     ``adj``: (n, n) weighted adjacency, ``adj[i, j]`` = weight of edge i -> j, or its prebuilt
@@ -123,8 +179,12 @@ def personalized_pagerank(adj: sp.sparray | RandomWalk, personalization: np.ndar
     fourth step. ``dtype`` is the iteration's float type (the reset is normalised in float64
     first); float32 cannot reach tol below ~1e-7. Returns float64 (Q, n), or (Q, ``nodes``): the first
     ``nodes`` nodes only. ``threads`` > 1 walks that many blocks of queries at once (numpy and scipy's
-    sparse product release the GIL); each block stops by the same rule on its own queries.
+    sparse product release the GIL); each block stops by the same rule on its own queries. ``sweeps``:
+    ``power`` (x <- d P x + ..., :func:`restarted_walk`) or ``alternating`` (:func:`alternating_walk`: the same
+    fixed point in about half the sweeps, for a bipartite walk built with ``random_walk(..., split=...)``).
     """
+    if sweeps not in SWEEPS:
+        raise ValueError(f"sweeps must be one of {SWEEPS}, got {sweeps!r}")
     walk = adj if isinstance(adj, RandomWalk) else random_walk(adj, dtype)
     n_q, n = personalization.shape
     keep = n if nodes is None else nodes
@@ -139,6 +199,8 @@ def personalized_pagerank(adj: sp.sparray | RandomWalk, personalization: np.ndar
 
     def run(block: np.ndarray) -> np.ndarray:
         # 1 - (1 - d) == d exactly for d >= 0.5 (Sterbenz), so the kernel's follow probability is d itself there
+        if sweeps == "alternating":
+            return alternating_walk(walk, block, 1.0 - damping, max_iter, tol)[:keep]
         return restarted_walk(matrix, block, 1.0 - damping, max_iter, tol=tol, check_every=4,
                               dangling=walk.dangling)[:keep]
 

@@ -77,7 +77,8 @@ class LinearRetriever:
                                              a.title_edge_weight, a.title_name_weight, a.idf_edges)
         else:
             self.graph = lr.passage_entity_graph(self.contain, self.algo.edge_weighting)
-        self.walk = random_walk(self.graph, self.algo.ppr_dtype)
+        split = n_p if self.algo.ppr_sweeps == "alternating" else 0  # passages first, then entities: bipartite
+        self.walk = random_walk(self.graph, self.algo.ppr_dtype, split=split)
         encode_queries(["warm-up"], embedder)
         self.queries = self.fallbacks = self.seeds_total = self.active_total = 0
 
