@@ -79,7 +79,7 @@ class LinearRAGParams:
     ppr_max_iter: int = 100
     ppr_dtype: str = "float32"  # float32 halves the memory traffic; its noise floor is ~1e-7 (L1)
     ppr_threads: int = 1  # blocks of queries walked at once; each block stops on its own queries (config 0: one per CPU)
-    ppr_sweeps: str = "power"  # power | alternating (block Gauss-Seidel over passages and entities: same fixed point)
+    ppr_sweeps: str = "alternating"  # alternating (block Gauss-Seidel over passages and entities) | power: same fixed point
     # beyond the paper (issue #20), each at its paper value: the title walk and the passage reset
     title_edge_weight: float = 0.0  # omega: extra weight of the edge from a title's entity to the passage it titles
     title_name_weight: float = 1.0  # factor on passage -> entity edges whose entity is some passage's title
@@ -496,6 +496,8 @@ def global_importance(
             params.passage_ratio, params.passage_node_weight,
         )
     n_p = passage_similarity.shape[1]
+    if params.ppr_sweeps == "alternating" and not isinstance(graph, RandomWalk):  # passages first, then entities
+        graph = random_walk(graph, params.ppr_dtype, split=n_p)
     reset = sp.hstack([sp.csr_array(passage_reset), entity_reset], format="csr")  # passages first, then entities
     importance = personalized_pagerank(graph, reset, params.damping, params.ppr_tol, params.ppr_max_iter,
                                        params.ppr_dtype, nodes=n_p, threads=params.ppr_threads,
@@ -530,8 +532,6 @@ def linearrag_retrieve(
     bridging = activate_entities(query_emb, seeds, sentence_emb, mention, params)
     passage_similarity = np.asarray(query_emb, np.float32) @ np.asarray(passage_emb, np.float32).T
     graph = passage_entity_graph(contain, params.edge_weighting) if graph is None else graph
-    if params.ppr_sweeps == "alternating" and not isinstance(graph, RandomWalk):  # passages first, then entities
-        graph = random_walk(graph, params.ppr_dtype, split=np.asarray(passage_emb).shape[0])
     scores = global_importance(passage_similarity, bridging, contain, graph, params)
     ranked, top_scores = rank_passages(scores, params.top_k if top_k is None else top_k)
     return Retrieval(ranked, top_scores, np.diff(seeds.indptr) == 0, bridging)
