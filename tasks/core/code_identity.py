@@ -126,10 +126,16 @@ def _source_digest(path: str, qualname: str, source: str) -> str:
 def _digest(obj: Any) -> str:
     if isinstance(obj, (FunctionType, type)):
         path = inspect.getsourcefile(obj)
-        if path and os.path.getmtime(path) > _LOADED_AT:
+        if path and os.path.isfile(path) and os.path.getmtime(path) > _LOADED_AT:
             raise CodeChangedError(f"{path} changed on disk after this process imported it; its code version "
                                    "cannot be trusted. Re-run the command so it loads the current code.")
-        return _source_digest(path or "?", obj.__qualname__, inspect.getsource(obj))
+        try:
+            source = inspect.getsource(obj)
+        except (OSError, TypeError):  # compiled from no file (a runner's "<dynamic-code>"): hash what it runs
+            code = getattr(obj, "__code__", None)
+            return hashlib.sha256(repr((obj.__qualname__, code.co_code if code else None,
+                                        code.co_consts if code else None)).encode()).hexdigest()
+        return _source_digest(path or "?", obj.__qualname__, source)
     return hashlib.sha256(_literal(obj).encode()).hexdigest()
 
 

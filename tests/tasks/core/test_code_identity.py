@@ -159,3 +159,17 @@ def test_the_hash_is_the_same_in_every_process():
                           env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": seed}) for seed in ("1", "2")]
     assert all(o.returncode == 0 for o in out), [o.stderr for o in out]
     assert out[0].stdout.strip() == out[1].stdout.strip() != ""
+
+
+def test_code_compiled_from_no_file_gets_a_version_not_an_error() -> None:
+    """A runner may load a flow module from source text ("<dynamic-code>", Prefect's deployment runs): its
+    functions have no file to check or read, and still get a stable digest that follows their code."""
+    from tasks.core.code_identity import _digest
+
+    def compiled(body: str):
+        ns: dict = {}
+        exec(compile(f"def f(x):\n    return {body}\n", "<dynamic-code>", "exec"), ns)
+        return ns["f"]
+
+    assert _digest(compiled("x + 1")) == _digest(compiled("x + 1"))
+    assert _digest(compiled("x + 1")) != _digest(compiled("x + 2"))
