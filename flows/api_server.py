@@ -59,6 +59,18 @@ def _libc_prctl() -> Callable[..., int] | None:
         return None
 
 
+def api_request(client: Any, method: str, url: str, patience_s: float = 60.0, **kwargs: Any) -> Any:
+    """``client.request(method, url, **kwargs)``, retried while the server answers 503, as Prefect's own client
+    does: a Prefect server answers 503 when its SQLite file is busy (``is_client_retryable_exception`` in
+    ``prefect/server/api/server.py``), which happens on a loaded box. ``client`` is an ``httpx.Client``."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        response = client.request(method, url, **kwargs)
+        if response.status_code != 503 or time.monotonic() > deadline:
+            return response
+        time.sleep(1.0)
+
+
 def tied_popen(*args: Any, **kwargs: Any) -> subprocess.Popen:
     """``subprocess.Popen`` whose child is killed when the calling thread's process dies (Linux, main thread;
     anywhere else a plain ``Popen``: a child tied to a short-lived worker thread would die with the thread)."""

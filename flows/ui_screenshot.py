@@ -65,8 +65,11 @@ def artifacts_of(api: str, flow_run_id: str) -> list[dict]:
     """The keyed artifacts of one flow run, from the REST API."""
     import httpx
 
-    found = httpx.post(f"{api}/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}},
-                       timeout=10).json()
+    from flows.api_server import api_request
+
+    with httpx.Client(timeout=10) as client:
+        found = api_request(client, "POST", f"{api}/artifacts/filter",
+                            json={"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}}).json()
     return [a for a in found if a.get("key")]
 
 

@@ -263,3 +263,43 @@ def test_dagrag_command_runs_on_its_own_early_server_and_leaves_nothing(tmp_path
     assert len(servers) == 1, f"expected one temporary server, saw {len(servers)}"
     assert (tmp_path / "prefect-home" / "prefect.db").exists()  # the server recorded the run in its database
     assert not _survivors(list(seen.values()), grace_s=5.0)
+
+
+def test_api_request_retries_503_then_returns_the_answer():
+    """A real HTTP server that answers 503 (a busy SQLite file) twice, then 200; a 500 is not retried."""
+    import http.server
+    import threading
+
+    import httpx
+
+    from flows.api_server import api_request
+
+    calls: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (the stdlib's name)
+            calls.append(self.path)
+            busy = self.path == "/busy" and len(calls) <= 2
+            status = 503 if busy else 500 if self.path == "/broken" else 200
+            self.send_response(status)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with httpx.Client(timeout=5) as client:
+            assert api_request(client, "POST", f"{base}/busy").status_code == 200
+            assert calls == ["/busy"] * 3
+            assert api_request(client, "POST", f"{base}/broken").status_code == 500
+            assert calls[3:] == ["/broken"]
+            calls.clear()
+            assert api_request(client, "POST", f"{base}/busy", patience_s=0).status_code == 503
+            assert calls == ["/busy"]
+    finally:
+        server.shutdown()

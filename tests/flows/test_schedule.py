@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows.api_server import tied_popen
+from flows.api_server import api_request, tied_popen
 from flows.schedule import ConfigError, ScheduleEntry, load_schedule
 from tasks.core.sample import generate_sample
 from tasks.core.store import Store
@@ -73,6 +73,13 @@ def wait_for(what: str, check, timeout: float, proc: subprocess.Popen, log: Path
             return got
         time.sleep(1)
     raise AssertionError(f"{what}: not within {timeout} s\n{log.read_text()[-3000:]}")
+
+
+class RetryingClient(httpx.Client):
+    """Every call retried on 503 (the server's SQLite file was busy), as Prefect's own client does."""
+
+    def request(self, *args, **kwargs) -> httpx.Response:
+        return api_request(super(), *args, **kwargs)
 
 
 def write_corpus(root: Path, n: int) -> None:
@@ -133,7 +140,7 @@ hydra:
     log = tmp_path / "serve.log"
     serve = start([sys.executable, "-m", "flows.schedule", "--config-dir", str(sched_dir),
                    "--config-name", "test_schedule"], env, log)
-    http = httpx.Client(base_url=api, timeout=10)
+    http = RetryingClient(base_url=api, timeout=10)
     try:
         def deployments():
             found = http.post("/deployments/filter", json={"deployments": {"name": {"any_": [
