@@ -39,7 +39,7 @@ def _dag(ctx: RunContext, data: dict[str, ArtifactRef], cfg, incremental: bool) 
     entity_embeddings = embed(ctx, names, "entity_id", cfg.embedder)["embeddings"]
     graph = serag_graph(ctx, documents, chunks, chunk_embeddings, entities["chunk_entity"], entities["entities"], p,
                         incremental)
-    tree = serag_tree(ctx, graph["W"], graph["W_meta"])
+    tree = serag_tree(ctx, graph["W"], graph["W_meta"], p.tree_engine)
     communities = serag_communities(ctx, graph["W"], tree["community"], chunk_embeddings, p)
     return {"chunks": chunks, "chunk_embeddings": chunk_embeddings, **entities,
             "entity_embeddings": entity_embeddings, **graph, **tree, **communities}

@@ -159,7 +159,10 @@ def _gain(in_a: float, v_a: float, in_b: float, v_b: float, between: float, log_
     return r / vol
 
 
-def encoding_tree(adj: sp.sparray, tol: float = 1e-12) -> EncodingTree:
+MERGE_ENGINES = ("compiled", "python")
+
+
+def encoding_tree(adj: sp.sparray, tol: float = 1e-12, engine: str = "compiled") -> EncodingTree:
     """Height-2 encoding tree of ``adj`` by exact flat greedy merging (eq. (1), K=2; notes §2 family A).
 
     ``adj``: a symmetric non-negative weight matrix (see :func:`symmetric_weights` for the checks and
@@ -169,12 +172,23 @@ def encoding_tree(adj: sp.sparray, tol: float = 1e-12) -> EncodingTree:
     *relative* to log2 vol, the scale of R's rounding error, floored at 1 so it stays positive. Each
     merge only changes the pairs touching the new community, so a lazy-deletion max-heap is exact.
     Every community is connected; zero-degree nodes stay singletons.
+
+    ``engine``: ``compiled`` runs the merge as numba machine code (:mod:`tasks.graph.encoding_tree_compiled`),
+    ``python`` in the interpreter; both do the same steps and return the same tree (tests check this).
     """
+    if engine not in MERGE_ENGINES:
+        raise ValueError(f"engine must be one of {MERGE_ENGINES}, got {engine!r}")
     w = symmetric_weights(adj)
     d = degrees(w)
     vol = float(d.sum())
     threshold = tol * max(1.0, math.log2(vol)) if vol > 0 else math.inf
-    parent = _greedy_merge(w, d, vol, threshold)
+    if engine == "compiled" and vol > 0 and w.shape[0] >= 2:
+        from tasks.graph.encoding_tree_compiled import greedy_merge_compiled
+
+        parent = greedy_merge_compiled(w.indptr, w.indices, w.data, d, vol, threshold,
+                                       *_initial_pairs(w, d, vol, threshold))
+    else:
+        parent = _greedy_merge(w, d, vol, threshold)
     roots = _find_roots(parent)
     labels = np.unique(roots, return_inverse=True)[1].astype(np.int64).ravel()  # root = smallest member
     c = int(labels.max()) + 1 if labels.size else 0
@@ -187,14 +201,20 @@ def encoding_tree(adj: sp.sparray, tol: float = 1e-12) -> EncodingTree:
     )
 
 
-def _initial_heap(w: sp.csr_array, d: np.ndarray, vol: float, threshold: float) -> list[tuple]:
-    """Heap entries (-R, a, b, 0, 0) of every edge a < b whose singleton merge gains R > threshold."""
+def _initial_pairs(w: sp.csr_array, d: np.ndarray, vol: float,
+                   threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(-R, a, b) of every edge a < b whose singleton merge gains R > threshold (the heap's first entries)."""
     upper = sp.triu(w, k=1, format="coo")
     a, b, c = upper.row.astype(np.int64), upper.col.astype(np.int64), upper.data
     gain = 2.0 * c * (math.log2(vol) - np.log2(d[a] + d[b])) / vol if vol > 0 else np.zeros(0)
     keep = gain > threshold
-    heap = list(zip((-gain[keep]).tolist(), a[keep].tolist(), b[keep].tolist(), [0] * int(keep.sum()),
-                    [0] * int(keep.sum())))
+    return -gain[keep], a[keep], b[keep]
+
+
+def _initial_heap(w: sp.csr_array, d: np.ndarray, vol: float, threshold: float) -> list[tuple]:
+    """Heap entries (-R, a, b, 0, 0) of :func:`_initial_pairs`."""
+    neg_gain, a, b = _initial_pairs(w, d, vol, threshold)
+    heap = list(zip(neg_gain.tolist(), a.tolist(), b.tolist(), [0] * a.size, [0] * a.size))
     heapq.heapify(heap)
     return heap
 

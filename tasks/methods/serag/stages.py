@@ -26,10 +26,7 @@ from tasks.text.gazetteer import LinkingParams
 
 log = logging.getLogger("dagrag.serag")
 
-try:  # written on branch serag-tree; the tree stage says so clearly when it is missing
-    from tasks.graph.encoding_tree import encoding_tree
-except ImportError:  # pragma: no cover - only before serag-tree is merged
-    encoding_tree = None
+from tasks.graph.encoding_tree import MERGE_ENGINES, encoding_tree
 
 
 @dataclass(frozen=True)
@@ -48,6 +45,7 @@ class SeRAGParams(LinkingParams):
     max_entity_chunks: int = 50  # logical-layer cap (our choice; the paper has none)
     # Table 5: indexing
     tree_height: int = 2  # K; only 2 is implemented (one community level, notes §4)
+    tree_engine: str = "compiled"  # the greedy merge as numba machine code | python (the same merge, interpreted)
     # §3.3 / Table 5: retrieval
     gamma_c: float = 0.4
     gamma_f: float = 0.6
@@ -70,6 +68,8 @@ class SeRAGParams(LinkingParams):
             raise ValueError(f"method.entity_sim must be embedding or exact, got {self.entity_sim!r}")
         if self.tree_height != 2:
             raise ValueError("serag implements the paper's K = 2 encoding tree only (method.tree_height=2)")
+        if self.tree_engine not in MERGE_ENGINES:
+            raise ValueError(f"method.tree_engine must be one of {MERGE_ENGINES}, got {self.tree_engine!r}")
         if self.query_ngram_max_words < 1:
             raise ValueError(f"method.query_ngram_max_words must be >= 1, got {self.query_ngram_max_words}")
 
@@ -218,16 +218,13 @@ def serag_graph(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef, ch
 
 
 @task(name="serag_tree", cache_policy=NO_CACHE)
-def serag_tree(ctx: RunContext, W: ArtifactRef, W_meta: ArtifactRef) -> dict[str, ArtifactRef]:
+def serag_tree(ctx: RunContext, W: ArtifactRef, W_meta: ArtifactRef, tree_engine: str) -> dict[str, ArtifactRef]:
     """Stage: the 2-D encoding tree minimising H²(G) (eq. 1): community per chunk, and its statistics
     (H¹, H², number of communities, size distribution, seconds) in ``tree_meta``."""
-    if encoding_tree is None:
-        raise RuntimeError("tasks.graph.encoding_tree is missing: merge branch serag-tree")
-
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
         n = int(Store.read(W_meta)["n_chunks"].iloc[0])
         t0 = time.perf_counter()
-        tree = encoding_tree(coo_matrix(Store.read(W), (n, n)))
+        tree = encoding_tree(coo_matrix(Store.read(W), (n, n)), engine=tree_engine)
         seconds = time.perf_counter() - t0
         community = np.asarray(tree.community, np.int64)
         sizes = np.bincount(community)
@@ -241,7 +238,8 @@ def serag_tree(ctx: RunContext, W: ArtifactRef, W_meta: ArtifactRef) -> dict[str
         return {"community": pd.DataFrame({"chunk": np.arange(n), "community": community}),
                 "tree_meta": meta}, n
 
-    return run_stage(ctx, TREE, code_version(serag_tree), {}, input_fps(W=W, W_meta=W_meta), compute)
+    return run_stage(ctx, TREE, code_version(serag_tree), {"tree_engine": tree_engine}, input_fps(W=W, W_meta=W_meta),
+                     compute)
 
 
 @task(name="serag_communities", cache_policy=NO_CACHE)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from scipy.sparse.csgraph import connected_components
 
 from tasks.graph.encoding_tree import (
+    MERGE_ENGINES,
     EncodingTree,
     encoding_tree,
     merge_gain,
@@ -135,10 +136,11 @@ def test_two_triangles_with_a_bridge():
     assert optimum - 1e-9 <= tree.entropy_2d < tree.entropy_1d
 
 
-def test_greedy_merge_order_on_the_bridge():
+@pytest.mark.parametrize("engine", MERGE_ENGINES)
+def test_greedy_merge_order_on_the_bridge(engine: str):
     # singleton gains: (0,1), (4,5) at log2(14/4), then the bridge (2,3) at log2(14/6) beats adding 2 to {0,1}
     # (2·log2(14/6) = 2.445 > 2·log2(4/7) + 4·log2(14/7) = 2.385, in units of 1/vol): a greedy local optimum
-    tree = encoding_tree(graph(TWO_TRIANGLES + [(2, 3)], 6))
+    tree = encoding_tree(graph(TWO_TRIANGLES + [(2, 3)], 6), engine=engine)
     assert tree.community.tolist() == [0, 0, 1, 1, 2, 2]
     volumes = [4.0, 6.0, 4.0]
     want = -sum(g / 14 * math.log2(v / 14) for g, v in zip([2, 4, 2], volumes))
@@ -164,12 +166,13 @@ def test_two_singletons_gain():
 # ---------------------------------------------------------------- brute force
 
 
+@pytest.mark.parametrize("engine", MERGE_ENGINES)
 @pytest.mark.parametrize("seed,n,density", [(0, 5, 0.6), (1, 6, 0.5), (2, 7, 0.4), (3, 8, 0.35), (4, 8, 0.6),
                                             (5, 9, 0.3), (6, 9, 0.5)])
-def test_greedy_against_every_partition(seed: int, n: int, density: float):
+def test_greedy_against_every_partition(seed: int, n: int, density: float, engine: str):
     adj = random_graph(seed, n, density)
     optimum, _, parts, h2 = brute_force(adj)
-    tree = encoding_tree(adj)
+    tree = encoding_tree(adj, engine=engine)
     assert_valid_tree(tree, adj)
     assert tree.entropy_2d >= optimum - 1e-9
     assert tree.entropy_2d <= tree.entropy_1d + 1e-12
@@ -186,12 +189,12 @@ def test_greedy_against_every_partition(seed: int, n: int, density: float):
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(2, 30), density=st.floats(0.05, 0.6),
-       isolated=st.integers(0, 3), unit=st.booleans())
-def test_greedy_properties(seed: int, n: int, density: float, isolated: int, unit: bool):
+       isolated=st.integers(0, 3), unit=st.booleans(), engine=st.sampled_from(MERGE_ENGINES))
+def test_greedy_properties(seed: int, n: int, density: float, isolated: int, unit: bool, engine: str):
     adj = random_graph(seed, n + isolated, density, isolated)
     if unit:  # unit weights: many ties, still valid and deterministic
         adj.data[:] = 1.0
-    tree = encoding_tree(adj, tol=1e-12)
+    tree = encoding_tree(adj, tol=1e-12, engine=engine)
     assert_valid_tree(tree, adj)
     assert tree.entropy_2d <= tree.entropy_1d + 1e-12
     assert tree.entropy_1d == pytest.approx(structural_entropy_1d(adj), abs=1e-12)
@@ -205,7 +208,7 @@ def test_greedy_properties(seed: int, n: int, density: float, isolated: int, uni
         limit = 1e-12 * max(1.0, math.log2(vol)) + 1e-12
         for x, y in zip(*np.nonzero(np.triu(between, k=1))):
             assert merge_gain(volume[x], cut[x], volume[y], cut[y], between[x, y], vol) <= limit
-    again = encoding_tree(adj)
+    again = encoding_tree(adj, engine=engine)
     assert np.array_equal(again.community, tree.community)  # deterministic
 
 
@@ -243,6 +246,44 @@ def test_merge_gain_is_the_entropy_difference(seed: int, n: int, n_labels: int, 
     assert got == pytest.approx(want, abs=1e-12)
     if between[x, y] == 0:
         assert got <= 1e-12  # non-adjacent merges never help
+
+
+# ---------------------------------------------------------------- the compiled merge against the interpreted one
+
+
+def sparse_graph(seed: int, n: int, degree: float, integer: bool, hubs: int = 0) -> sp.csr_array:
+    """A sparse random graph (mean degree ``degree``) with ``hubs`` nodes linked to a tenth of the others,
+    and a few isolated nodes; integer weights make every cut sum exact in float64."""
+    rng = np.random.default_rng(seed)
+    m = int(n * degree / 2)
+    rows, cols = rng.integers(0, n - 3, m), rng.integers(0, n - 3, m)
+    for h in range(hubs):
+        spokes = rng.choice(n - 3, size=max(1, n // 10), replace=False)
+        rows, cols = np.concatenate([rows, np.full(spokes.size, h)]), np.concatenate([cols, spokes])
+    weights = rng.integers(1, 6, rows.size).astype(np.float64) if integer else rng.uniform(0.05, 1.0, rows.size)
+    upper = sp.coo_array((weights, (np.minimum(rows, cols), np.maximum(rows, cols))), shape=(n, n)).tocsr()
+    upper = sp.triu(upper, k=1)
+    return sp.csr_array(upper + upper.T)
+
+
+@pytest.mark.parametrize("seed,n,degree,hubs", [(0, 50, 3.0, 0), (1, 400, 6.0, 2), (2, 2000, 10.0, 5),
+                                                 (3, 3000, 2.0, 0), (4, 1500, 25.0, 1)])
+def test_compiled_merge_is_the_interpreted_one(seed: int, n: int, degree: float, hubs: int):
+    """Integer weights (exact sums): the same steps give the same tree. Real weights: the compiled merge may
+    add one community's cuts in another order, so the trees agree up to rounding."""
+    exact = sparse_graph(seed, n, degree, integer=True, hubs=hubs)
+    python, compiled = encoding_tree(exact, engine="python"), encoding_tree(exact, engine="compiled")
+    assert np.array_equal(compiled.community, python.community)
+    assert compiled.entropy_2d == python.entropy_2d and compiled.n_merges == python.n_merges > 0
+    real = sparse_graph(seed, n, degree, integer=False, hubs=hubs)
+    python, compiled = encoding_tree(real, engine="python"), encoding_tree(real, engine="compiled")
+    assert compiled.entropy_2d == pytest.approx(python.entropy_2d, abs=1e-9)
+    assert_valid_tree(compiled, real)
+
+
+def test_unknown_engine_raises():
+    with pytest.raises(ValueError, match="engine must be one of"):
+        encoding_tree(graph(TWO_TRIANGLES, 6), engine="fast")
 
 
 # ---------------------------------------------------------------- inputs
