@@ -33,6 +33,28 @@ def _find(parent: np.ndarray, x: int) -> int:
 
 
 @njit(cache=True)
+def _gather(near_ids: np.ndarray, near_cuts: np.ndarray, parent: np.ndarray, a: int, b: int, acc: np.ndarray,
+            stamp: np.ndarray, mark: int, touched: np.ndarray, count: int, between: float) -> tuple[int, float]:
+    """Resolve one (possibly stale) neighbour list of A or B to roots and sum it into ``acc``: a root seen for
+    the first time at this merge (``stamp != mark``) is appended to ``touched``. Entries resolving to A sum
+    to c_AB (only B's list has them; a list never points at its own root). Returns (count, c_AB so far)."""
+    for i in range(near_ids.shape[0]):
+        k = _find(parent, near_ids[i])
+        if k == a or k == b:
+            if k == a:
+                between += near_cuts[i]
+            continue
+        if stamp[k] != mark:
+            stamp[k] = mark
+            acc[k] = near_cuts[i]
+            touched[count] = k
+            count += 1
+        else:
+            acc[k] += near_cuts[i]
+    return count, between
+
+
+@njit(cache=True)
 def _merge_kernel(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, d: np.ndarray, vol: float,
                   threshold: float, neg_gain: np.ndarray, pair_a: np.ndarray, pair_b: np.ndarray) -> np.ndarray:
     """Parent pointers of the greedy merge; the initial heap holds the singleton pairs (neg_gain, a, b).
@@ -61,6 +83,7 @@ def _merge_kernel(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, d: 
     acc = np.zeros(n)
     stamp = np.full(n, -1, dtype=np.int64)
     touched = np.empty(n, dtype=np.int64)
+    no_ids, no_cuts = np.empty(0, dtype=np.int64), np.empty(0)
     heap = List()
     for i in range(neg_gain.shape[0]):
         heap.append((neg_gain[i], pair_a[i], pair_b[i], np.int64(0), np.int64(0)))
@@ -73,24 +96,8 @@ def _merge_kernel(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, d: 
             continue  # stale: a or b merged since this entry was pushed
         if -neg_r <= threshold:
             break
-        between = 0.0
-        count = 0
-        for side in range(2):
-            near_ids = ids[a] if side == 0 else ids[b]
-            near_cuts = cuts[a] if side == 0 else cuts[b]
-            for i in range(near_ids.shape[0]):
-                k = _find(parent, near_ids[i])
-                if k == a or k == b:
-                    if k == a:  # b's entries towards a sum to c_AB (entries never point at their own root)
-                        between += near_cuts[i]
-                    continue
-                if stamp[k] != n_merges:
-                    stamp[k] = n_merges
-                    acc[k] = near_cuts[i]
-                    touched[count] = k
-                    count += 1
-                else:
-                    acc[k] += near_cuts[i]
+        count, between = _gather(ids[a], cuts[a], parent, a, b, acc, stamp, n_merges, touched, 0, 0.0)
+        count, between = _gather(ids[b], cuts[b], parent, a, b, acc, stamp, n_merges, touched, count, between)
         n_merges += 1
         listed += count - ids[a].shape[0] - ids[b].shape[0]
         new_ids = touched[:count].copy()
@@ -99,8 +106,8 @@ def _merge_kernel(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, d: 
             new_cuts[j] = acc[new_ids[j]]
         ids[a] = new_ids
         cuts[a] = new_cuts
-        ids[b] = new_ids[:0]
-        cuts[b] = new_cuts[:0]
+        ids[b] = no_ids  # not new_ids[:0]: a view would keep the whole buffer alive
+        cuts[b] = no_cuts
         parent[b] = a
         v_ab = volume[a] + volume[b]
         in_ab = internal[a] + internal[b] + 2.0 * between
