@@ -103,8 +103,9 @@ def _is_project(obj: Any, packages: tuple[str, ...]) -> bool:
 
 # CPython 3.11's AST constructor keeps its recursion depth in interpreter-wide state, so two threads
 # parsing at once can fail with "SystemError: AST constructor recursion depth mismatch" (cpython
-# gh-106905); the thread runner hashes concurrent stages, so parsing is serialised.
-_AST_LOCK = threading.Lock()
+# gh-106905); the thread runner hashes concurrent stages, so parsing is serialised: ours, and
+# inspect.getsource's (it parses the module to find a class).
+_AST_LOCK = threading.RLock()
 
 
 @functools.lru_cache(maxsize=None)
@@ -130,7 +131,8 @@ def _digest(obj: Any) -> str:
             raise CodeChangedError(f"{path} changed on disk after this process imported it; its code version "
                                    "cannot be trusted. Re-run the command so it loads the current code.")
         try:
-            source = inspect.getsource(obj)
+            with _AST_LOCK:
+                source = inspect.getsource(obj)
         except (OSError, TypeError):  # compiled from no file (a runner's "<dynamic-code>"): hash what it runs
             code = getattr(obj, "__code__", None)
             return hashlib.sha256(repr((obj.__qualname__, code.co_code if code else None,
@@ -227,7 +229,8 @@ def _is_constant(value: Any) -> bool:
 
 def _has_source(fn: FunctionType) -> bool:
     try:
-        inspect.getsourcefile(fn) and inspect.getsource(fn)
+        with _AST_LOCK:
+            inspect.getsourcefile(fn) and inspect.getsource(fn)
     except (OSError, TypeError):
         return False
     return True
