@@ -25,7 +25,8 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
     sentences = chunk(ctx, documents, p.sentences())["chunks"]
     passage_embeddings = embed(ctx, documents, "doc_id", cfg.embedder, use_template=True)["embeddings"]
     sentence_embeddings = embed(ctx, sentences, "chunk_id", cfg.embedder)["embeddings"]
-    graph = (linked_entity_graph(ctx, documents, sentences, mentions.result()["mentions"], p.gazetteer_min_chars)
+    graph = (linked_entity_graph(ctx, documents, sentences, mentions.result()["mentions"], p.gazetteer_min_chars,
+                                 p.title_aliases, p.alias_min_share)
              if p.graph_linking == "gazetteer"  # beyond the paper: titles and corpus names as entity nodes
              else entity_graph(ctx, documents, sentences, mentions.result()["mentions"]))
     out = {"sentences": sentences, "passage_embeddings": passage_embeddings,

@@ -32,7 +32,8 @@ def _dag(ctx: RunContext, data: dict[str, ArtifactRef], cfg, incremental: bool) 
         chunk_embeddings = embed(ctx, documents, "doc_id", cfg.embedder, use_template=True)["embeddings"]
     else:
         chunk_embeddings = embed(ctx, chunks, "chunk_id", cfg.embedder)["embeddings"]
-    entities = (linked_entity_graph(ctx, documents, chunks, mentions.result()["mentions"], p.gazetteer_min_chars)
+    entities = (linked_entity_graph(ctx, documents, chunks, mentions.result()["mentions"], p.gazetteer_min_chars,
+                                 p.title_aliases, p.alias_min_share)
                 if p.graph_linking == "gazetteer"  # beyond the paper: titles and corpus names as entity nodes
                 else entity_graph(ctx, documents, chunks, mentions.result()["mentions"]))
     names = entity_texts(ctx, entities["entities"])["entity_texts"]

@@ -28,7 +28,8 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
     chunks = chunk(ctx, documents, p.chunking())["chunks"]
     doc_embeddings = embed(ctx, documents, "doc_id", cfg.embedder, use_template=True)["embeddings"]
     chunk_embeddings = embed(ctx, chunks, "chunk_id", cfg.embedder)["embeddings"]
-    graph = (linked_entity_graph(ctx, documents, chunks, mentions.result()["mentions"], p.gazetteer_min_chars)
+    graph = (linked_entity_graph(ctx, documents, chunks, mentions.result()["mentions"], p.gazetteer_min_chars,
+                                 p.title_aliases, p.alias_min_share)
              if p.graph_linking == "gazetteer"  # beyond the paper: titles and corpus names as entity nodes
              else entity_graph(ctx, documents, chunks, mentions.result()["mentions"]))
     doc_doc = doc_doc_graph(ctx, doc_embeddings, p)["doc_doc"]

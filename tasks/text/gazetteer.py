@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -85,6 +85,8 @@ class LinkingParams:
     query_ner: bool = True  # false (with query_linking=gazetteer): no spaCy on questions, the gazetteer's names alone
     query_lowercase_weight: float = 1.0  # factor on a question's names written all in lower case (1 = no cue)
     cover_named_min_seed: float = 0.0  # > 0: each name seeded at least this much puts its best titled passage first
+    title_aliases: bool = False  # graph_linking=gazetteer: a title's short forms name it too, where unambiguous
+    alias_min_share: float = 0.5  # kept if at least this share of the passages writing a short form name its title
 
     def __post_init__(self) -> None:
         for key in ("graph_linking", "query_linking"):
@@ -93,6 +95,11 @@ class LinkingParams:
         if self.cover_named_min_seed > 0 and (self.graph_linking, self.query_linking) != ("gazetteer", "gazetteer"):
             raise ValueError("method.cover_named_min_seed > 0 needs method.graph_linking=gazetteer and "
                              "method.query_linking=gazetteer: it lifts the passages the question's names title")
+        if self.title_aliases and self.graph_linking != "gazetteer":
+            raise ValueError("method.title_aliases=true needs method.graph_linking=gazetteer: the aliases are "
+                             "the gazetteer's")
+        if not 0.0 <= self.alias_min_share <= 1.0:
+            raise ValueError(f"method.alias_min_share must be within [0, 1], got {self.alias_min_share}")
         if not self.query_ner and self.query_linking != "gazetteer":
             raise ValueError("method.query_ner=false needs method.query_linking=gazetteer: with neither spaCy nor "
                              "the gazetteer a question links to no entity")
@@ -108,9 +115,14 @@ class Gazetteer:
     size: int  # vocabulary size (entity indices run 0..size-1)
 
     @classmethod
-    def of(cls, names: Sequence[str], min_chars: int = 1) -> "Gazetteer":
-        """The gazetteer of a vocabulary (position = entity index); names under ``min_chars`` are left out."""
+    def of(cls, names: Sequence[str], min_chars: int = 1, aliases: Mapping[str, int] | None = None) -> "Gazetteer":
+        """The gazetteer of a vocabulary (position = entity index); names under ``min_chars`` are left out.
+        ``aliases`` (e.g. :func:`unambiguous_short_forms`) are further strings for an entity; a vocabulary
+        name wins over an alias."""
         index = {str(n): i for i, n in enumerate(names) if len(str(n)) >= min_chars}
+        for alias, i in (aliases or {}).items():
+            if len(alias) >= min_chars:
+                index.setdefault(alias, int(i))
         return cls(index, frozenset(n.split()[0] for n in index), max((len(n.split()) for n in index), default=1),
                    len(names))
 
@@ -171,6 +183,66 @@ def linked_incidence(titles: Sequence[str], chunk_texts: Sequence[str], chunk_do
     doc_rows = np.concatenate([np.asarray(chunk_doc, np.int64)[c_rows], np.flatnonzero(has)])
     doc_cols = np.concatenate([c_cols, own[has]])
     return _counts(doc_rows, doc_cols, (n_docs, m)), _counts(chunk_rows, chunk_cols, (n_chunks, m))
+
+
+_SHORT_SPLIT = re.compile(r",| of ")
+
+
+def title_short_forms(title: str, min_chars: int = 4) -> set[str]:
+    """Shorter forms a title may go by in text, normalised: the part before its first comma or " of "
+    ("Mithridates VI of Pontus" → "mithridates vi"), that part without a leading "the", and its first and
+    last word when it has two to four ("George Lessey" → "george", "lessey"; "Mithridates VI" → "mithridates").
+    Candidates only: :func:`unambiguous_short_forms` keeps those that are unambiguous in the corpus."""
+    plain = _QUALIFIER.sub("", title)
+    name = normalize_text(plain)
+    head = normalize_text(_SHORT_SPLIT.split(plain, maxsplit=1)[0])  # "mithridates vi": never "pontus"
+    forms = {head}
+    words = head.split()
+    if words[:1] == ["the"]:
+        forms.add(" ".join(words[1:]))
+    if 2 <= len(words) <= 4:
+        forms.update((words[0], words[-1]))
+    return {f for f in forms if f != name and len(f) >= min_chars and not f.replace(" ", "").isdigit()}
+
+
+def unambiguous_short_forms(titles: Sequence[str], doc_texts: Sequence[str], names: Sequence[str],
+                            doc_names: sp.sparray, min_share: float = 0.5, min_chars: int = 4) -> dict[str, int]:
+    """Short forms (:func:`title_short_forms`) that stand for one title in this corpus: ``{alias: entity index}``.
+
+    A form is kept when it is the short form of exactly one title name, is no name of the vocabulary
+    ``names`` (titles and NER strings: those are entities of their own), and at least ``min_share`` of the
+    passages that write it (whole word, in ``doc_texts``) also name that title or are its passage
+    (``doc_names``, passages x entities, nonzero where a passage names the entity, its own title included).
+    "Lessey" is kept where the passages writing it are about, or name, George Lessey; "George" is not.
+    """
+    vocabulary = {str(n): i for i, n in enumerate(names)}
+    owners: dict[str, set[int]] = {}
+    for t in titles:
+        own = vocabulary.get(title_name(t))
+        if own is not None:
+            for form in title_short_forms(t, min_chars):
+                owners.setdefault(form, set()).add(own)
+    forms = sorted(f for f, o in owners.items() if len(o) == 1 and f not in vocabulary)
+    if not forms:
+        return {}
+    entity = np.array([next(iter(owners[f])) for f in forms], dtype=np.int64)
+    rows, cols = match(doc_texts, Gazetteer.of(forms))  # passage x form: which passages write each form
+    writes = sp.csr_array((np.ones(len(rows)), (rows, cols)), shape=(len(doc_texts), len(forms)))
+    writes.sum_duplicates()
+    writes = writes.tocoo()
+    names_it = np.asarray(sp.csr_array(doc_names)[writes.row, entity[writes.col]]).ravel() > 0
+    n_write = np.bincount(writes.col, minlength=len(forms))
+    n_both = np.bincount(writes.col[names_it], minlength=len(forms))
+    keep = (n_write > 0) & (n_both >= min_share * n_write)
+    return {forms[i]: int(entity[i]) for i in np.flatnonzero(keep)}
+
+
+def aliases_of(vocab: pd.DataFrame) -> dict[str, int]:
+    """``{alias: entity index}`` from an entities table's ``aliases`` column ("a|b" per entity); {} without one."""
+    if "aliases" not in vocab.columns:
+        return {}
+    return {a: int(i) for i, joined in zip(vocab["entity_idx"], vocab["aliases"].fillna("")) for a in joined.split("|")
+            if a}
 
 
 def name_idf(doc_entity: sp.sparray) -> np.ndarray:
@@ -367,23 +439,37 @@ def title_link_coverage(titles: Sequence[str], texts: Sequence[str], doc_entity:
 
 @task(name="linked_entity_graph", cache_policy=NO_CACHE)
 def linked_entity_graph(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef,
-                        doc_mentions: ArtifactRef, min_chars: int = 4) -> dict[str, ArtifactRef]:
+                        doc_mentions: ArtifactRef, min_chars: int = 4, title_aliases: bool = False,
+                        alias_min_share: float = 0.5) -> dict[str, ArtifactRef]:
     """Stage: the gazetteer's entity vocabulary and doc–/chunk–entity counts, the tables
-    :func:`tasks.text.entities.entity_graph` writes (``graph_linking: gazetteer``)."""
+    :func:`tasks.text.entities.entity_graph` writes (``graph_linking: gazetteer``). With ``title_aliases``
+    the vocabulary's ``aliases`` column holds each title's unambiguous short forms
+    (:func:`unambiguous_short_forms`), and the chunks are matched with them."""
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
         docs = Store.read(documents, ["doc_id", "title"])
         ch = Store.read(chunks, ["chunk_id", "doc_id", "position", "text"])
         surfaces = Store.read(doc_mentions, ["surface"])["surface"].astype(str).tolist()
-        vocab = build_names(docs["title"].astype(str).tolist(), surfaces, min_chars)
-        gaz = Gazetteer.of(vocab["entity"].tolist())
+        titles, texts = docs["title"].astype(str).tolist(), ch["text"].astype(str).tolist()
+        vocab = build_names(titles, surfaces, min_chars)
+        names = vocab["entity"].tolist()
         doc_pos = pd.Series(np.arange(len(docs), dtype=np.int64), index=pd.Index(docs["doc_id"]))
         chunk_doc = doc_pos.loc[ch["doc_id"]].to_numpy()
         first = np.full(len(docs), -1, dtype=np.int64)
         lowest = pd.Series(ch["position"].to_numpy()).groupby(chunk_doc).idxmin()
         first[lowest.index.to_numpy()] = lowest.to_numpy()
-        doc_entity, chunk_entity = linked_incidence(docs["title"].astype(str).tolist(),
-                                                    ch["text"].astype(str).tolist(), chunk_doc, first, gaz)
+        doc_entity, chunk_entity = linked_incidence(titles, texts, chunk_doc, first, Gazetteer.of(names))
+        if title_aliases:  # a second pass: the first one's passage–name counts decide which short forms stand
+            doc_names = sp.csr_array((doc_entity["value"], (doc_entity["row"], doc_entity["col"])),
+                                     shape=(len(docs), len(names)))
+            doc_texts = pd.Series(texts).groupby(chunk_doc).agg(" ".join).reindex(range(len(docs)), fill_value="")
+            aliases = unambiguous_short_forms(titles, doc_texts.tolist(), names, doc_names, alias_min_share, min_chars)
+            joined = pd.Series(list(aliases), dtype=object).groupby(list(aliases.values())).agg("|".join)
+            vocab["aliases"] = joined.reindex(vocab["entity_idx"]).fillna("").to_numpy(dtype=object)
+            doc_entity, chunk_entity = linked_incidence(titles, texts, chunk_doc, first,
+                                                        Gazetteer.of(names, aliases=aliases))
         return {"entities": vocab, "doc_entity": doc_entity, "chunk_entity": chunk_entity}, len(vocab)
 
-    return run_stage(ctx, "linked_entity_graph", code_version(linked_entity_graph), {"min_chars": min_chars},
+    slice_ = {"min_chars": min_chars, **({"title_aliases": True, "alias_min_share": alias_min_share}
+                                         if title_aliases else {})}  # off: the same fingerprints as before
+    return run_stage(ctx, "linked_entity_graph", code_version(linked_entity_graph), slice_,
                      input_fps(documents=documents, chunks=chunks, mentions=doc_mentions), compute)

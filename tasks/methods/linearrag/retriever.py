@@ -14,7 +14,7 @@ from tasks.graph.walk import random_walk
 from tasks.methods.linearrag import algorithm as lr
 from tasks.methods.linearrag.stages import LinearParams
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
-from tasks.text.gazetteer import Gazetteer, TitleIndex, name_idf, query_seeds
+from tasks.text.gazetteer import Gazetteer, TitleIndex, aliases_of, name_idf, query_seeds
 from tasks.text.ner import QueryRecogniser
 
 
@@ -49,7 +49,7 @@ class LinearRetriever:
         chunks = Store.read(index["sentences"], ["chunk_id"])["chunk_id"].to_numpy(dtype=object)
         if not np.array_equal(sentence_ids, chunks):
             raise RuntimeError("sentence embeddings are not aligned with the sentences table; delete the artifacts")
-        vocab = Store.read(index["entities"], ["entity_idx", "entity"]).sort_values("entity_idx")
+        vocab = Store.read(index["entities"]).sort_values("entity_idx")
         self.entity_names = vocab["entity"].astype(str).to_numpy(dtype=object)
         if "entity_embeddings" in index:
             entity_ids, self.entity_emb = load_embeddings(index["entity_embeddings"], "entity_id")
@@ -66,7 +66,7 @@ class LinearRetriever:
         self.mention = coo_matrix(Store.read(index["mention"]), (n_s, n_e))
         self.mention.data[:] = 1.0  # eq. (2): binary sentence-entity edges (appendix G.3)
         if params.query_linking == "gazetteer" or params.graph_linking == "gazetteer":
-            self.gazetteer = Gazetteer.of(self.entity_names, params.gazetteer_min_chars)
+            self.gazetteer = Gazetteer.of(self.entity_names, params.gazetteer_min_chars, aliases_of(vocab))
             self.idf = name_idf(self.contain)
         if params.graph_linking == "gazetteer":  # titles are entity nodes: the title walk and cover_named use them
             self.titles = TitleIndex.read(data["documents"], self.doc_ids, self.gazetteer,

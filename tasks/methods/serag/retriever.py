@@ -14,7 +14,7 @@ from tasks.methods.serag import algorithm as se
 from tasks.methods.serag.stages import SeRAGParams, chunk_frame
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
 from tasks.text.entities import query_entity_links
-from tasks.text.gazetteer import Gazetteer, TitleIndex, name_idf, query_seeds
+from tasks.text.gazetteer import Gazetteer, TitleIndex, aliases_of, name_idf, query_seeds
 from tasks.text.ner import QueryRecogniser
 
 SELF_QUERY_STAGE = "serag_self_query"
@@ -102,7 +102,7 @@ class SeRAGRetriever:
                            if params.entity_sim == "embedding" else None)
         self.chunk_entity = coo_matrix(Store.read(index["chunk_entity"]), (len(self.chunk_doc), self.m))
         if params.query_linking == "gazetteer":  # beyond the paper: the names the question contains
-            self.gazetteer = Gazetteer.of(self.entity_names, params.gazetteer_min_chars)
+            self.gazetteer = Gazetteer.of(self.entity_names, params.gazetteer_min_chars, aliases_of(vocab))
             self.idf = name_idf(coo_matrix(Store.read(index["doc_entity"]), (len(self.doc_ids), self.m)))
             if params.cover_named_min_seed > 0:
                 self.titles = TitleIndex.read(data["documents"], self.doc_ids, self.gazetteer, qualified=True)

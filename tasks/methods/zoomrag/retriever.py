@@ -15,7 +15,7 @@ from tasks.methods.zoomrag import algorithm as zoom
 from tasks.methods.zoomrag.stages import ZoomRAGParams
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
 from tasks.text.entities import query_entity_links
-from tasks.text.gazetteer import Gazetteer, TitleIndex, name_idf, query_seeds, title_restart
+from tasks.text.gazetteer import Gazetteer, TitleIndex, aliases_of, name_idf, query_seeds, title_restart
 from tasks.text.ner import QueryRecogniser
 
 
@@ -36,7 +36,7 @@ class ZoomRetriever:
         self.vocab_index = dict(zip(vocab["entity"], vocab["entity_idx"]))
         self.max_words = int(min(params.max_entity_words, vocab["n_words"].to_numpy().max(initial=1)))
         if params.query_linking == "gazetteer":  # beyond the paper: IDF-weighted names the question contains
-            self.gazetteer = Gazetteer.of(self.entity_names, params.gazetteer_min_chars)
+            self.gazetteer = Gazetteer.of(self.entity_names, params.gazetteer_min_chars, aliases_of(vocab))
             self.idf = name_idf(coo_matrix(Store.read(index["doc_entity"]), (self.n, self.m)))
             self.titles = TitleIndex.read(data["documents"], self.doc_ids, self.gazetteer,
                                           qualified=params.cover_named_min_seed > 0)

@@ -11,7 +11,7 @@ from tasks.text.entities import entity_vocabulary, incidence
 from tasks.text.gazetteer import (Gazetteer, cased_words, cover_named, qualified_title_mentions, qualified_titles, LinkingParams, build_names, linked_incidence, match, name_idf,
                                   title_docs, title_restart,
                                   named_titles, normalize_text, query_seeds, scan, title_link_coverage,
-                                  title_name)
+                                  title_name, title_short_forms, unambiguous_short_forms, aliases_of)
 from tasks.text.ner import NERParams, entity_mentions, recognise
 
 # Five passages that name each other's titles in lower case and possessive forms, as Wikipedia does; two
@@ -158,3 +158,54 @@ def test_a_qualified_title_in_the_question_picks_among_namesakes():
 def test_cover_named_needs_both_gazetteer_linkings():
     with pytest.raises(ValueError, match="cover_named_min_seed"):
         LinkingParams(graph_linking="gazetteer", query_linking="ner", cover_named_min_seed=0.5)
+
+
+# ---------------------------------------------------------------- a title's short forms (title_aliases)
+
+
+def test_title_short_forms():
+    assert title_short_forms("Mithridates VI of Pontus") == {"mithridates vi", "mithridates"}  # never "pontus"
+    assert title_short_forms("George Lessey") == {"george", "lessey"}
+    assert title_short_forms("Paris, Texas") == {"paris"}
+    assert title_short_forms("Leeds") == set() and title_short_forms("Tom Baker (writer)") == {"baker"}  # 3 chars out
+    assert title_short_forms("The Grand Budapest Hotel") == {"grand", "hotel"}  # normalised: no leading "the"
+
+
+SHORT_TITLES = TITLES + ["Tom Jones (singer)", "Bakery"]
+SHORT_TEXTS = TEXTS + ["Tom Jones sang in Leeds.", "A baker bakes bread. The baker sells it."]
+
+
+def _names_and_counts(titles: list[str], texts: list[str]) -> tuple[list[str], sp.csr_array]:
+    names = build_names(titles, [], 4)["entity"].tolist()
+    doc_entity, _ = linked_incidence(titles, texts, np.arange(len(texts)), np.arange(len(texts)), Gazetteer.of(names))
+    return names, sp.csr_array(coo_matrix(doc_entity, (len(titles), len(names))))
+
+
+def test_short_forms_that_stand_for_one_title_in_the_corpus():
+    names, doc_names = _names_and_counts(SHORT_TITLES, SHORT_TEXTS)
+    got = unambiguous_short_forms(SHORT_TITLES, SHORT_TEXTS, names, doc_names, min_share=0.5)
+    index = {n: i for i, n in enumerate(names)}
+    # "baker" is written by Tom Baker's own passage, by Greenfield Studios' ("tom baker's"), and by "Bakery",
+    # which does not name him: 2 of 3 passages
+    assert got["baker"] == index["tom baker"]
+    assert got["smith"] == index["mary smith"] and got["greenfield"] == index["greenfield studios"]
+    assert "jones" not in got  # the short form of two titles (Peter Jones, Tom Jones)
+    assert "peter" in got and "mary" in got
+    stricter = unambiguous_short_forms(SHORT_TITLES, SHORT_TEXTS, names, doc_names, min_share=0.7)
+    assert "baker" not in stricter and stricter["smith"] == index["mary smith"]
+    assert all(alias not in index for alias in got)  # a vocabulary name is an entity of its own, never an alias
+
+
+def test_aliases_link_passages_and_questions_to_the_title():
+    names, doc_names = _names_and_counts(SHORT_TITLES, SHORT_TEXTS)
+    aliases = unambiguous_short_forms(SHORT_TITLES, SHORT_TEXTS, names, doc_names, min_share=0.7)
+    baker = names.index("tom baker")
+    plain, linked = Gazetteer.of(names), Gazetteer.of(names, aliases=aliases)
+    question = ["Which studio did Smith record at?"]
+    assert scan(normalize_text(question[0]).split(), plain) == []
+    assert scan(normalize_text(question[0]).split(), linked) == [names.index("mary smith")]
+    assert Gazetteer.of(names, aliases={"tom baker": 0}).index["tom baker"] == baker  # a name wins over an alias
+    vocab = pd.DataFrame({"entity_idx": [0, 1, 2], "aliases": ["a|bb", "", None]})
+    assert aliases_of(vocab) == {"a": 0, "bb": 0} and aliases_of(vocab.drop(columns="aliases")) == {}
+    with pytest.raises(ValueError, match="title_aliases"):
+        LinkingParams(title_aliases=True)
