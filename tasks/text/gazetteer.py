@@ -212,7 +212,8 @@ def unambiguous_short_forms(titles: Sequence[str], doc_texts: Sequence[str], nam
     A form is kept when it is the short form of exactly one title name, is no name of the vocabulary
     ``names`` (titles and NER strings: those are entities of their own), and at least ``min_share`` of the
     passages that write it (whole word, in ``doc_texts``) also name that title or are its passage
-    (``doc_names``, passages x entities, nonzero where a passage names the entity, its own title included).
+    (``doc_names``, passages x entities, nonzero where a passage names the entity, its own title included)
+    and write it capitalised (a name, not the common word: "Aunt" for "Charley's Aunt" is not kept).
     "Lessey" is kept where the passages writing it are about, or name, George Lessey; "George" is not.
     """
     vocabulary = {str(n): i for i, n in enumerate(names)}
@@ -231,9 +232,13 @@ def unambiguous_short_forms(titles: Sequence[str], doc_texts: Sequence[str], nam
     writes.sum_duplicates()
     writes = writes.tocoo()
     names_it = np.asarray(sp.csr_array(doc_names)[writes.row, entity[writes.col]]).ravel() > 0
+    cased = [cased_words(t) for t in doc_texts]
+    capitalised = np.fromiter((all(w in cased[d] for w in forms[f].split()) for d, f in zip(writes.row, writes.col)),
+                              dtype=bool, count=writes.nnz)
     n_write = np.bincount(writes.col, minlength=len(forms))
     n_both = np.bincount(writes.col[names_it], minlength=len(forms))
-    keep = (n_write > 0) & (n_both >= min_share * n_write)
+    n_cased = np.bincount(writes.col[capitalised], minlength=len(forms))
+    keep = (n_write > 0) & (n_both >= min_share * n_write) & (n_cased >= min_share * n_write)
     return {forms[i]: int(entity[i]) for i in np.flatnonzero(keep)}
 
 
