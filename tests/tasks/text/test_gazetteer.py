@@ -211,3 +211,29 @@ def test_aliases_link_passages_and_questions_to_the_title():
     assert aliases_of(vocab) == {"a": 0, "bb": 0} and aliases_of(vocab.drop(columns="aliases")) == {}
     with pytest.raises(ValueError, match="title_aliases"):
         LinkingParams(title_aliases=True)
+
+
+def test_linked_entity_graph_stage_with_title_aliases(ctx):
+    from tasks.core.store import ArtifactRef, Store, short_hash
+    from tasks.text.gazetteer import linked_entity_graph
+
+    def ref(stage: str, name: str, frame: pd.DataFrame) -> ArtifactRef:
+        fp = short_hash(frame.astype(str).to_numpy().tolist())
+        path = ctx.store.path_for(ctx.dataset, stage, name, fp)
+        return ArtifactRef(name, str(path), fp, ctx.store.write_parquet(frame, path))
+
+    ids = [f"d{i}" for i in range(len(SHORT_TITLES))]
+    docs = ref("ingest", "documents", pd.DataFrame({"doc_id": ids, "title": SHORT_TITLES, "text": SHORT_TEXTS}))
+    chunks = ref("chunk", "chunks", pd.DataFrame({"chunk_id": ids, "doc_id": ids, "position": 0, "text": SHORT_TEXTS}))
+    mentions = ref("ner", "mentions", pd.DataFrame({"doc_id": ["d0"], "surface": ["Leeds"]}))
+    plain = linked_entity_graph.fn(ctx, docs, chunks, mentions, 4)
+    aliased = linked_entity_graph.fn(ctx, docs, chunks, mentions, 4, True, 0.5)
+    assert plain["entities"].fp != aliased["entities"].fp
+    vocab = Store.read(aliased["entities"])
+    assert "aliases" not in Store.read(plain["entities"]).columns
+    baker = int(vocab.loc[vocab["entity"] == "tom baker", "entity_idx"].iloc[0])
+    assert "baker" in vocab.loc[baker, "aliases"].split("|")
+    counts = {name: coo_matrix(Store.read(r["doc_entity"]), (len(ids), len(vocab))).toarray() for name, r in
+              (("plain", plain), ("aliased", aliased))}
+    # "Baker is a writer. He wrote a biography of peter jones.": its own title, then also the name it writes
+    assert counts["plain"][3, baker] == 1 and counts["aliased"][3, baker] == 2
