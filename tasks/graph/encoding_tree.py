@@ -162,6 +162,17 @@ def _gain(in_a: float, v_a: float, in_b: float, v_b: float, between: float, log_
 MERGE_ENGINES = ("compiled", "python")
 
 
+def grown_gain(between: float, v_a: float, in_a: float, log_v_a: float, v_k: float, in_k: float, log_v_k: float,
+               log_vol: float, vol: float) -> float:
+    """:func:`merge_gain` of a community A just grown by a merge (V_A, in_A, log2 V_A known) with a neighbour K,
+    in the greedy merge's floating-point order; both merge engines call it (numba compiles it too)."""
+    l_new = math.log2(v_a + v_k)
+    r = 2.0 * between * (log_vol - l_new) + in_a * (log_v_a - l_new)
+    if in_k > 0:
+        r += in_k * (log_v_k - l_new)
+    return r / vol
+
+
 def encoding_tree(adj: sp.sparray, tol: float = 1e-12, engine: str = "compiled") -> EncodingTree:
     """Height-2 encoding tree of ``adj`` by exact flat greedy merging (eq. (1), K=2; notes §2 family A).
 
@@ -274,13 +285,7 @@ def _greedy_merge(w: sp.csr_array, d: np.ndarray, vol: float, threshold: float) 
         ver_a = version[a]
         for k, c in near_a.items():
             nbrs[k][a] = c
-            v_k = volume[k]
-            l_new = log2(v_ab + v_k)
-            r = 2.0 * c * (log_vol - l_new) + in_ab * (l_ab - l_new)
-            in_k = internal[k]
-            if in_k > 0:
-                r += in_k * (log_volume[k] - l_new)
-            r /= vol
+            r = grown_gain(c, v_ab, in_ab, l_ab, volume[k], internal[k], log_volume[k], log_vol, vol)
             if r > threshold:
                 heappush(heap, (-r, a, k, ver_a, version[k]) if a < k else (-r, k, a, version[k], ver_a))
         if len(heap) > 4 * n_pairs + 65536:  # drop stale entries once they dominate

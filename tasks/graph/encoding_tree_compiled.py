@@ -18,6 +18,10 @@ import numpy as np
 from numba import njit
 from numba.typed import List
 
+from tasks.graph.encoding_tree import grown_gain
+
+_grown_gain = njit(cache=True)(grown_gain)  # the interpreted merge's own gain, compiled
+
 
 @njit(cache=True)
 def _find(parent: np.ndarray, x: int) -> int:
@@ -120,13 +124,7 @@ def _merge_kernel(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, d: 
         ver_a = version[a]
         for j in range(count):
             k = new_ids[j]
-            c = new_cuts[j]
-            l_new = math.log2(v_ab + volume[k])
-            r = 2.0 * c * (log_vol - l_new) + in_ab * (l_ab - l_new)
-            in_k = internal[k]
-            if in_k > 0:
-                r += in_k * (log_volume[k] - l_new)
-            r /= vol
+            r = _grown_gain(new_cuts[j], v_ab, in_ab, l_ab, volume[k], internal[k], log_volume[k], log_vol, vol)
             if r > threshold:
                 if a < k:
                     heapq.heappush(heap, (-r, a, k, ver_a, version[k]))
