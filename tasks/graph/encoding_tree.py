@@ -30,6 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from tasks.graph.merge_gain import grown_gain
+
 SYMMETRY_RTOL = 1e-12
 
 
@@ -160,17 +162,6 @@ def _gain(in_a: float, v_a: float, in_b: float, v_b: float, between: float, log_
 
 
 MERGE_ENGINES = ("compiled", "python")
-
-
-def grown_gain(between: float, v_a: float, in_a: float, log_v_a: float, v_k: float, in_k: float, log_v_k: float,
-               log_vol: float, vol: float) -> float:
-    """:func:`merge_gain` of a community A just grown by a merge (V_A, in_A, log2 V_A known) with a neighbour K,
-    in the greedy merge's floating-point order; both merge engines call it (numba compiles it too)."""
-    l_new = math.log2(v_a + v_k)
-    r = 2.0 * between * (log_vol - l_new) + in_a * (log_v_a - l_new)
-    if in_k > 0:
-        r += in_k * (log_v_k - l_new)
-    return r / vol
 
 
 def encoding_tree(adj: sp.sparray, tol: float = 1e-12, engine: str = "compiled") -> EncodingTree:

@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit
 from numba.typed import List
 
-from tasks.graph.encoding_tree import grown_gain
+from tasks.graph.merge_gain import grown_gain
 
 _grown_gain = njit(cache=True)(grown_gain)  # the interpreted merge's own gain, compiled
 
