@@ -1,10 +1,12 @@
 """The greedy merge of :mod:`tasks.graph.encoding_tree`, compiled with numba (issue #14: 100,000 passages).
 
-The same algorithm, state and tie-break as ``encoding_tree._greedy_merge``, step for step: a lazy-deletion
-max-heap of (-R, a, b, version_a, version_b) tuples, one {neighbour: cut} dict per community, the smaller dict
-folded into the larger, the gain of eq. (1) with K=2 in the same floating-point order. It therefore returns
-the same parent pointers (tests check this on random graphs), only without the interpreter: the pure-Python
-merge took 1,835 s at 100,000 passages, where each merge re-scores every neighbour of the new community.
+The same algorithm as ``encoding_tree._greedy_merge``: a lazy-deletion max-heap of (-R, a, b, version_a,
+version_b) tuples, the same tie-break and stopping rule, and the same gain (:func:`tasks.graph.merge_gain.grown_gain`,
+compiled). The bookkeeping differs: a community's neighbours are a list that may hold stale ids, resolved
+by union-find when the community next merges, where the interpreted merge updates one dict per neighbour at
+every merge (that was its cost: 1,835 s at 100,000 passages). Cut sums are added in list order, so on real
+weights the two can differ in the last bits; on integer weights, where every sum is exact, they return the
+same tree (tests check this), and on the 100k sample they returned the same partition.
 
 numba compiles the kernel on first use and caches the machine code next to this file (``cache=True``), so
 only the first process on a machine pays the compilation (a few seconds).
@@ -40,8 +42,9 @@ def _find(parent: np.ndarray, x: int) -> int:
 def _gather(near_ids: np.ndarray, near_cuts: np.ndarray, parent: np.ndarray, a: int, b: int, acc: np.ndarray,
             stamp: np.ndarray, mark: int, touched: np.ndarray, count: int, between: float) -> tuple[int, float]:
     """Resolve one (possibly stale) neighbour list of A or B to roots and sum it into ``acc``: a root seen for
-    the first time at this merge (``stamp != mark``) is appended to ``touched``. Entries resolving to A sum
-    to c_AB (only B's list has them; a list never points at its own root). Returns (count, c_AB so far)."""
+    the first time at this merge (``stamp != mark``) is appended to ``touched``. A's entries towards B are
+    dropped and B's entries towards A sum to c_AB (a list never points at its own root). Returns (count,
+    c_AB so far)."""
     for i in range(near_ids.shape[0]):
         k = _find(parent, near_ids[i])
         if k == a or k == b:
