@@ -5,13 +5,14 @@ The algorithms live in :mod:`tasks.methods.zoomrag.algorithm`; this module store
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.core.code_identity import code_version
+from tasks.core.resources import cpu_threads
 from tasks.core.stage import RunContext, input_fps, run_stage
 from tasks.core.store import ArtifactRef, Store
 from tasks.graph.sparse import coo_matrix, to_coo
@@ -43,7 +44,8 @@ class ZoomRAGParams(zoom.ZoomParams, LinkingParams):
     def walk(self) -> zoom.ZoomParams:
         """The slice :mod:`tasks.methods.zoomrag.algorithm` takes."""
         fields = zoom.ZoomParams.__dataclass_fields__
-        return zoom.ZoomParams(**{k: v for k, v in asdict(self).items() if k in fields})
+        walk = zoom.ZoomParams(**{k: v for k, v in asdict(self).items() if k in fields})
+        return replace(walk, walk_threads=walk.walk_threads or cpu_threads())  # 0: one batch of queries per CPU
 
     def chunking(self) -> ChunkParams:
         """How documents are cut into chunks for ChunkZoom."""

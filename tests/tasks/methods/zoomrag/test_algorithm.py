@@ -191,6 +191,16 @@ def test_float32_walk_matches_float64_at_any_walk_batch(batch_size):
     np.testing.assert_allclose(got.sum(axis=1), 1.0, atol=1e-5)  # the walk keeps its unit mass
 
 
+@pytest.mark.parametrize("threads,batch_size", [(2, 1), (2, 4), (3, 2), (4, 64)])
+def test_threaded_walk_batches_equal_the_sequential_ones(threads, batch_size):
+    """Batches walked on threads write their own rows: the same numbers, bit for bit, as one after another."""
+    dd, de, qd, qe = random_problem(4, q=9)
+    M, _ = global_block(dd, de)
+    one = doc_zoom(M, qd, qe, ZoomParams(batch_size=batch_size))
+    many = doc_zoom(M, qd, qe, ZoomParams(batch_size=batch_size, walk_threads=threads))
+    assert np.array_equal(one, many)
+
+
 def test_coupled_walk_differs_from_decoupled():
     dd, de, qd, qe = random_problem(6, q=8)
     M, _ = global_block(dd, de)
