@@ -259,7 +259,8 @@ def test_dagrag_command_runs_on_its_own_early_server_and_leaves_nothing(tmp_path
     proc, (out, err), seen, servers = _run_watching_children(argv, env)
     out += err
     assert proc.returncode == 0, out[-3000:]
-    assert out.strip().splitlines()[-1].startswith("metrics: ") and "Finished in state Completed" in out
+    # any line, not the last: stderr's progress bars may close after the metrics line under load
+    assert any(line.startswith("metrics: ") for line in out.splitlines()) and "Finished in state Completed" in out
     assert len(servers) == 1, f"expected one temporary server, saw {len(servers)}"
     assert (tmp_path / "prefect-home" / "prefect.db").exists()  # the server recorded the run in its database
     assert not _survivors(list(seen.values()), grace_s=5.0)
