@@ -41,6 +41,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from tasks.graph.knn import knn_graph, sparsify
+from tasks.graph.sparse import locality_order
 from tasks.graph.walk import column_normalise, inverse_column_sums, restarted_walk
 
 Rescale = Literal["nonzero_mean", "all_mean"]
@@ -77,6 +78,7 @@ class ZoomParams:
     batch_size: int = 64  # queries advanced together per walk: the state memory bound (q x (N+1) floats)
     walk_threads: int = 1  # batches of queries walked at once on threads (scipy's sparse product drops the GIL)
     walk_dtype: str = "float32"
+    walk_node_order: str = "locality"  # locality: M's nodes renumbered once so the walks read memory in order
     chunk_iterations: int = 50
     # beyond the paper (issue #20), each at its paper value: the title walk over M (see title_walk_block)
     title_edge_weight: float = 0.0  # extra weight of the edge from a title's entity to the document it titles
@@ -138,8 +140,9 @@ def rescale_block(block: sp.sparray, rescale: Rescale = "nonzero_mean") -> tuple
 
 
 def rescale_rows(block: sp.sparray, rescale: Rescale = "nonzero_mean") -> tuple[sp.csr_array, np.ndarray]:
-    """Scale each row (one query's block of its own A_i, eq. 6) to average weight 1 (§3.2)."""
-    block = sp.csr_array(block, dtype=np.float64)
+    """Scale each row (one query's block of its own A_i, eq. 6) to average weight 1 (§3.2). ``block`` is left
+    as it was (a copy is scaled)."""
+    block = sp.csr_array(block, dtype=np.float64, copy=True)
     block.eliminate_zeros()
     per_row = np.diff(block.indptr)
     cells = per_row if rescale == "nonzero_mean" else np.full(block.shape[0], block.shape[1])
@@ -231,18 +234,28 @@ def query_links(
 
 
 def decoupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int = 5,
-                   dtype: str | type = np.float64, out: np.ndarray | None = None) -> np.ndarray:
+                   dtype: str | type = np.float64, out: np.ndarray | None = None,
+                   order: np.ndarray | None = None) -> np.ndarray:
     """Algorithm-parallel restarted walk, ZoomRAG eqs. (3), (7)-(9): exact per-query walks on A_i.
 
     M is shared; each query keeps only its (N+1) state.  The column sum of node j in
     query i's graph is c_j + H_ij (eq. 7 denominator): c_j is shared, the H_ij term is a
     sparse patch at H's non-zeros.  Returns (q, 1+N): [query node, docs, entities], written
     into ``out`` when given. ``dtype`` is the state's float type (M is used as is when it
-    already has it); at most two (N x q) state buffers are alive at once.
+    already has it); at most two (N x q) state buffers are alive at once. ``order``: M's nodes are
+    renumbered (M[a, b] joins nodes order[a] and order[b], see :func:`walk_graph`); H and the result keep
+    the stored numbering.
+
+    All mass starts on the query node, so the first step has a closed form (the docs and entities hold
+    (1 - alpha) H~) and the second moves mass from H's non-zeros only: it is one sparse-by-sparse product
+    instead of a sweep of M. Both give the numbers of the plain iteration (the same products, summed in
+    the same order); the later steps sweep M with the dense (N x q) state.
     """
     dtype = np.dtype(dtype)
     M = M if isinstance(M, sp.csr_array) and M.dtype == dtype else sp.csr_array(M, dtype=dtype)
     H = sp.csr_array(H, dtype=np.float64)
+    if order is not None:
+        H = sp.csr_array(H[:, order])
     H.sum_duplicates()
     H.eliminate_zeros()
     q, N = H.shape
@@ -253,45 +266,97 @@ def decoupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int 
     inv_patch = (1.0 / (col_sum[jj] + hv)).astype(dtype)
     h_tilde = (hv / np.asarray(H.sum(axis=1)).ravel()[qi]).astype(dtype)  # query column of A_i (eq. 9 H~)
     hv = hv.astype(dtype)
+    follow = dtype.type(1.0 - alpha)
     # Not tasks.graph.walk.restarted_walk: each query walks on its own operator (M, its column-sum patch and
     # its query node), and the query node's mass is summed and restarted in float64 before being rounded to
     # the state dtype (r_q below). The shared kernel would round that row before adding the restart (other
     # bits in float32) and copy a (1+N) x q state each step. What is shared is the column normalisation.
-    r_q, X = np.ones(q, dtype), np.zeros((N, q), dtype)  # r(0) = one-hot on the query node; X columns = queries
-    Z = np.empty_like(X)  # reused each step: the per-query state is X and Z only
-    for _ in range(steps):
-        np.multiply(X, inv_col[:, None], out=Z)  # z_ij of eq. (7), laid out (N x q)
-        Z[jj, qi] = X[jj, qi] * inv_patch
-        to_query = np.bincount(qi, weights=hv * Z[jj, qi], minlength=q)
-        del X  # M @ Z allocates the next state: free this one first
-        X = M @ Z
+    r_q = np.ones(q, dtype)  # r(0) = one-hot on the query node; X columns = queries
+    X: np.ndarray | None = None  # None: all zero (before the first step)
+    for step in range(steps):
+        if X is None:  # step 1: nothing but the query node holds mass, and it moves along H~
+            X = np.zeros((N, q), dtype)
+            X[jj, qi] = h_tilde * r_q[qi]
+            r_q = np.full(q, alpha, dtype)
+            X *= follow
+            continue
+        if step == 1:  # step 2: the state is non-zero on H's entries only, so z_ij of eq. (7) is too
+            z_h = X[jj, qi] * inv_patch
+            to_query = np.bincount(qi, weights=hv * z_h, minlength=q)
+            del X
+            X = (M @ sp.csr_array((z_h, (jj, qi)), shape=(N, q))).toarray()
+        else:
+            Z = np.multiply(X, inv_col[:, None])  # z_ij of eq. (7), laid out (N x q)
+            Z[jj, qi] = X[jj, qi] * inv_patch
+            to_query = np.bincount(qi, weights=hv * Z[jj, qi], minlength=q)
+            del X  # M @ Z allocates the next state: free this one first
+            X = M @ Z
+            del Z
         X[jj, qi] += h_tilde * r_q[qi]
         r_q = ((1.0 - alpha) * to_query + alpha).astype(dtype)
-        X *= dtype.type(1.0 - alpha)
-    del Z
+        X *= follow
     out = np.empty((q, 1 + N), dtype) if out is None else out
     out[:, 0] = r_q
-    out[:, 1:] = X.T
+    if X is None:
+        out[:, 1:] = 0
+    elif order is None:
+        out[:, 1:] = X.T
+    else:
+        out[:, 1 + order] = X.T
     return out
 
 
-def coupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int = 5) -> np.ndarray:
+def coupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int = 5,
+                 order: np.ndarray | None = None) -> np.ndarray:
     """Naive coupled parallel walk: all queries in one joint graph (ZoomRAG App. H), eq. (3).
 
     Queries share doc/entity columns, so each query's walk leaks into the others'.
-    Returns (q, 1+N): [own query node, docs, entities].
+    Returns (q, 1+N): [own query node, docs, entities]. ``order``: as in :func:`decoupled_walk`.
     """
     M, H = sp.csr_array(M, dtype=np.float64), sp.csr_array(H, dtype=np.float64)
+    if order is not None:
+        H = sp.csr_array(H[:, order])
     q, N = H.shape
     J = sp.block_array([[sp.csr_array((q, q)), H], [H.T, M]], format="csr")
     R0 = np.zeros((q + N, q))
     R0[np.arange(q), np.arange(q)] = 1.0
     R = restarted_walk(column_normalise(J), R0, alpha, steps)
-    return np.hstack([R[np.arange(q), np.arange(q)][:, None], R[q:].T])
+    out = np.empty((q, 1 + N))
+    out[:, 0] = R[np.arange(q), np.arange(q)]
+    out[:, 1 + (np.arange(N) if order is None else order)] = R[q:].T
+    return out
+
+
+@dataclass(frozen=True)
+class WalkGraph:
+    """M as DocZoom walks it: in the walk's dtype, its nodes renumbered by ``order`` (``matrix[a, b]`` joins
+    nodes ``order[a]`` and ``order[b]``; ``None``: the stored numbering). Built once per index."""
+
+    matrix: sp.csr_array
+    order: np.ndarray | None = None
+
+
+NODE_ORDERS = ("locality", "stored")
+
+
+def walk_graph(M: sp.sparray, node_order: str = "locality", dtype: str | type = np.float32) -> WalkGraph:
+    """M prepared for :func:`doc_zoom`: cast to ``dtype`` and, for ``node_order="locality"``, renumbered by
+    :func:`tasks.graph.sparse.locality_order` (the walks' products read memory in order; the scores only move
+    by float rounding, since each sum then adds its terms in another order)."""
+    if node_order not in NODE_ORDERS:
+        raise ValueError(f"node_order must be one of {NODE_ORDERS}, got {node_order!r}")
+    M = sp.csr_array(M, dtype=dtype, copy=True)
+    M.sum_duplicates()  # canonical (sorted, no repeats): a product that sorts in place would change later sums
+    if node_order == "stored":
+        return WalkGraph(M)
+    order = locality_order(M)
+    renumbered = sp.csr_array(M[order][:, order])
+    renumbered.sort_indices()
+    return WalkGraph(renumbered, order)
 
 
 def doc_zoom(
-    M: sp.sparray, query_doc: sp.sparray, query_entity: sp.sparray, params: ZoomParams = ZoomParams(),
+    M: sp.sparray | WalkGraph, query_doc: sp.sparray, query_entity: sp.sparray, params: ZoomParams = ZoomParams(),
     weighted_entities: bool = False,
 ) -> np.ndarray:
     """DocZoom scores (q, 1+n+m) for [query, docs, entities], ZoomRAG eqs. (3), (6)-(9).
@@ -299,7 +364,8 @@ def doc_zoom(
     The decoupled walk advances batch_size queries at a time (exact per-query walks, so batching
     is invisible and only bounds the state memory). params.coupled switches to the App. H
     joint-graph walk over the whole batch given (interference within it). ``weighted_entities``:
-    see :func:`query_links`.
+    see :func:`query_links`. ``M`` is the matrix, or its :func:`walk_graph` built once (a matrix is
+    prepared here by ``params.walk_node_order``).
     """
     H, _ = query_links(
         query_doc,
@@ -310,14 +376,16 @@ def doc_zoom(
         weighted=weighted_entities,
         entity_weight=params.query_entity_weight,
     )
-    if params.coupled:
-        return coupled_walk(M, H, params.alpha, params.steps)  # one joint graph: the batch is the point
+    graph = M if isinstance(M, WalkGraph) else walk_graph(M, params.walk_node_order, params.walk_dtype)
+    if params.coupled:  # one joint graph: the batch is the point
+        return coupled_walk(graph.matrix, H, params.alpha, params.steps, graph.order)
     out = np.empty((H.shape[0], 1 + H.shape[1]), params.walk_dtype)
-    M = sp.csr_array(M, dtype=params.walk_dtype)  # once, not per batch (no copy when it has the dtype already)
+    matrix = sp.csr_array(graph.matrix, dtype=params.walk_dtype)  # no copy when it has the dtype already
 
     def walk(start: int) -> None:  # each batch writes its own rows of out: batches are independent walks
         stop = start + params.batch_size
-        decoupled_walk(M, H[start:stop], params.alpha, params.steps, params.walk_dtype, out[start:stop])
+        decoupled_walk(matrix, H[start:stop], params.alpha, params.steps, params.walk_dtype, out[start:stop],
+                       graph.order)
 
     starts = range(0, H.shape[0], params.batch_size)
     if params.walk_threads > 1 and len(starts) > 1:

@@ -29,8 +29,8 @@ class ZoomRetriever:
         meta = Store.read(index["M_meta"]).iloc[0]
         self.n, self.m = int(meta["n_docs"]), int(meta["n_entities"])
         self.scales = json.loads(meta["scales"])
-        self.M = coo_matrix(Store.read(index["M"]), (self.n + self.m, self.n + self.m)).astype(params.walk_dtype,
-                                                                                                copy=False)
+        M = coo_matrix(Store.read(index["M"]), (self.n + self.m, self.n + self.m)).astype(params.walk_dtype,
+                                                                                           copy=False)
         vocab = Store.read(index["entities"])
         self.entity_names = vocab["entity"].to_numpy()
         self.vocab_index = dict(zip(vocab["entity"], vocab["entity_idx"]))
@@ -42,8 +42,9 @@ class ZoomRetriever:
                                           qualified=params.cover_named_min_seed > 0)
             if self.walk.title_walk:  # beyond the paper: title entities lead the walk to the documents they title
                 w = self.walk
-                self.M = zoom.title_walk_block(self.M, self.n, self.titles.titled, self.idf, w.title_edge_weight,
-                                               w.title_name_weight, w.idf_edges)
+                M = zoom.title_walk_block(M, self.n, self.titles.titled, self.idf, w.title_edge_weight,
+                                          w.title_name_weight, w.idf_edges)
+        self.graph = zoom.walk_graph(M, params.walk_node_order, params.walk_dtype)  # once: M renumbered
         self._load_chunks(data, index)
         encode_queries(["warm-up"], embedder)
         self.fallbacks = 0
@@ -92,7 +93,7 @@ class ZoomRetriever:
         cos, query_doc = self.query_doc(q_emb)
         if self.params.query_linking == "gazetteer":  # the restart also starts at the passages the names title
             query_doc = title_restart(query_doc, cos, query_entity, self.titles.titled)
-        scores = zoom.doc_zoom(self.M, query_doc, query_entity, self.walk,
+        scores = zoom.doc_zoom(self.graph, query_doc, query_entity, self.walk,
                                weighted_entities=self.params.query_linking == "gazetteer")
         ordering = scores
         if self.params.cover_named_min_seed > 0:  # beyond the paper: each named entity's document first
@@ -139,12 +140,13 @@ class ZoomRetriever:
         _, links = self.query_entity(questions)
         _, query_doc = self.query_doc(encode_queries(questions, self.embedder))
         tracemalloc.start()
-        zoom.doc_zoom(self.M, query_doc, links, self.walk, weighted_entities=self.params.query_linking == "gazetteer")
+        zoom.doc_zoom(self.graph, query_doc, links, self.walk, weighted_entities=self.params.query_linking == "gazetteer")
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-        m_bytes = self.M.data.nbytes + self.M.indices.nbytes + self.M.indptr.nbytes
+        M = self.graph.matrix
+        m_bytes = M.data.nbytes + M.indices.nbytes + M.indptr.nbytes
         return {"walk_peak_mb": peak / 2**20, "M_mb": m_bytes / 2**20}
 
     def run_stats(self) -> dict:
         """Index facts worth reporting with the metrics."""
-        return {"n_entities": self.m, "M_nnz": int(self.M.nnz), "block_scales": self.scales}
+        return {"n_entities": self.m, "M_nnz": int(self.graph.matrix.nnz), "block_scales": self.scales}

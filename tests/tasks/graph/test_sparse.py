@@ -9,7 +9,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 import tasks.graph
-from tasks.graph.sparse import coo_matrix, links_matrix, to_coo
+from tasks.graph.sparse import coo_matrix, links_matrix, locality_order, to_coo
 
 
 def test_coo_table_round_trip():
@@ -31,6 +31,18 @@ def test_links_matrix():
     got = links_matrix([[2, 0], [], [1]], 3)
     assert got.shape == (3, 3) and got.toarray().tolist() == [[1, 0, 1], [0, 0, 0], [0, 1, 0]]
     assert links_matrix([], 4).shape == (0, 4)
+
+
+def test_locality_order_recovers_a_shuffled_path():
+    """A path graph with its nodes shuffled: the renumbering puts every edge between consecutive nodes again."""
+    n = 200
+    shuffle = np.random.default_rng(0).permutation(n)
+    path = sp.csr_array((np.ones(n - 1), (shuffle[:-1], shuffle[1:])), shape=(n, n))  # one direction only
+    order = locality_order(path)
+    assert np.array_equal(np.sort(order), np.arange(n))
+    renumbered = sp.coo_array(path[order][:, order])
+    assert np.abs(renumbered.row - renumbered.col).max() == 1
+    assert np.abs(sp.coo_array(path).row - sp.coo_array(path).col).max() > 1
 
 
 def test_graph_package_is_pure():

@@ -28,6 +28,7 @@ from tasks.methods.zoomrag.algorithm import (
     query_doc_block,
     query_links,
     top_docs,
+    walk_graph,
 )
 
 # ---------------------------------------------------------------- fixtures / references
@@ -178,6 +179,64 @@ def test_decoupled_batched_walk_equals_independent_explicit_walks(seed, steps):
     ref = np.stack([explicit_walk(Md, h, params.alpha, steps) for h in H.toarray()])
     assert got.shape == (9, 1 + M.shape[0])
     assert np.abs(got - ref).max() < 1e-6
+
+
+def plain_decoupled_iteration(M: sp.sparray, H: sp.sparray, alpha: float, steps: int, dtype) -> np.ndarray:
+    """Eq. (7) iterated from r(0) with no shortcut: every step sweeps M with the dense state (the oracle for the
+    closed-form first step and the sparse second step of decoupled_walk)."""
+    M = sp.csr_array(M, dtype=dtype)
+    H = sp.csr_array(H, dtype=np.float64)
+    H.sum_duplicates()
+    H.eliminate_zeros()
+    q, N = H.shape
+    col_sum = np.asarray(M.sum(axis=0), dtype=np.float64).ravel()
+    inv_col = np.divide(1.0, col_sum, out=np.zeros(N), where=col_sum > 0).astype(dtype)
+    hc = H.tocoo()
+    qi, jj, hv = hc.row, hc.col, hc.data
+    inv_patch = (1.0 / (col_sum[jj] + hv)).astype(dtype)
+    h_tilde = (hv / np.asarray(H.sum(axis=1)).ravel()[qi]).astype(dtype)
+    hv = hv.astype(dtype)
+    r_q, X = np.ones(q, dtype), np.zeros((N, q), dtype)
+    for _ in range(steps):
+        Z = X * inv_col[:, None]
+        Z[jj, qi] = X[jj, qi] * inv_patch
+        to_query = np.bincount(qi, weights=hv * Z[jj, qi], minlength=q)
+        X = M @ Z
+        X[jj, qi] += h_tilde * r_q[qi]
+        r_q = ((1.0 - alpha) * to_query + alpha).astype(dtype)
+        X *= np.dtype(dtype).type(1.0 - alpha)
+    return np.hstack([r_q[:, None], X.T])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("steps", [0, 1, 2, 3, 5])
+def test_decoupled_walk_shortcuts_equal_the_plain_iteration_bit_for_bit(dtype, steps):
+    """The closed-form first step and the sparse second step add the same products in the same order."""
+    dd, de, qd, qe = random_problem(7, q=9)
+    qd = qd.tolil()
+    qd[0, :] = 0  # a query linked to entities only
+    M, _ = global_block(dd, de)
+    H, _ = query_links(sp.csr_array(qd), qe)
+    got = decoupled_walk(M, H, 0.8, steps, dtype)
+    assert got.dtype == dtype and np.array_equal(got, plain_decoupled_iteration(M, H, 0.8, steps, dtype))
+
+
+@pytest.mark.parametrize("coupled", [False, True])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_renumbered_walk_graph_gives_the_stored_numberings_scores(coupled, dtype):
+    """M renumbered for locality: the same scores, in the stored numbering, up to the rounding of reordered sums."""
+    dd, de, qd, qe = random_problem(8, q=9)
+    M, _ = global_block(dd, de)
+    params = ZoomParams(batch_size=4, walk_dtype=dtype, coupled=coupled)
+    graph = walk_graph(M, "locality", dtype)
+    assert graph.order is not None and np.array_equal(np.sort(graph.order), np.arange(M.shape[0]))
+    assert not np.array_equal(graph.order, np.arange(M.shape[0]))  # this graph is renumbered
+    stored = doc_zoom(walk_graph(M, "stored", dtype), qd, qe, params)
+    moved = doc_zoom(graph, qd, qe, params)
+    assert np.allclose(moved, stored, rtol=0, atol=1e-6 if dtype == "float32" else 1e-13)
+    assert np.array_equal(doc_zoom(M, qd, qe, params), moved)  # a bare M is prepared by walk_node_order
+    with pytest.raises(ValueError, match="node_order"):
+        walk_graph(M, "random")
 
 
 @pytest.mark.parametrize("batch_size", [1, 4, 64])
