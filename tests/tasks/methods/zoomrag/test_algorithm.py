@@ -451,11 +451,15 @@ def test_keep_top_chunks_keeps_best_seventy_percent():
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_top_docs_equals_full_lexsort(seed):
+@pytest.mark.parametrize("n", [60, 1009])
+def test_top_docs_equals_full_lexsort(seed, n):
     rng = np.random.default_rng(seed)
-    q, n = 7, 60
+    q = 7
     scores = np.zeros((q, 1 + n))
     scores[:, 1:] = np.where(rng.random((q, n)) < 0.3, rng.integers(0, 4, (q, n)) / 4, 0.0)  # many ties
+    scores[1, 1:] = rng.random(n)  # no ties
+    scores[2, 1:] = 0.5  # all tied
+    scores[3, 1:] = np.sort(rng.random(n))  # the best at the end, in the last block
     cos = np.round(rng.random((q, n)), 1)  # ties in the tie-break too
     for k in [1, 5, 10, 60]:
         want = np.lexsort((-cos, -scores[:, 1:]), axis=1)[:, :k]
