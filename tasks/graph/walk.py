@@ -19,12 +19,13 @@ Pure numpy / scipy.sparse: no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Callable, Sequence, Union
 
 import numpy as np
 import scipy.sparse as sp
 
 Transition = Union[sp.sparray, np.ndarray, Callable[[np.ndarray], np.ndarray]]
+Reset = Union[np.ndarray, sp.sparray, Sequence[Union[np.ndarray, sp.sparray]]]  # (Q, n), or its column blocks
 
 
 def inverse_column_sums(adj: sp.sparray) -> tuple[np.ndarray, np.ndarray]:
@@ -165,15 +166,15 @@ def stationary_walk(transition: np.ndarray, x0: np.ndarray, restart: float) -> n
 SWEEPS = ("power", "alternating")
 
 
-def personalized_pagerank(adj: sp.sparray | RandomWalk, personalization: np.ndarray | sp.sparray,
+def personalized_pagerank(adj: sp.sparray | RandomWalk, personalization: Reset,
                           damping: float = 0.5, tol: float = 1e-8, max_iter: int = 100,
                           dtype: str | type = np.float64, *, nodes: int | None = None, threads: int = 1,
                           sweeps: str = "power") -> np.ndarray:
     """Personalized PageRank for a batch of reset vectors (Q x n), LinearRAG eq. (6).
 
     ``adj``: (n, n) weighted adjacency, ``adj[i, j]`` = weight of edge i -> j, or its prebuilt
-    :func:`random_walk`. ``personalization``: (Q, n) non-negative reset mass, dense or sparse, normalised
-    per row here (an all-zero row gives an all-zero result). ``damping`` d is the probability of following
+    :func:`random_walk`. ``personalization``: (Q, n) non-negative reset mass, dense or sparse or a sequence of
+    column blocks (:func:`restart_columns`), normalised per row here (an all-zero row gives an all-zero result). ``damping`` d is the probability of following
     an edge (networkx's ``alpha``; restart c = 1 - d); dangling nodes jump by the personalization
     (networkx's default). Stops when every query's L1 change in one step is < tol, checked every
     fourth step. ``dtype`` is the iteration's float type (the reset is normalised in float64
@@ -186,7 +187,7 @@ def personalized_pagerank(adj: sp.sparray | RandomWalk, personalization: np.ndar
     if sweeps not in SWEEPS:
         raise ValueError(f"sweeps must be one of {SWEEPS}, got {sweeps!r}")
     walk = adj if isinstance(adj, RandomWalk) else random_walk(adj, dtype)
-    n_q, n = personalization.shape
+    n_q, n = reset_shape(personalization)
     keep = n if nodes is None else nodes
     x0, total = restart_columns(personalization, dtype)
     live = np.flatnonzero(total > 0)
@@ -216,22 +217,47 @@ def personalized_pagerank(adj: sp.sparray | RandomWalk, personalization: np.ndar
     return result
 
 
-def restart_columns(personalization: np.ndarray | sp.sparray, dtype: str | type) -> tuple[np.ndarray, np.ndarray]:
+def restart_columns(personalization: Reset, dtype: str | type) -> tuple[np.ndarray, np.ndarray]:
     """(Q, n) reset mass → ((n, Q) columns in ``dtype``, each normalised to sum 1 in float64, and the (Q,) row
-    totals): negatives clipped to 0, an all-zero row stays zero, no dense float64 (Q, n) copy made."""
-    n_q, n = personalization.shape
+    totals): negatives clipped to 0, an all-zero row stays zero, no dense float64 (Q, n) copy made.
+    ``personalization`` is one matrix, dense or sparse, or a sequence of them side by side (their columns
+    concatenated: e.g. a dense passage block and a sparse entity block, never joined into one matrix)."""
+    blocks = list(personalization) if isinstance(personalization, (list, tuple)) else [personalization]
+    n_q, n = reset_shape(personalization)
+    total = np.zeros(n_q)
+    prepared = []
+    for block in blocks:  # totals first: every block is divided by its rows' totals over all blocks
+        if sp.issparse(block):
+            coo = sp.coo_array(block)
+            coo.sum_duplicates()
+            data = np.clip(coo.data.astype(np.float64), 0.0, None)
+            total += np.bincount(coo.row, weights=data, minlength=n_q)
+            prepared.append((coo, data))
+        else:
+            block = np.asarray(block)
+            if (block < 0).any():
+                block = np.clip(block, 0.0, None)
+            total += block.sum(axis=1, dtype=np.float64)
+            prepared.append((block, None))
     out = np.zeros((n, n_q), dtype=dtype)
-    if sp.issparse(personalization):
-        coo = sp.coo_array(personalization)
-        coo.sum_duplicates()
-        data = np.clip(coo.data.astype(np.float64), 0.0, None)
-        total = np.bincount(coo.row, weights=data, minlength=n_q)
-        ok = total[coo.row] > 0
-        out[coo.col[ok], coo.row[ok]] = data[ok] / total[coo.row[ok]]
-        return out, total
-    reset = np.asarray(personalization)
-    if (reset < 0).any():
-        reset = np.clip(reset, 0.0, None)
-    total = reset.sum(axis=1, dtype=np.float64)
-    np.divide(reset.T, np.where(total > 0, total, 1.0)[None, :], out=out, casting="unsafe")
+    divisor = np.where(total > 0, total, 1.0)
+    offset = 0
+    for block, data in prepared:
+        width = block.shape[1]
+        if data is not None:
+            ok = total[block.row] > 0
+            out[offset + block.col[ok], block.row[ok]] = data[ok] / total[block.row[ok]]
+        else:
+            np.divide(block.T, divisor[None, :], out=out[offset:offset + width], casting="unsafe")
+        offset += width
     return out, total
+
+
+def reset_shape(personalization: Reset) -> tuple[int, int]:
+    """(Q, n) of a reset given as one matrix or as a sequence of column blocks (see :func:`restart_columns`)."""
+    if isinstance(personalization, (list, tuple)):
+        rows = {block.shape[0] for block in personalization}
+        if len(rows) != 1:
+            raise ValueError(f"the reset's column blocks have different numbers of rows: {sorted(rows)}")
+        return rows.pop(), sum(block.shape[1] for block in personalization)
+    return personalization.shape

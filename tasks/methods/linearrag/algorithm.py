@@ -498,7 +498,7 @@ def global_importance(
     n_p = passage_similarity.shape[1]
     if params.ppr_sweeps == "alternating" and not isinstance(graph, RandomWalk):  # passages first, then entities
         graph = random_walk(graph, params.ppr_dtype, split=n_p)
-    reset = sp.hstack([sp.csr_array(passage_reset), entity_reset], format="csr")  # passages first, then entities
+    reset = [passage_reset, entity_reset]  # passages first, then entities: the blocks are not joined (eq. 7 is dense)
     importance = personalized_pagerank(graph, reset, params.damping, params.ppr_tol, params.ppr_max_iter,
                                        params.ppr_dtype, nodes=n_p, threads=params.ppr_threads,
                                        sweeps=params.ppr_sweeps)

@@ -14,6 +14,7 @@ from tasks.graph.walk import (
     inverse_column_sums,
     alternating_walk,
     personalized_pagerank,
+    restart_columns,
     random_walk,
     restarted_walk,
     stationary_walk,
@@ -225,6 +226,16 @@ def test_ppr_sparse_reset_threads_and_node_slice_give_the_same_scores(seed: int)
         blocks = personalized_pagerank(adj, reset, 0.5, 1e-13, 1000, threads=threads)
         assert np.abs(blocks - exact).max() < 1e-10 and not blocks[2].any()
     assert_identical(personalized_pagerank(adj, reset, 0.5, 1e-6, 100, "float32", nodes=5), dense[:, :5])
+    # the reset as column blocks side by side (dense, sparse, dense), never joined: the same walk
+    cut = [0, 3, n - 2, n]
+    sides = [reset[:, a:b] for a, b in zip(cut[:-1], cut[1:])]
+    sides[1] = sp.csr_array(sides[1])
+    columns, total = restart_columns(sides, np.float64)
+    joined, joined_total = restart_columns(reset, np.float64)
+    assert np.allclose(columns, joined, rtol=1e-14, atol=0) and np.allclose(total, joined_total, rtol=1e-14)
+    assert np.abs(personalized_pagerank(adj, sides, 0.5, 1e-13, 1000) - exact).max() < 1e-12
+    with pytest.raises(ValueError, match="rows"):
+        personalized_pagerank(adj, [reset[:, :3], reset[:2, 3:]])
 
 
 # ---------------------------------------------------------------- the pre-refactor walks, bit for bit
