@@ -115,12 +115,13 @@ def restarted_walk(transition: Transition, x0: np.ndarray, restart: float, steps
 
 
 def alternating_walk(walk: RandomWalk, x0: np.ndarray, restart: float, steps: int, tol: float,
-                     check_every: int = 4) -> np.ndarray:
+                     check_every: int = 4, nodes: int | None = None) -> np.ndarray:
     """The restarted walk of :func:`restarted_walk` (with ``dangling``) on a bipartite ``walk``, by block
     Gauss-Seidel: each sweep updates the second side from the first, then the first from the second side's new
     values. It has the same fixed point, and each sweep shrinks the error by about (1 - c)^2 instead of 1 - c,
     for the cost of one power step (the two blocks hold the matrix's entries once). Stops like
     :func:`restarted_walk`: every column's L1 change over one sweep < ``tol``, checked every ``check_every``.
+    Returns the state of every node, or of the first ``nodes`` only.
     """
     if walk.split <= 0 or walk.to_second is None or walk.to_first is None:
         raise ValueError("alternating_walk needs a bipartite RandomWalk (random_walk(..., split=n))")
@@ -136,20 +137,26 @@ def alternating_walk(walk: RandomWalk, x0: np.ndarray, restart: float, steps: in
             + np.take(b, second_dangling, axis=0).sum(axis=0, keepdims=True, dtype=np.float64)
         return (restart + follow * mass).astype(x0.dtype)
 
+    buf1, buf2 = np.empty_like(x1), np.empty_like(x2)  # r * jump and the stopping test, without new arrays
+
+    def moved(x: np.ndarray, old: np.ndarray, buf: np.ndarray) -> np.ndarray:  # per-column L1 change of a side
+        np.subtract(x, old, out=buf)
+        return np.abs(buf, out=buf).sum(axis=0)
+
     for it in range(steps):
         old1, old2 = x1, x2
         jump = coef(x1, x2)
         x2 = to_second @ x1
         x2 *= dtype(follow)
-        x2 += r2 * jump
+        x2 += np.multiply(r2, jump, out=buf2)
         jump = coef(x1, x2)  # the second side's new values
         x1 = to_first @ x2
         x1 *= dtype(follow)
-        x1 += r1 * jump
+        x1 += np.multiply(r1, jump, out=buf1)
         if (it % check_every == check_every - 1 or it == steps - 1) and \
-                (np.abs(x1 - old1).sum(axis=0) + np.abs(x2 - old2).sum(axis=0)).max(initial=0.0) < tol:
+                (moved(x1, old1, buf1) + moved(x2, old2, buf2)).max(initial=0.0) < tol:
             break
-    return np.concatenate([x1, x2], axis=0)
+    return x1 if nodes is not None and nodes <= k else np.concatenate([x1, x2], axis=0)[:nodes]
 
 
 def stationary_walk(transition: np.ndarray, x0: np.ndarray, restart: float) -> np.ndarray:
@@ -201,7 +208,7 @@ def personalized_pagerank(adj: sp.sparray | RandomWalk, personalization: Reset,
     def run(block: np.ndarray) -> np.ndarray:
         # 1 - (1 - d) == d exactly for d >= 0.5 (Sterbenz), so the kernel's follow probability is d itself there
         if sweeps == "alternating":
-            return alternating_walk(walk, block, 1.0 - damping, max_iter, tol)[:keep]
+            return alternating_walk(walk, block, 1.0 - damping, max_iter, tol, nodes=keep)
         return restarted_walk(matrix, block, 1.0 - damping, max_iter, tol=tol, check_every=4,
                               dangling=walk.dangling)[:keep]
 

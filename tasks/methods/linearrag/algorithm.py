@@ -371,13 +371,6 @@ def semantic_bridging(
 
 # ----------------------------------------------------- passage retrieval (eqs. (6)-(7))
 
-def _minmax_rows(x: np.ndarray) -> np.ndarray:
-    """Rescale each row to [0, 1]; constant rows become 0."""
-    lo, hi = x.min(axis=1, keepdims=True), x.max(axis=1, keepdims=True)
-    span = np.where(hi > lo, hi - lo, 1.0)
-    return (x - lo) / span
-
-
 def passage_initial_scores(
     passage_similarity: np.ndarray,
     activation: sp.sparray,
@@ -396,9 +389,16 @@ def passage_initial_scores(
     act = sp.csr_array(activation, dtype=np.float64)
     inv_level = sp.csr_array(level, dtype=np.float64).power(-1)
     log_counts = sp.csr_array(contain, dtype=np.float64).log1p()
-    entity_bonus = (act.multiply(inv_level) @ log_counts.T).toarray()
-    dense = _minmax_rows(np.asarray(passage_similarity, dtype=np.float64))
-    return (passage_ratio * dense + np.log1p(entity_bonus)) * passage_node_weight
+    entity_bonus = sp.coo_array(act.multiply(inv_level) @ log_counts.T)  # sparse: the passages naming a_q's entities
+    entity_bonus.sum_duplicates()
+    scores = np.array(passage_similarity, dtype=np.float64)  # one (Q x P) array, every step below in place
+    lo, hi = scores.min(axis=1, keepdims=True), scores.max(axis=1, keepdims=True)
+    scores -= lo
+    scores /= np.where(hi > lo, hi - lo, 1.0)  # min-max per query; a constant row becomes 0
+    scores *= passage_ratio
+    scores[entity_bonus.row, entity_bonus.col] += np.log1p(entity_bonus.data)  # log1p(0) = 0 elsewhere
+    scores *= passage_node_weight
+    return scores
 
 
 def rank_passages(scores: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
