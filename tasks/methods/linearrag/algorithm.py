@@ -59,6 +59,7 @@ from typing import Sequence, Union
 import numpy as np
 import scipy.sparse as sp
 
+from tasks.graph.topk import top_k_rows
 from tasks.graph.walk import SWEEPS, RandomWalk, personalized_pagerank, random_walk
 
 
@@ -403,19 +404,7 @@ def passage_initial_scores(
 
 def rank_passages(scores: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-k passage indices and scores per query, best first, ties by lower index."""
-    k = min(top_k, scores.shape[1])
-    if k <= 0:
-        return np.zeros((scores.shape[0], 0), np.int64), np.zeros((scores.shape[0], 0), scores.dtype)
-    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-    cut = np.take_along_axis(scores, part, 1).min(axis=1, keepdims=True)
-    # candidates tied with the k-th score may sit outside the partition: take them all, then order
-    rows, cols = np.nonzero(scores >= cut)
-    order = np.lexsort((cols, -scores[rows, cols], rows))
-    rows, cols = rows[order], cols[order]
-    rank = np.arange(rows.size) - np.searchsorted(rows, rows)
-    keep = rank < k
-    ranked = np.zeros((scores.shape[0], k), np.int64)
-    ranked[rows[keep], rank[keep]] = cols[keep]
+    ranked = top_k_rows(scores, top_k)
     return ranked, np.take_along_axis(scores, ranked, axis=1)
 
 

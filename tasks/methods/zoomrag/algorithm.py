@@ -34,7 +34,6 @@ are reconstructed here from the prose around them):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -43,6 +42,7 @@ import scipy.sparse as sp
 
 from tasks.graph.knn import knn_graph, sparsify
 from tasks.graph.sparse import locality_order
+from tasks.graph.topk import top_k_rows
 from tasks.graph.walk import column_normalise, inverse_column_sums, restarted_walk
 
 Rescale = Literal["nonzero_mean", "all_mean"]
@@ -409,24 +409,8 @@ def doc_zoom_coupled(
 
 def top_docs(scores: np.ndarray, n_docs: int, k: int, tie_break: np.ndarray | None = None) -> np.ndarray:
     """Top-k documents per query by DocZoom score (ZoomRAG §3.1); ties by tie_break (q x n), then index.
-
-    Exact, and O(n) per query: the rows are cut into about sqrt(n) blocks, and the k-th largest block maximum
-    is at most the k-th largest score (k distinct documents reach it). The documents scoring at least that
-    bound therefore hold the top k with every tie; only they are sorted.
-    """
-    doc_scores = scores[:, 1 : 1 + n_docs]
-    q, k = doc_scores.shape[0], min(k, n_docs)
-    if k == 0 or q == 0:
-        return np.zeros((q, k), dtype=np.int64)
-    n_blocks = min(n_docs, max(k, math.isqrt(n_docs)))
-    block_max = np.maximum.reduceat(doc_scores, (np.arange(n_blocks) * n_docs) // n_blocks, axis=1)
-    bound = np.partition(block_max, n_blocks - k, axis=1)[:, n_blocks - k]
-    rows, cols = np.nonzero(doc_scores >= bound[:, None])
-    second = tie_break[rows, cols] if tie_break is not None else np.zeros(len(rows))
-    order = np.lexsort((cols, -second, -doc_scores[rows, cols], rows))  # last key is primary
-    rows, cols = rows[order], cols[order]
-    rank = np.arange(len(rows)) - np.searchsorted(rows, np.arange(q))[rows]  # position within its query
-    return cols[rank < k].reshape(q, k).astype(np.int64)
+    O(n) per query (:func:`tasks.graph.topk.top_k_rows`)."""
+    return top_k_rows(scores[:, 1 : 1 + n_docs], k, tie_break)
 
 
 # ---------------------------------------------------------------- ChunkZoom
