@@ -24,6 +24,8 @@ from typing import Callable, Sequence, Union
 import numpy as np
 import scipy.sparse as sp
 
+from tasks.graph.spmm import csr_times_dense
+
 Transition = Union[sp.sparray, np.ndarray, Callable[[np.ndarray], np.ndarray]]
 Reset = Union[np.ndarray, sp.sparray, Sequence[Union[np.ndarray, sp.sparray]]]  # (Q, n), or its column blocks
 
@@ -100,7 +102,7 @@ def restarted_walk(transition: Transition, x0: np.ndarray, restart: float, steps
     x, jump = x0.copy(), np.empty_like(x0)
     for it in range(steps):
         previous = x
-        x = transition(previous) if callable(transition) else transition @ previous
+        x = transition(previous) if callable(transition) else csr_times_dense(transition, previous)
         x *= x.dtype.type(follow)
         coef = np.float64(restart)
         if dangling is not None:  # teleport c plus the dangling mass (1 - c) * sum(x[dangling]) jump by x0
@@ -146,11 +148,11 @@ def alternating_walk(walk: RandomWalk, x0: np.ndarray, restart: float, steps: in
     for it in range(steps):
         old1, old2 = x1, x2
         jump = coef(x1, x2)
-        x2 = to_second @ x1
+        x2 = csr_times_dense(to_second, x1)
         x2 *= dtype(follow)
         x2 += np.multiply(r2, jump, out=buf2)
         jump = coef(x1, x2)  # the second side's new values
-        x1 = to_first @ x2
+        x1 = csr_times_dense(to_first, x2)
         x1 *= dtype(follow)
         x1 += np.multiply(r1, jump, out=buf1)
         if (it % check_every == check_every - 1 or it == steps - 1) and \

@@ -42,6 +42,7 @@ import scipy.sparse as sp
 
 from tasks.graph.knn import knn_graph, sparsify
 from tasks.graph.sparse import locality_order
+from tasks.graph.spmm import csr_times_dense
 from tasks.graph.topk import top_k_rows
 from tasks.graph.walk import column_normalise, inverse_column_sums, restarted_walk
 
@@ -291,7 +292,7 @@ def decoupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int 
             Z[jj, qi] = X[jj, qi] * inv_patch
             to_query = np.bincount(qi, weights=hv * Z[jj, qi], minlength=q)
             del X  # M @ Z allocates the next state: free this one first
-            X = M @ Z
+            X = csr_times_dense(M, Z)
             del Z
         X[jj, qi] += h_tilde * r_q[qi]
         r_q = ((1.0 - alpha) * to_query + alpha).astype(dtype)

@@ -49,7 +49,7 @@ def test_graph_package_is_pure():
     """No I/O, no Prefect, no models: numeric libraries and pure standard modules only."""
     allowed = {"__future__", "dataclasses", "heapq", "math", "typing", "warnings", "numpy", "scipy", "pandas", "faiss",
                "concurrent",  # concurrent.futures: compute threads (numpy and scipy release the GIL), no I/O
-               "numba"}  # the encoding tree's compiled merge
+               "numba"}  # the encoding tree's compiled merge, the walks' products
     for path in Path(tasks.graph.__file__).parent.glob("*.py"):
         tree = ast.parse(path.read_text())
         names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
