@@ -25,14 +25,26 @@ def _csr_times_dense(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, 
                 row[c] += weight * source[c]
 
 
-def csr_times_dense(matrix: sp.sparray | sp.spmatrix, dense: np.ndarray) -> np.ndarray:
+def csr_times_dense(matrix: sp.sparray | sp.spmatrix, dense: np.ndarray, out: np.ndarray | None = None
+                    ) -> np.ndarray:
     """``matrix @ dense`` for a CSR matrix and a dense (n, q) float block of the same dtype, compiled (module
-    doc); any other operands go to scipy."""
+    doc); any other operands go to scipy. ``out``: a C-ordered (m, q) array of that dtype to write into instead
+    of a new one (a walk reuses its buffers: a fresh state of 50 MB is mapped and zeroed by the kernel each
+    time); it must not share memory with ``dense``."""
     if not (sp.issparse(matrix) and matrix.format == "csr" and isinstance(dense, np.ndarray) and dense.ndim == 2
             and dense.dtype == matrix.dtype and dense.dtype in (np.float32, np.float64)):
-        return matrix @ dense
+        result = matrix @ dense
+        if out is None:
+            return result
+        out[...] = result
+        return out
     if matrix.shape[1] != dense.shape[0]:
         raise ValueError(f"dimension mismatch: {matrix.shape} @ {dense.shape}")
-    out = np.empty((matrix.shape[0], dense.shape[1]), dense.dtype)
+    if out is None:
+        out = np.empty((matrix.shape[0], dense.shape[1]), dense.dtype)
+    elif out.shape != (matrix.shape[0], dense.shape[1]) or out.dtype != dense.dtype or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-ordered {(matrix.shape[0], dense.shape[1])} {dense.dtype} array")
+    elif np.shares_memory(out, dense):
+        raise ValueError("out shares memory with the dense operand")
     _csr_times_dense(matrix.indptr, matrix.indices, matrix.data, np.ascontiguousarray(dense), out)
     return out

@@ -139,6 +139,7 @@ def alternating_walk(walk: RandomWalk, x0: np.ndarray, restart: float, steps: in
             + np.take(b, second_dangling, axis=0).sum(axis=0, keepdims=True, dtype=np.float64)
         return (restart + follow * mass).astype(x0.dtype)
 
+    y1, y2 = np.empty_like(x1), np.empty_like(x2)  # each sweep writes the spare states, then they swap
     buf1, buf2 = np.empty_like(x1), np.empty_like(x2)  # r * jump and the stopping test, without new arrays
 
     def moved(x: np.ndarray, old: np.ndarray, buf: np.ndarray) -> np.ndarray:  # per-column L1 change of a side
@@ -146,17 +147,17 @@ def alternating_walk(walk: RandomWalk, x0: np.ndarray, restart: float, steps: in
         return np.abs(buf, out=buf).sum(axis=0)
 
     for it in range(steps):
-        old1, old2 = x1, x2
         jump = coef(x1, x2)
-        x2 = csr_times_dense(to_second, x1)
-        x2 *= dtype(follow)
-        x2 += np.multiply(r2, jump, out=buf2)
-        jump = coef(x1, x2)  # the second side's new values
-        x1 = csr_times_dense(to_first, x2)
-        x1 *= dtype(follow)
-        x1 += np.multiply(r1, jump, out=buf1)
+        csr_times_dense(to_second, x1, out=y2)
+        y2 *= dtype(follow)
+        y2 += np.multiply(r2, jump, out=buf2)
+        jump = coef(x1, y2)  # the second side's new values
+        csr_times_dense(to_first, y2, out=y1)
+        y1 *= dtype(follow)
+        y1 += np.multiply(r1, jump, out=buf1)
+        x1, y1, x2, y2 = y1, x1, y2, x2  # x: this sweep's states, y: the previous sweep's
         if (it % check_every == check_every - 1 or it == steps - 1) and \
-                (moved(x1, old1, buf1) + moved(x2, old2, buf2)).max(initial=0.0) < tol:
+                (moved(x1, y1, buf1) + moved(x2, y2, buf2)).max(initial=0.0) < tol:
             break
     return x1 if nodes is not None and nodes <= k else np.concatenate([x1, x2], axis=0)[:nodes]
 

@@ -275,6 +275,7 @@ def decoupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int 
     # bits in float32) and copy a (1+N) x q state each step. What is shared is the column normalisation.
     r_q = np.ones(q, dtype)  # r(0) = one-hot on the query node; X columns = queries
     X: np.ndarray | None = None  # None: all zero (before the first step)
+    Z: np.ndarray | None = None  # the state divided by the column sums; X and Z are the only (N x q) buffers
     for step in range(steps):
         if X is None:  # step 1: nothing but the query node holds mass, and it moves along H~
             X = np.zeros((N, q), dtype)
@@ -288,15 +289,15 @@ def decoupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int 
             del X
             X = (M @ sp.csr_array((z_h, (jj, qi)), shape=(N, q))).toarray()
         else:
-            Z = np.multiply(X, inv_col[:, None])  # z_ij of eq. (7), laid out (N x q)
+            Z = np.empty_like(X) if Z is None else Z
+            np.multiply(X, inv_col[:, None], out=Z)  # z_ij of eq. (7), laid out (N x q)
             Z[jj, qi] = X[jj, qi] * inv_patch
             to_query = np.bincount(qi, weights=hv * Z[jj, qi], minlength=q)
-            del X  # M @ Z allocates the next state: free this one first
-            X = csr_times_dense(M, Z)
-            del Z
+            csr_times_dense(M, Z, out=X)  # X is not read again: the next state overwrites it
         X[jj, qi] += h_tilde * r_q[qi]
         r_q = ((1.0 - alpha) * to_query + alpha).astype(dtype)
         X *= follow
+    Z = None  # freed before the result is laid out
     out = np.empty((q, 1 + N), dtype) if out is None else out
     out[:, 0] = r_q
     if X is None:

@@ -41,3 +41,18 @@ def test_other_operands_go_to_scipy_and_shapes_are_checked() -> None:
     assert np.array_equal(csr_times_dense(m, dense[:, 0]), m @ dense[:, 0])  # a vector
     with pytest.raises(ValueError, match="mismatch"):
         csr_times_dense(m, rng.standard_normal((21, 4)))
+
+
+def test_out_is_written_and_checked() -> None:
+    rng = np.random.default_rng(1)
+    m = random_csr(rng, (30, 20), np.float32)
+    dense = rng.standard_normal((20, 4)).astype(np.float32)
+    out = np.full((30, 4), np.nan, np.float32)  # stale values are overwritten, not added to
+    assert csr_times_dense(m, dense, out=out) is out and np.array_equal(out, m @ dense)
+    with pytest.raises(ValueError, match="C-ordered"):
+        csr_times_dense(m, dense, out=np.empty((30, 5), np.float32))
+    square = random_csr(rng, (20, 20), np.float32)
+    with pytest.raises(ValueError, match="shares memory"):
+        csr_times_dense(square, dense, out=dense)
+    scipy_path = np.empty((30, 4))  # float64 operands of different dtypes go to scipy and are copied in
+    assert np.array_equal(csr_times_dense(m, dense.astype(np.float64), out=scipy_path), m @ dense.astype(np.float64))
