@@ -275,6 +275,31 @@ def query_sentence_relevance(query_emb: np.ndarray, sentence_emb: np.ndarray) ->
 
 
 @dataclass(frozen=True)
+class PairRelevance:
+    """sigma of eq. (4) computed only where bridging reads it: ``relevance[q, s]`` for arrays of query and
+    sentence indices gives the cosines of those pairs (float32). Bridging reads the sentences of its frontier
+    entities, a small share of a large corpus's (at 100k passages: 450k sentences per query otherwise). The
+    values equal :func:`query_sentence_relevance`'s up to float32 rounding (a dot product summed in another
+    order)."""
+
+    query_emb: np.ndarray  # (Q, d) float32
+    sentence_emb: np.ndarray  # (S, d) float32
+    chunk: int = 65536  # pairs gathered at a time (memory: chunk x d floats twice)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.query_emb.shape[0], self.sentence_emb.shape[0]
+
+    def __getitem__(self, pairs: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        q, s = (np.asarray(i, dtype=np.int64) for i in pairs)
+        out = np.empty(q.shape[0], np.float32)
+        for a in range(0, q.shape[0], self.chunk):
+            b = a + self.chunk
+            out[a:b] = np.einsum("ij,ij->i", self.query_emb[q[a:b]], self.sentence_emb[s[a:b]])
+        return out
+
+
+@dataclass(frozen=True)
 class Bridging:
     """Result of semantic bridging for a batch of Q queries over E entities.
 
@@ -297,7 +322,7 @@ class Bridging:
 
 
 def _frontier_paths(
-    frontier: sp.coo_array, relevance: np.ndarray, entity_sentence: sp.csr_array,
+    frontier: sp.coo_array, relevance: np.ndarray | PairRelevance, entity_sentence: sp.csr_array,
     traversed: np.ndarray, top_k_sentence: int | None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(query, sentence, a_e * sigma_{q,s}) of every path a frontier entity takes this step, eq. (5)."""
@@ -328,7 +353,7 @@ def _prune(reached: sp.csr_array, threshold: float) -> sp.csr_array:
 
 def semantic_bridging(
     seed_activation: sp.sparray,
-    relevance: np.ndarray,
+    relevance: np.ndarray | PairRelevance,
     mention: sp.sparray,
     iteration_threshold: float = 0.4,
     max_iterations: int = 3,
@@ -336,7 +361,8 @@ def semantic_bridging(
 ) -> Bridging:
     """Semantic bridging with dynamic pruning for a batch of queries, LinearRAG eqs. (4)-(5).
 
-    ``seed_activation``: (Q, E) a^0 from eq. (3); ``relevance``: (Q, S) sigma from eq. (4);
+    ``seed_activation``: (Q, E) a^0 from eq. (3); ``relevance``: (Q, S) sigma from eq. (4), dense or a
+    :class:`PairRelevance` that computes the pairs read;
     ``mention``: (S, E) M. Each step computes M^T(sigma (.) M a) over the frontier's
     top-k untraversed sentences (rows = queries, so the whole batch is two sparse
     products), prunes below delta, and takes MAX with the previous activation. Taken

@@ -123,7 +123,8 @@ class LinearRetriever:
         t2 = time.perf_counter()
         seeds = self.seed_activation(n_q, q_idx, col, emb[n_q:], questions)
         a = self.algo
-        bridging = lr.semantic_bridging(seeds, _dot(q_emb, self.sentence_emb), self.mention,  # eqs. (4)-(5)
+        relevance = lr.PairRelevance(np.asarray(q_emb, np.float32), self.sentence_emb)  # eq. (4): the pairs read
+        bridging = lr.semantic_bridging(seeds, relevance, self.mention,  # eqs. (4)-(5)
                                         a.iteration_threshold, a.max_iterations, a.top_k_sentence)
         t3 = time.perf_counter()
         similarity = _dot(q_emb, self.passage_emb)

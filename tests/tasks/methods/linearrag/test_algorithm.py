@@ -195,6 +195,28 @@ def test_pure_eq5_without_top_k_matches_dense_formula() -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
+def test_bridging_on_pair_relevance_equals_the_dense_relevance(seed: int) -> None:
+    """Eq. (4) computed only for the pairs bridging reads: the same cosines and, on embeddings whose dot
+    products are exact in float32 (eighths), the same bridging bit for bit."""
+    contain, mention, emb, rng = _random_corpus(seed)
+    queries = (rng.integers(-8, 9, size=(6, 8)) / 8).astype(np.float32)
+    sentences = (rng.integers(-8, 9, size=(emb["sentence"].shape[0], 8)) / 8).astype(np.float32)
+    dense = query_sentence_relevance(queries, sentences)
+    pairs = lr.PairRelevance(queries, sentences, chunk=7)  # several chunks
+    assert pairs.shape == dense.shape
+    q, s = rng.integers(0, 6, 50), rng.integers(0, dense.shape[1], 50)
+    assert np.array_equal(pairs[q, s], dense[q, s]) and pairs[q[:0], s[:0]].shape == (0,)
+    seeds = sp.csr_array(np.where(rng.random((6, 25)) < 0.15, 0.5 + 0.5 * rng.random((6, 25)), 0.0))
+    for kwargs in (dict(iteration_threshold=0.05, max_iterations=4, top_k_sentence=2),
+                   dict(iteration_threshold=0.01, max_iterations=3, top_k_sentence=None)):
+        want = semantic_bridging(seeds, dense, mention, **kwargs)
+        got = semantic_bridging(seeds, pairs, mention, **kwargs)
+        assert (got.activation != want.activation).nnz == 0 and (got.level != want.level).nnz == 0
+    real = lr.PairRelevance(queries, emb["sentence"])  # unit vectors: equal to rounding
+    assert np.allclose(real[q, s], query_sentence_relevance(queries, emb["sentence"])[q, s], atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
 def test_bridging_batched_equals_one_query_at_a_time(seed: int) -> None:
     contain, mention, emb, rng = _random_corpus(seed)
     queries = _unit(rng.normal(size=(6, 8))).astype(np.float32)
