@@ -15,6 +15,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from tasks.graph.knn import knn_graph, knn_rows, symmetrised
+from tasks.graph.topk import top_k_rows
 
 
 @dataclass(frozen=True)
@@ -290,6 +291,32 @@ def rank_documents(chunk_order: np.ndarray, chunk_doc: np.ndarray, n_docs: int, 
     """Ranked chunks → ranked passages: a passage ranks at its best chunk's rank (q × min(k, n_docs));
     passages without a chunk come last, by index."""
     return smallest_k(best_chunk_rank(chunk_order, chunk_doc, n_docs), min(k, n_docs), chunk_order.shape[1])
+
+
+def top_documents(scores: np.ndarray, candidates: np.ndarray, chunk_doc: np.ndarray, n_docs: int,
+                  k: int) -> np.ndarray:
+    """``rank_documents(rank_chunks(scores, candidates), chunk_doc, n_docs, k)`` without ordering every chunk.
+
+    The chunk order ranks a chunk by (outside the candidates, −score, index), and a passage ranks at its best
+    chunk. So a passage with a candidate chunk ranks by its best candidate score, ties by that chunk's index,
+    ahead of every passage without one. When each query has at least k such passages, the top k come from
+    :func:`tasks.graph.topk.top_k_rows` over the passages (time linear in the corpus); a query with fewer is
+    ranked by the full chunk order.
+    """
+    q, n = scores.shape
+    k = min(k, n_docs)
+    chunk_doc = np.asarray(chunk_doc, np.int64)
+    candidates = np.asarray(candidates, dtype=bool)
+    inside = np.where(candidates, scores, -np.inf)
+    best = segment_reduce(inside, chunk_doc, n_docs, np.maximum, -np.inf)  # best candidate score per passage
+    has = segment_reduce(candidates, chunk_doc, n_docs, np.logical_or, False)
+    at_best = candidates & (scores == np.take(best, chunk_doc, axis=1))
+    first = segment_reduce(np.where(at_best, np.arange(n), n), chunk_doc, n_docs, np.minimum, n)
+    docs = top_k_rows(np.where(has, best, -np.inf), k, tie_break=-first)
+    short = np.flatnonzero(has.sum(axis=1) < k)  # fewer than k passages with a candidate chunk
+    if short.size:
+        docs[short] = rank_documents(rank_chunks(scores[short], candidates[short]), chunk_doc, n_docs, k)
+    return docs
 
 
 # ---------------------------------------------------------------- §3.1 under a growing corpus (flows.update)

@@ -158,15 +158,15 @@ class SeRAGRetriever:
         bonus = se.entity_bonus(sim, self.chunk_entity, self.scoring.tau)
         scores, candidates = se.hybrid_scores(q_emb, self.chunk_emb, self.comm_emb, self.community, bonus,
                                               self.scoring)
-        order = se.rank_chunks(scores, candidates)
         n_docs = len(self.doc_ids)
         if cover:  # passages scored by minus their best chunk's rank; the names weigh their IDF (as seeds)
+            order = se.rank_chunks(scores, candidates)
             rank = se.best_chunk_rank(order, self.chunk_doc, n_docs).astype(np.float64)
             lifted = self.titles.cover(-rank, named.multiply(self.idf[None, :]), questions,
                                        self.params.cover_named_min_seed)
             docs = np.argsort(-lifted, axis=1, kind="stable")[:, :min(k, n_docs)]
         else:
-            docs = se.rank_documents(order, self.chunk_doc, n_docs, k)
+            docs = se.top_documents(scores, candidates, self.chunk_doc, n_docs, k)  # = the chunk order's passages
         t.append(time.perf_counter())
         # a passage's score: its best chunk's S
         best = se.segment_reduce(scores, self.chunk_doc, len(self.doc_ids), np.maximum, -np.inf)

@@ -160,11 +160,26 @@ def test_vectorised_ranking_equals_the_elementwise_forms_with_ties_and_empty_pas
         order = se.rank_chunks(scores, cand)
         np.testing.assert_array_equal(order, _rank_chunks_two_sorts(scores, cand))
         for k in (1, 3, 10, 40):
-            np.testing.assert_array_equal(se.rank_documents(order, chunk_doc, n_docs, k),
-                                          _rank_documents_ufunc_at(order, chunk_doc, n_docs, k))
+            want = _rank_documents_ufunc_at(order, chunk_doc, n_docs, k)
+            np.testing.assert_array_equal(se.rank_documents(order, chunk_doc, n_docs, k), want)
+            np.testing.assert_array_equal(se.top_documents(scores, cand, chunk_doc, n_docs, k), want)
         best = np.full((q, n_docs), -np.inf)
         np.maximum.at(best, (np.repeat(np.arange(q), n), np.tile(chunk_doc, q)), scores.ravel())
         np.testing.assert_array_equal(se.segment_reduce(scores, chunk_doc, n_docs, np.maximum, -np.inf), best)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_top_documents_takes_the_fast_path_on_a_large_corpus_and_equals_the_chunk_order(seed):
+    """Every query has many passages with a candidate chunk: the top k without the full chunk order."""
+    rng = np.random.default_rng(seed)
+    q, n, n_docs = 5, 3000, 1000
+    chunk_doc = rng.integers(0, n_docs, n)
+    scores = np.round(rng.random((q, n)), 2)  # ties across passages
+    cand = rng.random((q, n)) < 0.3
+    cand[4] = rng.random(n) < 0.002  # one query with fewer than k passages among the candidates
+    for k in (1, 10, 50):
+        want = _rank_documents_ufunc_at(se.rank_chunks(scores, cand), chunk_doc, n_docs, k)
+        np.testing.assert_array_equal(se.top_documents(scores, cand, chunk_doc, n_docs, k), want)
 
 
 def test_query_entity_similarity_over_shared_rows_equals_one_row_per_pair():
