@@ -265,7 +265,11 @@ def segment_reduce(values: np.ndarray, group: np.ndarray, n_groups: int, ufunc: 
     out = np.full((values.shape[0], n_groups), fill, dtype=np.result_type(values.dtype, np.asarray(fill).dtype))
     if g.size:
         starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
-        out[:, g[starts]] = ufunc.reduceat(values[:, perm], starts, axis=1)
+        grouped = values if np.array_equal(perm, np.arange(perm.size)) else values[:, perm]
+        if starts.size == g.size:  # one column per group (e.g. one chunk per passage): nothing to reduce
+            out[:, g] = grouped
+        else:
+            out[:, g[starts]] = ufunc.reduceat(grouped, starts, axis=1)
     return out
 
 

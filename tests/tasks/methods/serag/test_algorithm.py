@@ -166,6 +166,11 @@ def test_vectorised_ranking_equals_the_elementwise_forms_with_ties_and_empty_pas
         best = np.full((q, n_docs), -np.inf)
         np.maximum.at(best, (np.repeat(np.arange(q), n), np.tile(chunk_doc, q)), scores.ravel())
         np.testing.assert_array_equal(se.segment_reduce(scores, chunk_doc, n_docs, np.maximum, -np.inf), best)
+        one_each = rng.permutation(n_docs)[:n] if n <= n_docs else None  # one column per group, in any order
+        if one_each is not None:
+            want = np.full((q, n_docs), -np.inf)
+            want[:, one_each] = scores
+            np.testing.assert_array_equal(se.segment_reduce(scores, one_each, n_docs, np.maximum, -np.inf), want)
 
 
 @pytest.mark.parametrize("seed", range(3))
