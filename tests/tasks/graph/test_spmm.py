@@ -15,7 +15,7 @@ def random_csr(rng: np.random.Generator, shape: tuple[int, int], dtype) -> sp.cs
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("q", [1, 3, 64])
+@pytest.mark.parametrize("q", [1, 3, 32, 64])
 @pytest.mark.parametrize("seed", range(3))
 def test_csr_times_dense_equals_scipy_bit_for_bit(dtype, q: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
@@ -47,12 +47,14 @@ def test_out_is_written_and_checked() -> None:
     rng = np.random.default_rng(1)
     m = random_csr(rng, (30, 20), np.float32)
     dense = rng.standard_normal((20, 4)).astype(np.float32)
-    out = np.full((30, 4), np.nan, np.float32)  # stale values are overwritten, not added to
+    dense = rng.standard_normal((20, 40)).astype(np.float32)  # wide enough for the compiled kernel
+    out = np.full((30, 40), np.nan, np.float32)  # stale values are overwritten, not added to
     assert csr_times_dense(m, dense, out=out) is out and np.array_equal(out, m @ dense)
     with pytest.raises(ValueError, match="C-ordered"):
-        csr_times_dense(m, dense, out=np.empty((30, 5), np.float32))
+        csr_times_dense(m, dense, out=np.empty((30, 41), np.float32))
     square = random_csr(rng, (20, 20), np.float32)
     with pytest.raises(ValueError, match="shares memory"):
         csr_times_dense(square, dense, out=dense)
+    dense = dense[:, :4]
     scipy_path = np.empty((30, 4))  # float64 operands of different dtypes go to scipy and are copied in
     assert np.array_equal(csr_times_dense(m, dense.astype(np.float64), out=scipy_path), m @ dense.astype(np.float64))
