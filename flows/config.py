@@ -177,7 +177,7 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
                      "walk_dtype": ("float32", "float64"), "walk_node_order": ("locality", "stored"),
                      "chunk_iterations": count,
                      "doc_doc_max_neighbors": count0, "doc_doc_stats_sample": count,
-                     "doc_doc_search": ("exact", "ivf"), "ivf_nlist": count0, "ivf_nprobe": count,
+                     "doc_doc_search": ("exact", "ivf", "auto"), "doc_doc_exact_max": count, "ivf_nlist": count0, "ivf_nprobe": count,
                      "title_edge_weight": count0, "title_name_weight": count0, "query_entity_weight": count0},
         ZoomRAGParams: {"top_k": count, "chunk_unit": CHUNK_UNITS, "max_entity_words": count,
                         "doc_block_rows": count, "chunk_group_size": count},

@@ -65,7 +65,8 @@ class ZoomParams:
     # beyond the paper (issue #17): a per-row cap on the doc-doc rule, so the block grows with n, not n²
     doc_doc_max_neighbors: int = 64  # 0: the paper's rule alone (about 1% of every row is kept: n² cells)
     doc_doc_stats_sample: int = 8192  # with a cap: the row mean/std from this many sampled columns (exact below)
-    doc_doc_search: str = "exact"  # with a cap: exact (faiss.knn) | ivf (approximate, for 100k+ documents)
+    doc_doc_search: str = "auto"  # with a cap: exact (faiss.knn, time ~ n²) | ivf (approximate) | auto (see below)
+    doc_doc_exact_max: int = 50_000  # doc_doc_search=auto: exact search up to this many documents, ivf above
     ivf_nlist: int = 0  # doc_doc_search=ivf: k-means cells (0: 4*sqrt(n))
     ivf_nprobe: int = 16  # doc_doc_search=ivf: cells searched per document
     rescale: Rescale = "nonzero_mean"
@@ -106,6 +107,20 @@ class ChunkZoomResult:
 
 
 # ---------------------------------------------------------------- doc-doc block
+
+
+DOC_DOC_SEARCHES = ("exact", "ivf", "auto")
+
+
+def doc_doc_search_for(n_docs: int, search: str = "auto", exact_max: int = 50_000) -> str:
+    """The neighbour search the doc-doc block uses: ``search`` itself, or for ``auto`` exact search up to
+    ``exact_max`` documents and the inverted file above (exact search costs n² time: 70 s at 100k here, the
+    inverted file 30 s)."""
+    if search not in DOC_DOC_SEARCHES:
+        raise ValueError(f"doc_doc_search must be one of {DOC_DOC_SEARCHES}, got {search!r}")
+    if search != "auto":
+        return search
+    return "exact" if n_docs <= exact_max else "ivf"
 
 
 def doc_doc_block(doc_emb: np.ndarray, k_std: float = 3.0, block_rows: int = 1024, max_neighbors: int = 0,

@@ -56,17 +56,17 @@ class ZoomRAGParams(zoom.ZoomParams, LinkingParams):
 def doc_doc_graph(ctx: RunContext, doc_embeddings: ArtifactRef, params: ZoomRAGParams) -> dict[str, ArtifactRef]:
     """Stage: A_doc→doc = exp(cos), row-sparsified at mean + k·std (eq. 2), built in row blocks."""
     slice_ = {"k_std": params.k_std}  # the paper's rule; a cap adds what it uses (a paper-rule block keeps its id)
-    if params.doc_doc_max_neighbors > 0:
+    search = zoom.doc_doc_search_for(doc_embeddings.rows, params.doc_doc_search, params.doc_doc_exact_max)
+    if params.doc_doc_max_neighbors > 0:  # the search actually used is recorded (auto: exact for a small corpus)
         slice_.update(max_neighbors=params.doc_doc_max_neighbors, stats_sample=params.doc_doc_stats_sample,
-                      search=params.doc_doc_search)
-        if params.doc_doc_search == "ivf":
+                      search=search)
+        if search == "ivf":
             slice_.update(ivf_nlist=params.ivf_nlist, ivf_nprobe=params.ivf_nprobe)
 
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
         _, emb = load_embeddings(doc_embeddings, "doc_id")
         block = zoom.doc_doc_block(emb, params.k_std, params.doc_block_rows, params.doc_doc_max_neighbors,
-                                   params.doc_doc_stats_sample, params.doc_doc_search, params.ivf_nlist,
-                                   params.ivf_nprobe)
+                                   params.doc_doc_stats_sample, search, params.ivf_nlist, params.ivf_nprobe)
         return {"doc_doc": to_coo(block)}, block.nnz
 
     return run_stage(ctx, "doc_doc_graph", code_version(doc_doc_graph), slice_,
