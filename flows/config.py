@@ -174,7 +174,7 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
                        "bm25_weight": count0, "k1": count0, "b": prob, "top_k": count, "batch_size": count},
         ZoomParams: {"alpha": prob, "steps": count, "beta": prob, "top_k_docs": count, "sigma": pos,
                      "omega": prob, "keep_ratio": "(0, 1]", "batch_size": count,
-                     "walk_dtype": ("float32", "float64"), "walk_node_order": ("locality", "stored"),
+                     "walk_dtype": ("float32", "float64"), "walk_node_order": ("locality", "stored"), "walk_sparse_max": prob,
                      "chunk_iterations": count,
                      "doc_doc_max_neighbors": count0, "doc_doc_stats_sample": count,
                      "doc_doc_search": ("exact", "ivf", "auto"), "doc_doc_exact_max": count, "ivf_nlist": count0, "ivf_nprobe": count,

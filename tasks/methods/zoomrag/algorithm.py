@@ -82,6 +82,7 @@ class ZoomParams:
     walk_threads: int = 1  # batches of queries walked at once on threads (scipy's sparse product drops the GIL)
     walk_dtype: str = "float32"
     walk_node_order: str = "locality"  # locality: M's nodes renumbered once so the walks read memory in order
+    walk_sparse_max: float = 0.02  # DocZoom steps are sparse products while the state fills at most this share
     chunk_iterations: int = 50
     # beyond the paper (issue #20), each at its paper value: the title walk over M (see title_walk_block)
     title_edge_weight: float = 0.0  # extra weight of the edge from a title's entity to the document it titles
@@ -252,7 +253,8 @@ def query_links(
 
 def decoupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int = 5,
                    dtype: str | type = np.float64, out: np.ndarray | None = None,
-                   order: np.ndarray | None = None) -> np.ndarray:
+                   order: np.ndarray | None = None, sparse_max: float = 0.02,
+                   transpose: sp.csr_array | None = None) -> np.ndarray:
     """Algorithm-parallel restarted walk, ZoomRAG eqs. (3), (7)-(9): exact per-query walks on A_i.
 
     M is shared; each query keeps only its (N+1) state.  The column sum of node j in
@@ -264,9 +266,11 @@ def decoupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int 
     the stored numbering.
 
     All mass starts on the query node, so the first step has a closed form (the docs and entities hold
-    (1 - alpha) H~) and the second moves mass from H's non-zeros only: it is one sparse-by-sparse product
-    instead of a sweep of M. Both give the numbers of the plain iteration (the same products, summed in
-    the same order); the later steps sweep M with the dense (N x q) state.
+    (1 - alpha) H~), and the mass then spreads from H's non-zeros. While the state holds at most
+    ``sparse_max`` of its N x q cells, a step is one sparse-by-sparse product (by M^T, over the nodes holding
+    mass) instead of a sweep of all of M; after that the state is dense. Both give the numbers of the plain
+    iteration (the same products, each cell's terms summed in M's sorted column order). ``transpose``: M^T
+    as CSR, when the caller keeps it.
     """
     dtype = np.dtype(dtype)
     M = M if isinstance(M, sp.csr_array) and M.dtype == dtype else sp.csr_array(M, dtype=dtype)
@@ -289,38 +293,47 @@ def decoupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int 
     # the state dtype (r_q below). The shared kernel would round that row before adding the restart (other
     # bits in float32) and copy a (1+N) x q state each step. What is shared is the column normalisation.
     r_q = np.ones(q, dtype)  # r(0) = one-hot on the query node; X columns = queries
-    X: np.ndarray | None = None  # None: all zero (before the first step)
+    X: np.ndarray | None = None  # the dense state (N x q), once the walk has spread
     Z: np.ndarray | None = None  # the state divided by the column sums; X and Z are the only (N x q) buffers
+    Xt: sp.csr_array | None = None  # the state while it is sparse, a row per query (q x N)
+    h_row = qi * np.int64(N) + jj  # H's entries as row-major keys of (q x N)
+    M_T = transpose  # M^T as CSR (walk_graph keeps it), made here on first use otherwise
     for step in range(steps):
-        if X is None:  # step 1: nothing but the query node holds mass, and it moves along H~
-            X = np.zeros((N, q), dtype)
-            X[jj, qi] = h_tilde * r_q[qi]
+        if step == 0:  # nothing but the query node holds mass, and it moves along H~
+            Xt = sp.csr_array(((h_tilde * r_q[qi]) * follow, (qi, jj)), shape=(q, N))
             r_q = np.full(q, alpha, dtype)
-            X *= follow
             continue
-        if step == 1:  # step 2: the state is non-zero on H's entries only, so z_ij of eq. (7) is too
-            z_h = X[jj, qi] * inv_patch
-            to_query = np.bincount(qi, weights=hv * z_h, minlength=q)
-            del X
-            X = (M @ sp.csr_array((z_h, (jj, qi)), shape=(N, q))).toarray()
-        else:
-            Z = np.empty_like(X) if Z is None else Z
-            np.multiply(X, inv_col[:, None], out=Z)  # z_ij of eq. (7), laid out (N x q)
-            Z[jj, qi] = X[jj, qi] * inv_patch
-            to_query = np.bincount(qi, weights=hv * Z[jj, qi], minlength=q)
-            csr_times_dense(M, Z, out=X)  # X is not read again: the next state overwrites it
+        if Xt is not None and Xt.nnz <= sparse_max * q * N:  # a sparse step: only the nodes holding mass
+            Xt.sort_indices()
+            keys = np.repeat(np.arange(q, dtype=np.int64), np.diff(Xt.indptr)) * N + Xt.indices
+            at_h = np.searchsorted(keys, h_row)  # H's entries always hold mass (each step adds h~ r_q there)
+            Zt = sp.csr_array((Xt.data * inv_col[Xt.indices], Xt.indices, Xt.indptr), shape=(q, N))
+            Zt.data[at_h] = Xt.data[at_h] * inv_patch  # z_ij of eq. (7)
+            to_query = np.bincount(qi, weights=hv * Zt.data[at_h], minlength=q)
+            M_T = sp.csr_array(M.T) if M_T is None else M_T  # rows of M^T: the columns a node's mass leaves by
+            Xt = sp.csr_array(Zt @ M_T) + sp.csr_array((h_tilde * r_q[qi], (qi, jj)), shape=(q, N))
+            r_q = ((1.0 - alpha) * to_query + alpha).astype(dtype)
+            Xt.data *= follow
+            continue
+        if Xt is not None:  # the state has spread: dense from here on
+            X = np.ascontiguousarray(Xt.toarray().T)
+            Xt = None
+        Z = np.empty_like(X) if Z is None else Z
+        np.multiply(X, inv_col[:, None], out=Z)  # z_ij of eq. (7), laid out (N x q)
+        Z[jj, qi] = X[jj, qi] * inv_patch
+        to_query = np.bincount(qi, weights=hv * Z[jj, qi], minlength=q)
+        csr_times_dense(M, Z, out=X)  # X is not read again: the next state overwrites it
         X[jj, qi] += h_tilde * r_q[qi]
         r_q = ((1.0 - alpha) * to_query + alpha).astype(dtype)
         X *= follow
     Z = None  # freed before the result is laid out
     out = np.empty((q, 1 + N), dtype) if out is None else out
     out[:, 0] = r_q
-    if X is None:
-        out[:, 1:] = 0
-    elif order is None:
-        out[:, 1:] = X.T
+    state = X.T if X is not None else (Xt.toarray() if Xt is not None else np.zeros((q, N), dtype))
+    if order is None:
+        out[:, 1:] = state
     else:
-        out[:, 1 + order] = X.T
+        out[:, 1 + order] = state
     return out
 
 
@@ -352,6 +365,7 @@ class WalkGraph:
 
     matrix: sp.csr_array
     order: np.ndarray | None = None
+    transpose: sp.csr_array | None = None  # matrix^T as CSR: the sparse steps of decoupled_walk read its rows
 
 
 NODE_ORDERS = ("locality", "stored")
@@ -366,11 +380,11 @@ def walk_graph(M: sp.sparray, node_order: str = "locality", dtype: str | type = 
     M = sp.csr_array(M, dtype=dtype, copy=True)
     M.sum_duplicates()  # canonical (sorted, no repeats): a product that sorts in place would change later sums
     if node_order == "stored":
-        return WalkGraph(M)
+        return WalkGraph(M, None, sp.csr_array(M.T))
     order = locality_order(M)
     renumbered = sp.csr_array(M[order][:, order])
     renumbered.sort_indices()
-    return WalkGraph(renumbered, order)
+    return WalkGraph(renumbered, order, sp.csr_array(renumbered.T))
 
 
 def doc_zoom(
@@ -399,11 +413,12 @@ def doc_zoom(
         return coupled_walk(graph.matrix, H, params.alpha, params.steps, graph.order)
     out = np.empty((H.shape[0], 1 + H.shape[1]), params.walk_dtype)
     matrix = sp.csr_array(graph.matrix, dtype=params.walk_dtype)  # no copy when it has the dtype already
+    transpose = graph.transpose if graph.transpose is not None and graph.transpose.dtype == matrix.dtype else None
 
     def walk(start: int) -> None:  # each batch writes its own rows of out: batches are independent walks
         stop = start + params.batch_size
         decoupled_walk(matrix, H[start:stop], params.alpha, params.steps, params.walk_dtype, out[start:stop],
-                       graph.order)
+                       graph.order, params.walk_sparse_max, transpose)
 
     starts = range(0, H.shape[0], params.batch_size)
     if params.walk_threads > 1 and len(starts) > 1:

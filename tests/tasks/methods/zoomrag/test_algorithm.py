@@ -217,16 +217,18 @@ def plain_decoupled_iteration(M: sp.sparray, H: sp.sparray, alpha: float, steps:
     return np.hstack([r_q[:, None], X.T])
 
 
+@pytest.mark.parametrize("sparse_max", [0.0, 0.1, 1.0])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("steps", [0, 1, 2, 3, 5])
-def test_decoupled_walk_shortcuts_equal_the_plain_iteration_bit_for_bit(dtype, steps):
-    """The closed-form first step and the sparse second step add the same products in the same order."""
+def test_decoupled_walk_shortcuts_equal_the_plain_iteration_bit_for_bit(dtype, steps, sparse_max):
+    """The closed-form first step and the sparse steps (none, while the state is sparse, all) add the same
+    products in the same order as sweeping M (sorted, as walk_graph leaves it) with the dense state."""
     dd, de, qd, qe = random_problem(7, q=9)
     qd = qd.tolil()
     qd[0, :] = 0  # a query linked to entities only
-    M, _ = global_block(dd, de)
+    M = walk_graph(global_block(dd, de)[0], "stored", dtype).matrix
     H, _ = query_links(sp.csr_array(qd), qe)
-    got = decoupled_walk(M, H, 0.8, steps, dtype)
+    got = decoupled_walk(M, H, 0.8, steps, dtype, sparse_max=sparse_max)
     assert got.dtype == dtype and np.array_equal(got, plain_decoupled_iteration(M, H, 0.8, steps, dtype))
 
 
