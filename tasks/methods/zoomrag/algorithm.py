@@ -251,37 +251,65 @@ def query_links(
 # ---------------------------------------------------------------- DocZoom walks
 
 
-def decoupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int = 5,
+@dataclass(frozen=True)
+class WalkGraph:
+    """M as DocZoom walks it: in the walk's dtype, its nodes renumbered by ``order`` (``matrix[a, b]`` joins
+    nodes ``order[a]`` and ``order[b]``; ``None``: the stored numbering). Built once per index."""
+
+    matrix: sp.csr_array
+    order: np.ndarray | None
+    transpose: sp.csr_array  # matrix^T as CSR: the sparse steps of decoupled_walk read its rows
+    col_sum: np.ndarray  # float64 column sums of matrix: eq. (7)'s shared denominators c_j
+    inv_col_sum: np.ndarray  # their reciprocals, 0 for an empty column
+
+
+NODE_ORDERS = ("locality", "stored")
+
+
+def walk_graph(M: sp.sparray, node_order: str = "locality", dtype: str | type = np.float32) -> WalkGraph:
+    """M prepared for :func:`doc_zoom`: cast to ``dtype`` and, for ``node_order="locality"``, renumbered by
+    :func:`tasks.graph.sparse.locality_order` (the walks' products read memory in order; the scores only move
+    by float rounding, since each sum then adds its terms in another order)."""
+    if node_order not in NODE_ORDERS:
+        raise ValueError(f"node_order must be one of {NODE_ORDERS}, got {node_order!r}")
+    M = sp.csr_array(M, dtype=dtype, copy=True)
+    M.sum_duplicates()  # canonical (sorted, no repeats): a product that sorts in place would change later sums
+    order = None if node_order == "stored" else locality_order(M)
+    if order is not None:
+        M = sp.csr_array(M[order][:, order])
+        M.sort_indices()
+    return WalkGraph(M, order, sp.csr_array(M.T), *inverse_column_sums(M))
+
+
+def decoupled_walk(M: sp.sparray | WalkGraph, H: sp.sparray, alpha: float = 0.8, steps: int = 5,
                    dtype: str | type = np.float64, out: np.ndarray | None = None,
-                   order: np.ndarray | None = None, sparse_max: float = 0.02,
-                   transpose: sp.csr_array | None = None) -> np.ndarray:
+                   sparse_max: float = 0.02) -> np.ndarray:
     """Algorithm-parallel restarted walk, ZoomRAG eqs. (3), (7)-(9): exact per-query walks on A_i.
 
     M is shared; each query keeps only its (N+1) state.  The column sum of node j in
     query i's graph is c_j + H_ij (eq. 7 denominator): c_j is shared, the H_ij term is a
     sparse patch at H's non-zeros.  Returns (q, 1+N): [query node, docs, entities], written
-    into ``out`` when given. ``dtype`` is the state's float type (M is used as is when it
-    already has it); at most two (N x q) state buffers are alive at once. ``order``: M's nodes are
-    renumbered (M[a, b] joins nodes order[a] and order[b], see :func:`walk_graph`); H and the result keep
-    the stored numbering.
+    into ``out`` when given. ``M`` is the matrix, or its :func:`walk_graph` (built once: its nodes may be
+    renumbered, and H and the result keep the stored numbering); ``dtype`` is the state's float type (a
+    walk graph must have it). At most two (N x q) state buffers are alive at once.
 
     All mass starts on the query node, so the first step has a closed form (the docs and entities hold
     (1 - alpha) H~), and the mass then spreads from H's non-zeros. While the state holds at most
     ``sparse_max`` of its N x q cells, a step is one sparse-by-sparse product (by M^T, over the nodes holding
     mass) instead of a sweep of all of M; after that the state is dense. Both give the numbers of the plain
-    iteration (the same products, each cell's terms summed in M's sorted column order). ``transpose``: M^T
-    as CSR, when the caller keeps it.
+    iteration (the same products, each cell's terms summed in M's sorted column order).
     """
     dtype = np.dtype(dtype)
-    M = M if isinstance(M, sp.csr_array) and M.dtype == dtype else sp.csr_array(M, dtype=dtype)
+    graph = M if isinstance(M, WalkGraph) else walk_graph(M, "stored", dtype)
+    if graph.matrix.dtype != dtype:
+        raise ValueError(f"the walk graph holds {graph.matrix.dtype}, the walk's state is {dtype}")
+    M, order, col_sum, inv_col = graph.matrix, graph.order, graph.col_sum, graph.inv_col_sum.astype(dtype)
     H = sp.csr_array(H, dtype=np.float64)
     if order is not None:
         H = sp.csr_array(H[:, order])
     H.sum_duplicates()
     H.eliminate_zeros()
     q, N = H.shape
-    col_sum, inv_col = inverse_column_sums(M)
-    inv_col = inv_col.astype(dtype)
     hc = H.tocoo()
     qi, jj, hv = hc.row, hc.col, hc.data
     inv_patch = (1.0 / (col_sum[jj] + hv)).astype(dtype)
@@ -297,7 +325,6 @@ def decoupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int 
     Z: np.ndarray | None = None  # the state divided by the column sums; X and Z are the only (N x q) buffers
     Xt: sp.csr_array | None = None  # the state while it is sparse, a row per query (q x N)
     h_row = qi * np.int64(N) + jj  # H's entries as row-major keys of (q x N)
-    M_T = transpose  # M^T as CSR (walk_graph keeps it), made here on first use otherwise
     for step in range(steps):
         if step == 0:  # nothing but the query node holds mass, and it moves along H~
             Xt = sp.csr_array(((h_tilde * r_q[qi]) * follow, (qi, jj)), shape=(q, N))
@@ -310,8 +337,7 @@ def decoupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int 
             Zt = sp.csr_array((Xt.data * inv_col[Xt.indices], Xt.indices, Xt.indptr), shape=(q, N))
             Zt.data[at_h] = Xt.data[at_h] * inv_patch  # z_ij of eq. (7)
             to_query = np.bincount(qi, weights=hv * Zt.data[at_h], minlength=q)
-            M_T = sp.csr_array(M.T) if M_T is None else M_T  # rows of M^T: the columns a node's mass leaves by
-            Xt = sp.csr_array(Zt @ M_T) + sp.csr_array((h_tilde * r_q[qi], (qi, jj)), shape=(q, N))
+            Xt = sp.csr_array(Zt @ graph.transpose) + sp.csr_array((h_tilde * r_q[qi], (qi, jj)), shape=(q, N))
             r_q = ((1.0 - alpha) * to_query + alpha).astype(dtype)
             Xt.data *= follow
             continue
@@ -358,35 +384,6 @@ def coupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int = 
     return out
 
 
-@dataclass(frozen=True)
-class WalkGraph:
-    """M as DocZoom walks it: in the walk's dtype, its nodes renumbered by ``order`` (``matrix[a, b]`` joins
-    nodes ``order[a]`` and ``order[b]``; ``None``: the stored numbering). Built once per index."""
-
-    matrix: sp.csr_array
-    order: np.ndarray | None = None
-    transpose: sp.csr_array | None = None  # matrix^T as CSR: the sparse steps of decoupled_walk read its rows
-
-
-NODE_ORDERS = ("locality", "stored")
-
-
-def walk_graph(M: sp.sparray, node_order: str = "locality", dtype: str | type = np.float32) -> WalkGraph:
-    """M prepared for :func:`doc_zoom`: cast to ``dtype`` and, for ``node_order="locality"``, renumbered by
-    :func:`tasks.graph.sparse.locality_order` (the walks' products read memory in order; the scores only move
-    by float rounding, since each sum then adds its terms in another order)."""
-    if node_order not in NODE_ORDERS:
-        raise ValueError(f"node_order must be one of {NODE_ORDERS}, got {node_order!r}")
-    M = sp.csr_array(M, dtype=dtype, copy=True)
-    M.sum_duplicates()  # canonical (sorted, no repeats): a product that sorts in place would change later sums
-    if node_order == "stored":
-        return WalkGraph(M, None, sp.csr_array(M.T))
-    order = locality_order(M)
-    renumbered = sp.csr_array(M[order][:, order])
-    renumbered.sort_indices()
-    return WalkGraph(renumbered, order, sp.csr_array(renumbered.T))
-
-
 def doc_zoom(
     M: sp.sparray | WalkGraph, query_doc: sp.sparray, query_entity: sp.sparray, params: ZoomParams = ZoomParams(),
     weighted_entities: bool = False,
@@ -409,16 +406,16 @@ def doc_zoom(
         entity_weight=params.query_entity_weight,
     )
     graph = M if isinstance(M, WalkGraph) else walk_graph(M, params.walk_node_order, params.walk_dtype)
+    if graph.matrix.dtype != np.dtype(params.walk_dtype):
+        raise ValueError(f"the walk graph holds {graph.matrix.dtype}, method.walk_dtype is {params.walk_dtype}")
     if params.coupled:  # one joint graph: the batch is the point
         return coupled_walk(graph.matrix, H, params.alpha, params.steps, graph.order)
     out = np.empty((H.shape[0], 1 + H.shape[1]), params.walk_dtype)
-    matrix = sp.csr_array(graph.matrix, dtype=params.walk_dtype)  # no copy when it has the dtype already
-    transpose = graph.transpose if graph.transpose is not None and graph.transpose.dtype == matrix.dtype else None
 
     def walk(start: int) -> None:  # each batch writes its own rows of out: batches are independent walks
         stop = start + params.batch_size
-        decoupled_walk(matrix, H[start:stop], params.alpha, params.steps, params.walk_dtype, out[start:stop],
-                       graph.order, params.walk_sparse_max, transpose)
+        decoupled_walk(graph, H[start:stop], params.alpha, params.steps, params.walk_dtype, out[start:stop],
+                       params.walk_sparse_max)
 
     starts = range(0, H.shape[0], params.batch_size)
     if params.walk_threads > 1 and len(starts) > 1:

@@ -248,6 +248,8 @@ def test_renumbered_walk_graph_gives_the_stored_numberings_scores(coupled, dtype
     assert np.array_equal(doc_zoom(M, qd, qe, params), moved)  # a bare M is prepared by walk_node_order
     with pytest.raises(ValueError, match="node_order"):
         walk_graph(M, "random")
+    with pytest.raises(ValueError, match="walk graph holds"):  # built for one state dtype, walked in another
+        doc_zoom(walk_graph(M, "stored", "float64" if dtype == "float32" else "float32"), qd, qe, params)
 
 
 @pytest.mark.parametrize("batch_size", [1, 4, 64])
