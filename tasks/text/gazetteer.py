@@ -8,7 +8,7 @@ often lower-cased or possessive ("jones's"), which NER misses or splits. Here:
 * every passage's title, with a trailing parenthetical qualifier removed ("Peter Jones (actor)"
   → "peter jones"), is an entity node of that passage;
 * the names of the corpus (titles and NER strings) form a gazetteer, matched whole-word,
-  leftmost-longest, over the normalised text of every chunk (and of questions): lower-cased,
+  longest match first (spaCy's filter_spans rule), over the normalised text of every chunk (and of questions): lower-cased,
   possessive 's stripped, punctuation removed, dotted initials joined ("U.S." → "us");
 * a name's weight as a query seed is its IDF over passages, so hub names count less.
 
@@ -128,23 +128,35 @@ class Gazetteer:
 
 
 def scan_spans(words: list[str], gaz: Gazetteer) -> list[tuple[int, int, int]]:
-    """Names in a word list, leftmost-longest and non-overlapping: ``(first word, n words, entity index)``."""
-    found, i, n_words = [], 0, len(words)
-    while i < n_words:
-        step = 1
-        if words[i] in gaz.starts:
+    """Names in a word list, non-overlapping: ``(first word, n words, entity index)`` in text order.
+
+    Each word starts at most its longest name; where those overlap, the longer name wins (ties: the leftmost),
+    the rule of spaCy's ``filter_spans``. A leftmost-first scan would read "film age old friends" as
+    "film age" + "old friends" and lose the title "Age-Old Friends".
+    """
+    found, n_words = [], len(words)
+    for i, word in enumerate(words):
+        if word in gaz.starts:
             for n in range(min(gaz.max_words, n_words - i), 0, -1):
                 hit = gaz.index.get(" ".join(words[i:i + n]))
                 if hit is not None:
                     found.append((i, n, hit))
-                    step = n
                     break
-        i += step
-    return found
+    if len(found) < 2:
+        return found
+    found.sort(key=lambda span: (-span[1], span[0]))
+    taken = bytearray(n_words)
+    kept = []
+    for i, n, hit in found:
+        if not any(taken[i:i + n]):
+            taken[i:i + n] = b"\x01" * n
+            kept.append((i, n, hit))
+    kept.sort()
+    return kept
 
 
 def scan(words: list[str], gaz: Gazetteer) -> list[int]:
-    """Entity indices named in a word list, leftmost-longest and non-overlapping, one per occurrence."""
+    """Entity indices named in a word list (:func:`scan_spans`), one per occurrence."""
     return [hit for _, _, hit in scan_spans(words, gaz)]
 
 

@@ -8,7 +8,7 @@ import scipy.sparse as sp
 
 from tasks.graph.sparse import coo_matrix
 from tasks.text.entities import entity_vocabulary, incidence
-from tasks.text.gazetteer import (Gazetteer, cased_words, cover_named, qualified_title_mentions, qualified_titles, LinkingParams, build_names, linked_incidence, match, name_idf,
+from tasks.text.gazetteer import (Gazetteer, cased_words, cover_named, qualified_title_mentions, qualified_titles, LinkingParams, build_names, linked_incidence, match, name_idf, scan_spans,
                                   title_docs, title_restart,
                                   named_titles, normalize_text, query_seeds, scan, title_link_coverage,
                                   title_name, title_short_forms, unambiguous_short_forms, aliases_of)
@@ -39,13 +39,23 @@ def test_names_keep_titles_and_ner_strings_drop_short_and_numeric():
     assert names["entity_idx"].tolist() == [0, 1, 2]
 
 
-def test_scan_is_whole_word_leftmost_longest():
+def test_scan_is_whole_word_longest_match():
     gaz = Gazetteer.of(["new york", "new york city", "york", "peter jones"])
     words = normalize_text("From New York City to york, and peter jones's yorkshire").split()
     assert scan(words, gaz) == [1, 2, 3]  # 'new york city' not 'new york'; 'yorkshire' is not 'york'
     rows, cols = match(["york york", "nothing", "New York"], gaz)
     assert rows.tolist() == [0, 0, 2] and cols.tolist() == [2, 2, 0]
     assert scan("york".split(), Gazetteer.of(["york", "new york"], min_chars=5)) == []
+
+
+def test_scan_prefers_the_longer_of_overlapping_names():
+    gaz = Gazetteer.of(["film age", "age old friends", "old friends", "film", "born"])
+    words = normalize_text("Where was the director of film Age-Old Friends born?").split()
+    assert scan(words, gaz) == [1, 4]  # 'age old friends' (3 words) wins over 'film age' and 'old friends'
+    assert scan_spans(words, gaz) == [(6, 3, 1), (9, 1, 4)]
+    # equal lengths: the leftmost; a name that loses its words to a longer one is gone, not cut shorter
+    assert scan("a b c".split(), Gazetteer.of(["a b", "b c"])) == [0]
+    assert scan("x a b c y".split(), Gazetteer.of(["a b c", "x a", "c y"])) == [0]
 
 
 def test_linked_incidence_puts_each_title_in_its_passage_and_first_chunk():
