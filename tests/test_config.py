@@ -189,3 +189,12 @@ def test_beyond_paper_experiment_is_refused_with_a_clear_error_for_other_methods
 def test_title_walk_needs_the_gazetteer_graph():
     with pytest.raises(ConfigError, match="graph_linking=gazetteer"):
         load_config(_compose(["method=linearrag", "method.title_edge_weight=5"]))
+
+
+def test_relation_gate_needs_the_title_walk():
+    with pytest.raises(ConfigError, match="relation_gate_temperature > 0 gates the title walk"):
+        load_config(_compose(["method=zoomrag", "method.relation_gate_temperature=0.5"]))
+    with pytest.raises(ConfigError, match="relation_gate_temperature"):
+        load_config(_compose(["method=zoomrag", "method.relation_gate_temperature=-1"]))
+    conf = load_config(_compose(["method=zoomrag", "experiment=beyond_paper", "method.relation_gate_temperature=0.5"]))
+    assert conf.method.relation_gate_temperature == 0.5

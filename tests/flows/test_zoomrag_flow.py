@@ -60,3 +60,13 @@ def test_gazetteer_alone_links_questions_without_spacy(tmp_path, monkeypatch):
         assert alone["recall@10"] > 0
     with pytest.raises(Exception, match="query_ner=false needs method.query_linking=gazetteer"):
         evaluate_flow(make_config(tmp_path, "method=zoomrag", "method.query_ner=false"), str(tmp_path / "bad"))
+
+
+def test_relation_gate_is_online_only_and_changes_the_walk(tmp_path):
+    base = ["method=zoomrag", "experiment=beyond_paper", "dataset.n_passages=40", "dataset.n_questions=8"]
+    evaluate_flow(make_config(tmp_path, *base), str(tmp_path / "a"))
+    gated = evaluate_flow(make_config(tmp_path, *base, "method.relation_gate_temperature=0.2"), str(tmp_path / "b"))
+    assert gated["stages_computed"] == 0  # the gate re-weights edges per question: the stored index is reused
+    a, b = (pd.read_parquet(tmp_path / r / "hits.parquet") for r in "ab")
+    assert a[["qid", "rank"]].equals(b[["qid", "rank"]])
+    assert (a["score"] - b["score"]).abs().max() > 1e-4

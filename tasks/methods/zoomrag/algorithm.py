@@ -89,6 +89,7 @@ class ZoomParams:
     title_name_weight: float = 1.0  # factor on document -> entity edges whose entity titles some document
     idf_edges: bool = False  # document -> entity edges also weighted by the entity's IDF
     query_entity_weight: float = 1.0  # query -> entity links times this after the per-block rescaling (1 = §3.2)
+    relation_gate_temperature: float = 0.0  # > 0: document -> title-entity edges gated per question (RelationGate)
 
     @property
     def title_walk(self) -> bool:
@@ -248,6 +249,93 @@ def query_links(
     return sp.hstack([qd, qe], format="csr"), np.column_stack([f_doc, f_ent])
 
 
+# ---------------------------------------------------------------- the relation gate (beyond the paper)
+
+
+@dataclass(frozen=True)
+class RelationGate:
+    """Beyond the paper (issue #20): which of the titles a document names does the question's relation point to?
+
+    A document that names several titles (a film's director, producer and cast) sends the title walk's mass to
+    all of them alike. The gate re-weights, per question, M's document -> title-entity edges (entity e names
+    another document; a document's own title is left out) by the question's cosine to the sentences that
+    write the name: within document p's gated edges, edge (p, e) gets the share of their total weight T_p
+    proportional to M[e, p] exp(s_qpe / temperature), with s_qpe the best cosine over p's chunks writing e.
+    T_p is kept, so each column sum of M, and with it eq. (7)'s normalisation, is unchanged.
+    """
+
+    doc: np.ndarray  # (P,) stored node of document p, sorted
+    entity: np.ndarray  # (P,) stored node of entity e (n + entity index)
+    weight: np.ndarray  # (P,) M[n + e, p] (float64)
+    starts: np.ndarray  # first pair of each document (the pairs are grouped by document)
+    pair_chunks: sp.csr_array  # (P x C) 1 at the gate's chunks of p that write e
+    chunk_emb: np.ndarray  # (C, d) those chunks' embeddings (unit length, as the questions')
+    temperature: float
+
+
+@dataclass(frozen=True)
+class EdgePatch:
+    """Per-query additions to the walk matrix: query i walks on M + delta[i] at (``dst``, ``src``) (stored nodes)."""
+
+    src: np.ndarray  # (P,)
+    dst: np.ndarray  # (P,)
+    delta: np.ndarray  # (q, P)
+
+
+def relation_gate(M: sp.sparray, n_docs: int, titled: sp.sparray, chunk_entity: sp.sparray,
+                  chunk_doc: np.ndarray, chunk_emb: np.ndarray, temperature: float) -> RelationGate:
+    """The :class:`RelationGate` of M (stored numbering: documents, then entities) for ``temperature`` > 0.
+
+    ``titled`` (m x n) is 1 where entity e is document p's title; ``chunk_entity`` (chunks x m) where a chunk
+    writes e; ``chunk_doc`` each chunk's document. Gated pairs: e titles some document, p is not titled by e,
+    a chunk of p writes e, and M holds the edge p -> e.
+    """
+    if temperature <= 0:
+        raise ValueError(f"the relation gate needs a temperature > 0, got {temperature}")
+    titled = sp.csr_array(titled)
+    is_title = np.asarray(titled.sum(axis=1)).ravel() > 0
+    ce = sp.coo_array(chunk_entity)
+    chunk, ent = ce.row.astype(np.int64), ce.col.astype(np.int64)
+    doc = np.asarray(chunk_doc, np.int64)[chunk]
+    own = np.asarray(titled[ent, doc]).ravel() != 0
+    keep = is_title[ent] & ~own
+    chunk, ent, doc = chunk[keep], ent[keep], doc[keep]
+    m = titled.shape[0]
+    weight_all = np.asarray(sp.csr_array(M)[n_docs + ent, doc], dtype=np.float64).ravel()
+    keep = weight_all > 0
+    chunk, ent, doc, weight_all = chunk[keep], ent[keep], doc[keep], weight_all[keep]
+    key = doc * m + ent
+    order = np.lexsort((chunk, key))
+    chunk, key, weight_all = chunk[order], key[order], weight_all[order]
+    first = np.r_[True, key[1:] != key[:-1]]
+    pair_key, weight = key[first], weight_all[first]
+    pair_of = np.cumsum(first) - 1
+    used, local = np.unique(chunk, return_inverse=True)
+    pair_chunks = sp.csr_array((np.ones(len(chunk)), (pair_of, local)), shape=(len(pair_key), len(used)))
+    pair_chunks.sum_duplicates()
+    pdoc, pent = pair_key // m, pair_key % m
+    starts = np.flatnonzero(np.r_[True, pdoc[1:] != pdoc[:-1]]) if len(pdoc) else np.zeros(0, np.int64)
+    return RelationGate(pdoc, n_docs + pent, weight, starts, pair_chunks,
+                        np.ascontiguousarray(chunk_emb[used], dtype=np.float32), float(temperature))
+
+
+def gate_patch(gate: RelationGate, q_emb: np.ndarray) -> EdgePatch:
+    """The per-question change the gate makes to M (an :class:`EdgePatch`; its rows sum to 0 per document)."""
+    q = q_emb.shape[0]
+    if len(gate.doc) == 0:
+        return EdgePatch(gate.doc, gate.entity, np.zeros((q, 0)))
+    pc = gate.pair_chunks
+    sims = (np.asarray(q_emb, np.float32) @ gate.chunk_emb.T).astype(np.float64)
+    best = np.maximum.reduceat(sims[:, pc.indices], pc.indptr[:-1], axis=1)  # s_qpe: p's best chunk writing e
+    logit = np.log(gate.weight)[None, :] + best / gate.temperature
+    group = np.repeat(np.arange(len(gate.starts)), np.diff(np.r_[gate.starts, len(gate.doc)]))
+    logit -= np.maximum.reduceat(logit, gate.starts, axis=1)[:, group]
+    share = np.exp(logit)
+    share /= np.add.reduceat(share, gate.starts, axis=1)[:, group]
+    total = np.add.reduceat(gate.weight, gate.starts)[group]  # T_p, kept
+    return EdgePatch(gate.doc, gate.entity, share * total[None, :] - gate.weight[None, :])
+
+
 # ---------------------------------------------------------------- DocZoom walks
 
 
@@ -261,6 +349,7 @@ class WalkGraph:
     transpose: sp.csr_array  # matrix^T as CSR: the sparse steps of decoupled_walk read its rows
     col_sum: np.ndarray  # float64 column sums of matrix: eq. (7)'s shared denominators c_j
     inv_col_sum: np.ndarray  # their reciprocals, 0 for an empty column
+    position: np.ndarray | None = None  # inverse of order: position[stored node] = walk node (None: stored)
 
 
 NODE_ORDERS = ("locality", "stored")
@@ -278,12 +367,16 @@ def walk_graph(M: sp.sparray, node_order: str = "locality", dtype: str | type = 
     if order is not None:
         M = sp.csr_array(M[order][:, order])
         M.sort_indices()
-    return WalkGraph(M, order, sp.csr_array(M.T), *inverse_column_sums(M))
+    position = None
+    if order is not None:
+        position = np.empty_like(order)
+        position[order] = np.arange(order.shape[0], dtype=order.dtype)
+    return WalkGraph(M, order, sp.csr_array(M.T), *inverse_column_sums(M), position)
 
 
 def decoupled_walk(M: sp.sparray | WalkGraph, H: sp.sparray, alpha: float = 0.8, steps: int = 5,
                    dtype: str | type = np.float64, out: np.ndarray | None = None,
-                   sparse_max: float = 0.02) -> np.ndarray:
+                   sparse_max: float = 0.02, patch: EdgePatch | None = None) -> np.ndarray:
     """Algorithm-parallel restarted walk, ZoomRAG eqs. (3), (7)-(9): exact per-query walks on A_i.
 
     M is shared; each query keeps only its (N+1) state.  The column sum of node j in
@@ -298,6 +391,9 @@ def decoupled_walk(M: sp.sparray | WalkGraph, H: sp.sparray, alpha: float = 0.8,
     ``sparse_max`` of its N x q cells, a step is one sparse-by-sparse product (by M^T, over the nodes holding
     mass) instead of a sweep of all of M; after that the state is dense. Both give the numbers of the plain
     iteration (the same products, each cell's terms summed in M's sorted column order).
+
+    ``patch`` (beyond the paper: :func:`gate_patch`): query i walks on M + patch.delta[i] at its edges, whose
+    columns keep their sums. Its steps are dense (the sparse steps are for the plain walk).
     """
     dtype = np.dtype(dtype)
     graph = M if isinstance(M, WalkGraph) else walk_graph(M, "stored", dtype)
@@ -325,6 +421,17 @@ def decoupled_walk(M: sp.sparray | WalkGraph, H: sp.sparray, alpha: float = 0.8,
     Z: np.ndarray | None = None  # the state divided by the column sums; X and Z are the only (N x q) buffers
     Xt: sp.csr_array | None = None  # the state while it is sparse, a row per query (q x N)
     h_row = qi * np.int64(N) + jj  # H's entries as row-major keys of (q x N)
+    if patch is not None:  # the edges in walk numbering, grouped by target node: one reduceat per step
+        if patch.delta.shape != (q, len(patch.src)):
+            raise ValueError(f"the edge patch has shape {patch.delta.shape}, the walk {q} queries")
+        src = patch.src if graph.position is None else graph.position[patch.src]
+        dst = patch.dst if graph.position is None else graph.position[patch.dst]
+        by_dst = np.argsort(dst, kind="stable")
+        src, dst = src[by_dst], dst[by_dst]
+        patch_rows = np.ascontiguousarray(patch.delta[:, by_dst].T, dtype=dtype)  # (P x q)
+        dst_starts = np.flatnonzero(np.r_[True, dst[1:] != dst[:-1]]) if len(dst) else np.zeros(0, np.int64)
+        dst_nodes = dst[dst_starts]
+        sparse_max = -1.0
     for step in range(steps):
         if step == 0:  # nothing but the query node holds mass, and it moves along H~
             Xt = sp.csr_array(((h_tilde * r_q[qi]) * follow, (qi, jj)), shape=(q, N))
@@ -349,6 +456,8 @@ def decoupled_walk(M: sp.sparray | WalkGraph, H: sp.sparray, alpha: float = 0.8,
         Z[jj, qi] = X[jj, qi] * inv_patch
         to_query = np.bincount(qi, weights=hv * Z[jj, qi], minlength=q)
         csr_times_dense(M, Z, out=X)  # X is not read again: the next state overwrites it
+        if patch is not None and len(dst_nodes):
+            X[dst_nodes] += np.add.reduceat(patch_rows * Z[src], dst_starts, axis=0)
         X[jj, qi] += h_tilde * r_q[qi]
         r_q = ((1.0 - alpha) * to_query + alpha).astype(dtype)
         X *= follow
@@ -386,7 +495,7 @@ def coupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int = 
 
 def doc_zoom(
     M: sp.sparray | WalkGraph, query_doc: sp.sparray, query_entity: sp.sparray, params: ZoomParams = ZoomParams(),
-    weighted_entities: bool = False,
+    weighted_entities: bool = False, gate: RelationGate | None = None, q_emb: np.ndarray | None = None,
 ) -> np.ndarray:
     """DocZoom scores (q, 1+n+m) for [query, docs, entities], ZoomRAG eqs. (3), (6)-(9).
 
@@ -394,8 +503,11 @@ def doc_zoom(
     is invisible and only bounds the state memory). params.coupled switches to the App. H
     joint-graph walk over the whole batch given (interference within it). ``weighted_entities``:
     see :func:`query_links`. ``M`` is the matrix, or its :func:`walk_graph` built once (a matrix is
-    prepared here by ``params.walk_node_order``).
+    prepared here by ``params.walk_node_order``). ``gate`` (beyond the paper) with the questions' embeddings
+    ``q_emb``: each question walks on M re-weighted by :func:`gate_patch`.
     """
+    if gate is not None and (q_emb is None or params.coupled):
+        raise ValueError("the relation gate needs the questions' embeddings and the decoupled walk")
     H, _ = query_links(
         query_doc,
         query_entity,
@@ -414,8 +526,9 @@ def doc_zoom(
 
     def walk(start: int) -> None:  # each batch writes its own rows of out: batches are independent walks
         stop = start + params.batch_size
+        patch = None if gate is None else gate_patch(gate, q_emb[start:stop])
         decoupled_walk(graph, H[start:stop], params.alpha, params.steps, params.walk_dtype, out[start:stop],
-                       params.walk_sparse_max)
+                       params.walk_sparse_max, patch)
 
     starts = range(0, H.shape[0], params.batch_size)
     if params.walk_threads > 1 and len(starts) > 1:

@@ -44,8 +44,12 @@ class ZoomRetriever:
                 w = self.walk
                 M = zoom.title_walk_block(M, self.n, self.titles.titled, self.idf, w.title_edge_weight,
                                           w.title_name_weight, w.idf_edges)
-        self.graph = zoom.walk_graph(M, params.walk_node_order, params.walk_dtype)  # once: M renumbered
         self._load_chunks(data, index)
+        self.gate = None
+        if params.relation_gate_temperature > 0:  # beyond the paper: the question's relation picks the bridge
+            self.gate = zoom.relation_gate(M, self.n, self.titles.titled, self.chunk_entity, self.chunk_doc,
+                                           self.chunk_emb, params.relation_gate_temperature)
+        self.graph = zoom.walk_graph(M, params.walk_node_order, params.walk_dtype)  # once: M renumbered
         encode_queries(["warm-up"], embedder)
         self.fallbacks = 0
 
@@ -94,7 +98,8 @@ class ZoomRetriever:
         if self.params.query_linking == "gazetteer":  # the restart also starts at the passages the names title
             query_doc = title_restart(query_doc, cos, query_entity, self.titles.titled)
         scores = zoom.doc_zoom(self.graph, query_doc, query_entity, self.walk,
-                               weighted_entities=self.params.query_linking == "gazetteer")
+                               weighted_entities=self.params.query_linking == "gazetteer", gate=self.gate,
+                               q_emb=q_emb)
         ordering = scores
         if self.params.cover_named_min_seed > 0:  # beyond the paper: each named entity's document first
             ordering = scores.copy()
@@ -138,9 +143,11 @@ class ZoomRetriever:
         import tracemalloc
 
         _, links = self.query_entity(questions)
-        _, query_doc = self.query_doc(encode_queries(questions, self.embedder))
+        q_emb = encode_queries(questions, self.embedder)
+        _, query_doc = self.query_doc(q_emb)
         tracemalloc.start()
-        zoom.doc_zoom(self.graph, query_doc, links, self.walk, weighted_entities=self.params.query_linking == "gazetteer")
+        zoom.doc_zoom(self.graph, query_doc, links, self.walk, weighted_entities=self.params.query_linking == "gazetteer",
+                      gate=self.gate, q_emb=q_emb)
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         M = self.graph.matrix

@@ -40,6 +40,9 @@ class ZoomRAGParams(zoom.ZoomParams, LinkingParams):
             raise ValueError("method.title_edge_weight / title_name_weight / idf_edges (the title walk) need "
                              "method.graph_linking=gazetteer and method.query_linking=gazetteer: with spaCy "
                              "entities a document's title is no node")
+        if self.relation_gate_temperature > 0 and (not self.title_walk or self.coupled):
+            raise ValueError("method.relation_gate_temperature > 0 gates the title walk's edges: it needs the title "
+                             "walk (e.g. experiment=beyond_paper) and the decoupled walk (method.coupled=false)")
 
     def walk(self) -> zoom.ZoomParams:
         """The slice :mod:`tasks.methods.zoomrag.algorithm` takes."""

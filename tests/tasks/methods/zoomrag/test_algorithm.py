@@ -529,3 +529,100 @@ def test_query_entity_weight_scales_only_the_rescaled_entity_block():
     H5 = query_links(qd, qe, entity_weight=5.0)[0].toarray()
     np.testing.assert_array_equal(H5[:, :3], H1[:, :3])
     np.testing.assert_allclose(H5[:, 3:], 5.0 * H1[:, 3:])
+
+
+# ---------------------------------------------------------------- the relation gate (beyond the paper)
+
+
+def _gated_problem(seed: int):
+    """A random M (after the title walk) whose first entities title documents, chunks naming them, questions."""
+    from tasks.methods.zoomrag.algorithm import title_walk_block
+
+    rng = np.random.default_rng(seed)
+    n, m, q, d = 30, 20, 7, 8
+    dd, de, qd, qe = random_problem(seed, n=n, m=m, q=q, connected=True)
+    titled = sp.csr_array((np.ones(10), (np.arange(10), rng.choice(n, 10, replace=False))), shape=(m, n))
+    n_chunks = 3 * n
+    chunk_doc = np.repeat(np.arange(n), 3)
+    de = de.tolil()
+    ce = sp.random_array((n_chunks, m), density=0.15, rng=rng, format="coo")
+    de[chunk_doc[ce.row], ce.col] = 1.0  # every chunk's names are its document's
+    M, _ = global_block(dd, sp.csr_array(de))
+    M = title_walk_block(M, n, titled, np.full(m, 0.7), 5.0, 3.0, False)
+    return (M, n, titled, sp.csr_array((np.ones(ce.nnz), (ce.row, ce.col)), shape=(n_chunks, m)), chunk_doc,
+            unit_rows(rng, n_chunks, d), unit_rows(rng, q, d), qd, qe)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("temperature", [0.05, 0.5])
+def test_relation_gate_weights_match_a_loop_and_keep_each_documents_total(seed, temperature):
+    from tasks.methods.zoomrag.algorithm import gate_patch, relation_gate
+
+    M, n, titled, ce, chunk_doc, chunk_emb, q_emb, _, _ = _gated_problem(seed)
+    gate = relation_gate(M, n, titled, ce, chunk_doc, chunk_emb, temperature)
+    patch = gate_patch(gate, q_emb)
+    Md, T, C = M.toarray(), titled.toarray(), ce.toarray()
+    pairs = sorted({(int(chunk_doc[c]), int(e)) for c, e in zip(*np.nonzero(C))
+                    if T[e].any() and not T[e, chunk_doc[c]] and Md[n + e, chunk_doc[c]] > 0})
+    assert [(int(p), int(e) - n) for p, e in zip(patch.src, patch.dst)] == pairs
+    sims = q_emb @ chunk_emb.T  # float32 cosines, as the gate computes them (divided by a small temperature)
+    for i in range(q_emb.shape[0]):
+        for p in {p for p, _ in pairs}:
+            ents = [e for pp, e in pairs if pp == p]
+            w = np.array([Md[n + e, p] for e in ents])
+            s = np.array([max(float(sims[i, c]) for c in np.flatnonzero((chunk_doc == p) & (C[:, e] > 0)))
+                          for e in ents])
+            share = w * np.exp(s / temperature)
+            want = w.sum() * share / share.sum()
+            got = np.array([Md[n + e, p] + patch.delta[i, pairs.index((p, e))] for e in ents])
+            np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    for p in np.unique(patch.src):  # each document's gated weights keep their total: eq. (7)'s sums are M's
+        np.testing.assert_allclose(patch.delta[:, patch.src == p].sum(axis=1), 0.0, atol=1e-12)
+
+
+@pytest.mark.parametrize("node_order", ["stored", "locality"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_gated_walk_equals_explicit_walks_on_each_questions_own_matrix(node_order, dtype):
+    """Each question walks on M + its patch: the batched walk equals the one-query eq. (3) walk on that matrix."""
+    from tasks.methods.zoomrag.algorithm import gate_patch, relation_gate
+
+    M, n, titled, ce, chunk_doc, chunk_emb, q_emb, qd, qe = _gated_problem(4)
+    gate = relation_gate(M, n, titled, ce, chunk_doc, chunk_emb, 0.1)
+    params = ZoomParams(alpha=0.3, steps=6, batch_size=3, walk_dtype=dtype, walk_node_order=node_order)
+    got = doc_zoom(walk_graph(M, node_order, dtype), qd, qe, params, gate=gate, q_emb=q_emb)
+    plain = doc_zoom(walk_graph(M, node_order, dtype), qd, qe, params)
+    H, _ = query_links(qd, qe)
+    ref = []
+    for i, h in enumerate(H.toarray()):  # the patch of i's walk batch (float32 cosines round by batch shape)
+        start = i - i % params.batch_size
+        patch = gate_patch(gate, q_emb[start:start + params.batch_size])
+        Mi = M.toarray()
+        Mi[patch.dst, patch.src] += patch.delta[i - start]
+        ref.append(explicit_walk(Mi, h, params.alpha, params.steps))
+    assert np.abs(got - np.stack(ref)).max() < (1e-6 if dtype == "float32" else 1e-12)
+    assert np.abs(got - plain).max() > 1e-3  # the gate changes the walk
+    with pytest.raises(ValueError, match="embeddings"):
+        doc_zoom(M, qd, qe, params, gate=gate)
+
+
+def test_relation_gate_sends_the_walk_to_the_title_the_question_asks_about():
+    """Doc 0 (about a) names b in one sentence and c in another, which reads like the question. The title walk
+    alone scores b's and c's documents alike; with the gate, c's document comes first."""
+    from tasks.methods.zoomrag.algorithm import relation_gate, title_walk_block
+
+    D = sp.csr_array(np.array([[1, 1, 1], [0, 1, 0], [0, 0, 1]], dtype=np.float64))  # entities a, b, c
+    M, _ = global_block(sp.csr_array((3, 3)), D)
+    titled = sp.csr_array(np.eye(3))  # a, b, c title docs 0, 1, 2
+    M = title_walk_block(M, 3, titled, np.ones(3), 50.0, 10.0, False)
+    chunk_doc = np.array([0, 0, 0, 1, 2])
+    ce = sp.csr_array(np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [0, 1, 0], [0, 0, 1]], dtype=np.float64))
+    chunk_emb = np.array([[1, 0, 0], [0, 1, 0], [0, 0.6, 0.8], [0, 1, 0], [0, 0, 1]], dtype=np.float32)
+    q_emb = np.array([[0.6, 0.0, 0.8]], dtype=np.float32)  # close to the sentence naming c
+    query_doc = sp.csr_array(np.array([[np.exp(0.6), np.exp(0.1), np.exp(0.1)]]))
+    query_entity = sp.csr_array(np.array([[1.0, 0.0, 0.0]]))
+    params = ZoomParams(alpha=0.1, steps=10, query_entity_weight=10.0)
+    plain = doc_zoom(M, query_doc, query_entity, params, weighted_entities=True)[0, 1:4]
+    gate = relation_gate(M, 3, titled, ce, chunk_doc, chunk_emb, 0.1)
+    gated = doc_zoom(M, query_doc, query_entity, params, weighted_entities=True, gate=gate, q_emb=q_emb)[0, 1:4]
+    assert plain[1] == pytest.approx(plain[2], rel=1e-6)  # M's D is 0/1: the walk alone cannot tell b from c
+    assert gated[2] == gated.max() and gated[2] > 5 * gated[1]
