@@ -198,3 +198,11 @@ def test_relation_gate_needs_the_title_walk():
         load_config(_compose(["method=zoomrag", "method.relation_gate_temperature=-1"]))
     conf = load_config(_compose(["method=zoomrag", "experiment=beyond_paper", "method.relation_gate_temperature=0.5"]))
     assert conf.method.relation_gate_temperature == 0.5
+
+
+@pytest.mark.parametrize("method", ["linearrag", "zoomrag"])
+def test_lowercase_name_weight_is_part_of_the_title_walk(method):
+    with pytest.raises(ConfigError, match="graph_linking=gazetteer"):
+        load_config(_compose([f"method={method}", "method.lowercase_name_weight=0.1"]))
+    conf = load_config(_compose([f"method={method}", "experiment=beyond_paper", "method.lowercase_name_weight=0.1"]))
+    assert conf.method.title_walk and conf.method.lowercase_name_weight == 0.1

@@ -172,21 +172,52 @@ def match(texts: Sequence[str], gaz: Gazetteer) -> tuple[np.ndarray, np.ndarray]
     return rows, np.fromiter((e for h in hits for e in h), dtype=np.int64, count=len(rows))
 
 
-def _counts(rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int]) -> pd.DataFrame:
-    """COO ``(row, col, value)`` occurrence counts (duplicates summed)."""
-    m = sp.coo_array((np.ones(len(rows)), (rows, cols)), shape=shape).tocsr()
+def match_cased(texts: Sequence[str], gaz: Gazetteer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`match` and, per occurrence, whether the text writes a word of the name with a capital letter
+    (:func:`cased_words` of that text): case is a text's own cue that a phrase names an entity."""
+    rows, cols, cased = [], [], []
+    for i, text in enumerate(texts):
+        words, capital = normalize_text(text).split(), cased_words(text)
+        for start, n, hit in scan_spans(words, gaz):
+            rows.append(i)
+            cols.append(hit)
+            cased.append(any(w in capital for w in words[start:start + n]))
+    return np.asarray(rows, np.int64), np.asarray(cols, np.int64), np.asarray(cased, bool)
+
+
+def _counts(rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int], cased: np.ndarray | None = None
+            ) -> pd.DataFrame:
+    """COO ``(row, col, value)`` occurrence counts (duplicates summed); with ``cased`` (one flag per
+    occurrence) a ``cased`` column counts the occurrences written with a capital letter."""
+    m = sp.csr_array((np.ones(len(rows)), (rows, cols)), shape=shape)
     m.sum_duplicates()
     c = m.tocoo()
-    return pd.DataFrame({"row": c.row.astype("int64"), "col": c.col.astype("int64"), "value": c.data})
+    out = pd.DataFrame({"row": c.row.astype("int64"), "col": c.col.astype("int64"), "value": c.data})
+    if cased is not None:
+        k = sp.csr_array((np.asarray(cased, np.float64), (rows, cols)), shape=shape)
+        k.sum_duplicates()
+        out["cased"] = np.asarray(k[out["row"].to_numpy(), out["col"].to_numpy()]).ravel()
+    return out
+
+
+def lowercase_only(doc_entity: pd.DataFrame, shape: tuple[int, int]) -> sp.csr_array:
+    """(N x E) 1 where passage n writes name e only in lower case (``doc_entity``'s ``cased`` count is 0): a
+    common noun ("the princess", "an editor") rather than the passage that the name titles."""
+    if "cased" not in doc_entity.columns:
+        raise ValueError("the doc-entity table has no 'cased' column: it was not built by linked_entity_graph "
+                         "(method.graph_linking=gazetteer)")
+    low = doc_entity[doc_entity["cased"].to_numpy() == 0]
+    return sp.csr_array((np.ones(len(low)), (low["row"].to_numpy(), low["col"].to_numpy())), shape=shape)
 
 
 def linked_incidence(titles: Sequence[str], chunk_texts: Sequence[str], chunk_doc: np.ndarray,
                      chunk_first: np.ndarray, gaz: Gazetteer) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Doc–entity and chunk–entity counts from the gazetteer: names matched in every chunk, plus each
     document's title entity, counted once in its document and in its first chunk (``chunk_first``:
-    the chunk index of each document's first chunk, -1 when it has none)."""
+    the chunk index of each document's first chunk, -1 when it has none). The doc table's ``cased``
+    column counts the mentions written with a capital letter (:func:`match_cased`; a title counts)."""
     n_docs, n_chunks, m = len(titles), len(chunk_texts), gaz.size
-    c_rows, c_cols = match(chunk_texts, gaz)
+    c_rows, c_cols, c_cased = match_cased(chunk_texts, gaz)
     own = np.array([gaz.index.get(title_name(t), -1) for t in titles], dtype=np.int64)
     has = own >= 0
     titled_chunk = has & (chunk_first >= 0)
@@ -194,7 +225,8 @@ def linked_incidence(titles: Sequence[str], chunk_texts: Sequence[str], chunk_do
     chunk_cols = np.concatenate([c_cols, own[titled_chunk]])
     doc_rows = np.concatenate([np.asarray(chunk_doc, np.int64)[c_rows], np.flatnonzero(has)])
     doc_cols = np.concatenate([c_cols, own[has]])
-    return _counts(doc_rows, doc_cols, (n_docs, m)), _counts(chunk_rows, chunk_cols, (n_chunks, m))
+    doc_cased = np.concatenate([c_cased, np.ones(int(has.sum()), bool)])  # a title is written as a name
+    return _counts(doc_rows, doc_cols, (n_docs, m), doc_cased), _counts(chunk_rows, chunk_cols, (n_chunks, m))
 
 
 _SHORT_SPLIT = re.compile(r",| of ")
@@ -281,15 +313,8 @@ def query_seeds(questions: Sequence[str], gaz: Gazetteer, idf: np.ndarray,
         rows, cols = match(questions, gaz)
         factor = np.ones(len(cols))
     else:
-        rows_l, cols_l, fac_l = [], [], []
-        for i, q in enumerate(questions):
-            words, cased = normalize_text(q).split(), cased_words(q)
-            for start, n, hit in scan_spans(words, gaz):
-                rows_l.append(i)
-                cols_l.append(hit)
-                fac_l.append(1.0 if any(w in cased for w in words[start:start + n]) else lowercase_weight)
-        rows, cols = np.asarray(rows_l, np.int64), np.asarray(cols_l, np.int64)
-        factor = np.asarray(fac_l, np.float64)
+        rows, cols, cased = match_cased(questions, gaz)
+        factor = np.where(cased, 1.0, lowercase_weight)
     shape = (len(questions), len(idf))
     if len(rows) == 0:
         return sp.csr_array(shape, dtype=np.float64)

@@ -54,3 +54,12 @@ def test_title_walk_with_the_papers_question_linking_runs(tmp_path):
                                   "method.title_edge_weight=50", "method.passage_reset=top_similarity", *SMALL),
                       str(tmp_path / "walk"))
     assert m["n_questions"] == 12 and m["recall@2"] <= m["recall@5"] <= m["recall@10"]
+
+
+def test_lowercase_name_weight_runs_on_the_stored_graph(tmp_path):
+    """The lever re-weights the walk's edges when the retriever loads: the index built for the preset is reused."""
+    for method in ["linearrag", "zoomrag"]:
+        base = [f"method={method}", "experiment=beyond_paper", *SMALL]
+        evaluate_flow(make_config(tmp_path, *base), str(tmp_path / f"{method}-a"))
+        m = evaluate_flow(make_config(tmp_path, *base, "method.lowercase_name_weight=0.1"), str(tmp_path / f"{method}-b"))
+        assert m["stages_computed"] == 0 and m["n_questions"] == 12

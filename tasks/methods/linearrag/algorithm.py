@@ -85,6 +85,7 @@ class LinearRAGParams:
     title_edge_weight: float = 0.0  # omega: extra weight of the edge from a title's entity to the passage it titles
     title_name_weight: float = 1.0  # factor on passage -> entity edges whose entity is some passage's title
     idf_edges: bool = False  # passage -> entity edges also weighted by the entity's IDF (hubs carry less)
+    lowercase_name_weight: float = 1.0  # factor on passage -> entity edges the passage writes only in lower case
     passage_reset: str = "eq7"  # eq7 (paper) | top_similarity (the top passages by cosine, see top_similarity_reset)
     passage_reset_depth: int = 20  # top_similarity: how many passages per query get reset mass
     passage_reset_weight: float = 0.3  # top_similarity: passage share of the reset against the entities' (sum 1)
@@ -98,7 +99,8 @@ class LinearRAGParams:
     @property
     def title_walk(self) -> bool:
         """Whether the walk's graph differs from the paper's (needs the passages' title entities)."""
-        return self.title_edge_weight != 0.0 or self.title_name_weight != 1.0 or self.idf_edges
+        return (self.title_edge_weight != 0.0 or self.title_name_weight != 1.0 or self.idf_edges
+                or self.lowercase_name_weight != 1.0)
 
 
 PASSAGE_RESETS = ("eq7", "top_similarity")
@@ -162,6 +164,8 @@ def title_walk_graph(
     title_edge_weight: float = 0.0,
     title_name_weight: float = 1.0,
     idf_edges: bool = False,
+    lowercase: sp.sparray | None = None,
+    lowercase_name_weight: float = 1.0,
 ) -> sp.csr_array:
     """Directed passage-entity adjacency for the title walk (beyond the paper, issue #20); passages first.
 
@@ -170,7 +174,9 @@ def title_walk_graph(
     reaches a name goes on mostly to the passage about it. Passage -> entity edges are the paper's,
     times ``title_name_weight`` for names that title some passage (a passage's mention of another
     passage's title is the bridge of a multi-hop question) and times ``idf`` when ``idf_edges``.
-    With the defaults (0, 1, False) this equals :func:`passage_entity_graph`. :func:`random_walk`
+    ``lowercase`` (P x E, :func:`tasks.text.gazetteer.lowercase_only`): passage -> entity edges to names the
+    passage writes only in lower case ("the princess") are multiplied by ``lowercase_name_weight``.
+    With the defaults (0, 1, False, None) this equals :func:`passage_entity_graph`. :func:`random_walk`
     row-normalises, so only each row's proportions matter.
     """
     base = passage_entity_graph(contain, weighting)
@@ -182,6 +188,8 @@ def title_walk_graph(
     if idf_edges:
         column = column * np.asarray(idf, dtype=np.float64)
     to_entity = sp.csr_array(to_entity @ sp.diags_array(column))
+    if lowercase is not None and lowercase_name_weight != 1.0:  # the text's case: a common noun, not a title
+        to_entity = sp.csr_array(to_entity - (1.0 - lowercase_name_weight) * to_entity.multiply(lowercase))
     to_passage = sp.csr_array(to_passage + title_edge_weight * sp.csr_array(titled, dtype=np.float64))
     to_entity.eliminate_zeros()
     to_passage.eliminate_zeros()

@@ -14,7 +14,7 @@ from tasks.graph.walk import random_walk
 from tasks.methods.linearrag import algorithm as lr
 from tasks.methods.linearrag.stages import LinearParams
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
-from tasks.text.gazetteer import Gazetteer, TitleIndex, aliases_of, name_idf, query_seeds
+from tasks.text.gazetteer import Gazetteer, TitleIndex, aliases_of, lowercase_only, name_idf, query_seeds
 from tasks.text.ner import QueryRecogniser
 
 
@@ -62,7 +62,8 @@ class LinearRetriever:
             np.array(x, dtype=np.float32, order="C") for x in (self.passage_emb, self.sentence_emb, self.entity_emb))
         self.vocab_index = {name: i for i, name in enumerate(self.entity_names.tolist())}  # a dict: O(1) per name
         n_p, n_s, n_e = len(self.doc_ids), len(chunks), len(self.entity_names)
-        self.contain = coo_matrix(Store.read(index["contain"]), (n_p, n_e))
+        contain = Store.read(index["contain"])
+        self.contain = coo_matrix(contain, (n_p, n_e))
         self.mention = coo_matrix(Store.read(index["mention"]), (n_s, n_e))
         self.mention.data[:] = 1.0  # eq. (2): binary sentence-entity edges (appendix G.3)
         if params.query_linking == "gazetteer" or params.graph_linking == "gazetteer":
@@ -73,8 +74,10 @@ class LinearRetriever:
                                           qualified=params.cover_named_min_seed > 0)
         if self.algo.title_walk:  # beyond the paper: title entities lead the walk to the passages they title
             a = self.algo
+            lowercase = lowercase_only(contain, (n_p, n_e)) if a.lowercase_name_weight != 1.0 else None
             self.graph = lr.title_walk_graph(self.contain, self.titles.titled, self.idf, a.edge_weighting,
-                                             a.title_edge_weight, a.title_name_weight, a.idf_edges)
+                                             a.title_edge_weight, a.title_name_weight, a.idf_edges, lowercase,
+                                             a.lowercase_name_weight)
         else:
             self.graph = lr.passage_entity_graph(self.contain, self.algo.edge_weighting)
         split = n_p if self.algo.ppr_sweeps == "alternating" else 0  # passages first, then entities: bipartite

@@ -88,13 +88,15 @@ class ZoomParams:
     title_edge_weight: float = 0.0  # extra weight of the edge from a title's entity to the document it titles
     title_name_weight: float = 1.0  # factor on document -> entity edges whose entity titles some document
     idf_edges: bool = False  # document -> entity edges also weighted by the entity's IDF
+    lowercase_name_weight: float = 1.0  # factor on document -> entity edges the document writes only in lower case
     query_entity_weight: float = 1.0  # query -> entity links times this after the per-block rescaling (1 = §3.2)
     relation_gate_temperature: float = 0.0  # > 0: document -> title-entity edges gated per question (RelationGate)
 
     @property
     def title_walk(self) -> bool:
         """Whether DocZoom walks on :func:`title_walk_block` rather than the paper's M."""
-        return self.title_edge_weight != 0.0 or self.title_name_weight != 1.0 or self.idf_edges
+        return (self.title_edge_weight != 0.0 or self.title_name_weight != 1.0 or self.idf_edges
+                or self.lowercase_name_weight != 1.0)
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,8 @@ def global_block(
 
 def title_walk_block(M: sp.sparray, n_docs: int, titled: sp.sparray, idf: np.ndarray,
                      title_edge_weight: float = 0.0, title_name_weight: float = 1.0,
-                     idf_edges: bool = False) -> sp.csr_array:
+                     idf_edges: bool = False, lowercase: sp.sparray | None = None,
+                     lowercase_name_weight: float = 1.0) -> sp.csr_array:
     """M with the title walk's edges (beyond the paper, issue #20); the defaults return M unchanged.
 
     M[i, j] is the weight of j -> i (the walk normalises columns). ``titled`` (m x n) is 1 where
@@ -202,7 +205,9 @@ def title_walk_block(M: sp.sparray, n_docs: int, titled: sp.sparray, idf: np.nda
     ``title_edge_weight`` * titled^T (e leads mostly to the document about it; D^T is not
     mirrored, so the edge is one way). Document -> entity: row e of D^T is multiplied by
     ``title_name_weight`` when e titles a document (a document naming another's title is the
-    bridge of a multi-hop question) and by its IDF when ``idf_edges`` (hubs carry less).
+    bridge of a multi-hop question) and by its IDF when ``idf_edges`` (hubs carry less). ``lowercase`` (n x m,
+    :func:`tasks.text.gazetteer.lowercase_only`): entries of D^T where the document writes the name only in
+    lower case ("the princess") are multiplied by ``lowercase_name_weight``.
     """
     M = sp.csr_array(M)
     n, m = n_docs, M.shape[0] - n_docs
@@ -212,6 +217,8 @@ def title_walk_block(M: sp.sparray, n_docs: int, titled: sp.sparray, idf: np.nda
     if idf_edges:
         row = row * np.asarray(idf, dtype=np.float64)
     ed = sp.csr_array(sp.diags_array(row.astype(M.dtype)) @ ed)
+    if lowercase is not None and lowercase_name_weight != 1.0:  # the text's case: a common noun, not a title
+        ed = sp.csr_array(ed - (1.0 - lowercase_name_weight) * ed.multiply(sp.csr_array(lowercase).T))
     de = sp.csr_array(de + (title_edge_weight * sp.csr_array(titled).T).astype(M.dtype))
     ed.eliminate_zeros()
     de.eliminate_zeros()

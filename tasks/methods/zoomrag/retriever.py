@@ -15,7 +15,8 @@ from tasks.methods.zoomrag import algorithm as zoom
 from tasks.methods.zoomrag.stages import ZoomRAGParams
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
 from tasks.text.entities import query_entity_links
-from tasks.text.gazetteer import Gazetteer, TitleIndex, aliases_of, name_idf, query_seeds, title_restart
+from tasks.text.gazetteer import (Gazetteer, TitleIndex, aliases_of, lowercase_only, name_idf, query_seeds,
+                                  title_restart)
 from tasks.text.ner import QueryRecogniser
 
 
@@ -37,13 +38,15 @@ class ZoomRetriever:
         self.max_words = int(min(params.max_entity_words, vocab["n_words"].to_numpy().max(initial=1)))
         if params.query_linking == "gazetteer":  # beyond the paper: IDF-weighted names the question contains
             self.gazetteer = Gazetteer.of(self.entity_names, params.gazetteer_min_chars, aliases_of(vocab))
-            self.idf = name_idf(coo_matrix(Store.read(index["doc_entity"]), (self.n, self.m)))
+            doc_entity = Store.read(index["doc_entity"])
+            self.idf = name_idf(coo_matrix(doc_entity, (self.n, self.m)))
             self.titles = TitleIndex.read(data["documents"], self.doc_ids, self.gazetteer,
                                           qualified=params.cover_named_min_seed > 0)
             if self.walk.title_walk:  # beyond the paper: title entities lead the walk to the documents they title
                 w = self.walk
+                lowercase = lowercase_only(doc_entity, (self.n, self.m)) if w.lowercase_name_weight != 1.0 else None
                 M = zoom.title_walk_block(M, self.n, self.titles.titled, self.idf, w.title_edge_weight,
-                                          w.title_name_weight, w.idf_edges)
+                                          w.title_name_weight, w.idf_edges, lowercase, w.lowercase_name_weight)
         self._load_chunks(data, index)
         self.gate = None
         if params.relation_gate_temperature > 0:  # beyond the paper: the question's relation picks the bridge

@@ -8,7 +8,7 @@ import scipy.sparse as sp
 
 from tasks.graph.sparse import coo_matrix
 from tasks.text.entities import entity_vocabulary, incidence
-from tasks.text.gazetteer import (Gazetteer, cased_words, cover_named, qualified_title_mentions, qualified_titles, LinkingParams, build_names, linked_incidence, match, name_idf, scan_spans,
+from tasks.text.gazetteer import (Gazetteer, cased_words, cover_named, qualified_title_mentions, qualified_titles, LinkingParams, build_names, linked_incidence, lowercase_only, match, name_idf, scan_spans,
                                   title_docs, title_restart,
                                   named_titles, normalize_text, query_seeds, scan, title_link_coverage,
                                   title_name, title_short_forms, unambiguous_short_forms, aliases_of)
@@ -68,6 +68,22 @@ def test_linked_incidence_puts_each_title_in_its_passage_and_first_chunk():
     C = coo_matrix(chunk_entity, (4, 2)).toarray()
     np.testing.assert_array_equal(D, [[1, 1], [1, 1]])  # doc 0: its title + 'mary smith'; doc 1: title + jones
     np.testing.assert_array_equal(C, [[0, 1], [1, 0], [1, 0], [0, 1]])
+
+
+def test_linked_incidence_counts_the_mentions_written_with_a_capital():
+    gaz = Gazetteer.of(["princess", "mary smith"])
+    chunk_texts = ["She was a princess.", "Mary Smith met the princess.", "Princess (film) is a film.", "x"]
+    chunk_doc = np.array([0, 1, 2, 2])
+    doc_entity, _ = linked_incidence(["Anna", "Bob", "Princess (film)"], chunk_texts, chunk_doc,
+                                     np.array([0, 1, 2]), gaz)
+    got = {(r.row, r.col): (r.value, r.cased) for r in doc_entity.itertuples()}
+    # docs 0 and 1 write 'princess' in lower case only, doc 1 'Mary Smith' capitalised; doc 2, titled Princess,
+    # writes it capitalised once, and its title counts once more, as written with a capital
+    assert got == {(0, 0): (1, 0), (1, 0): (1, 0), (1, 1): (1, 1), (2, 0): (2, 2)}
+    low = lowercase_only(doc_entity, (3, 2)).toarray()
+    np.testing.assert_array_equal(low, [[1, 0], [1, 0], [0, 0]])
+    with pytest.raises(ValueError, match="cased"):
+        lowercase_only(doc_entity.drop(columns="cased"), (3, 2))
 
 
 def test_idf_down_weights_hubs_and_seeds_take_it():

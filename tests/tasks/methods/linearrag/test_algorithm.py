@@ -341,7 +341,7 @@ def test_params_fields_are_the_config_keys() -> None:
     assert set(LinearRAGParams.__dataclass_fields__) == {
         "max_iterations", "iteration_threshold", "top_k_sentence", "passage_ratio", "passage_node_weight",
         "damping", "edge_weighting", "top_k", "min_similarity", "ppr_tol", "ppr_max_iter", "ppr_dtype",
-        "title_edge_weight", "title_name_weight", "idf_edges", "passage_reset", "passage_reset_depth",
+        "title_edge_weight", "title_name_weight", "idf_edges", "lowercase_name_weight", "passage_reset", "passage_reset_depth",
         "passage_reset_weight", "ppr_threads", "ppr_sweeps",
     }
     with pytest.raises(ValueError, match="passage_reset"):
@@ -450,6 +450,19 @@ def test_title_walk_graph_hand_example() -> None:
     # entity -> passage: share transposed, plus 4 on b -> P1
     np.testing.assert_allclose(g[2, :2], [0.5, 0.0])
     np.testing.assert_allclose(g[3, :2], [0.5, 1.0 + 4.0])
+
+
+def test_title_walk_graph_lowercase_names_weigh_less() -> None:
+    contain = sp.csr_array(np.array([[1.0, 1.0], [0.0, 1.0]]))
+    titled = sp.csr_array(np.array([[0.0, 0.0], [0.0, 1.0]]))
+    lowercase = sp.csr_array(np.array([[0.0, 1.0], [0.0, 0.0]]))  # P0 writes b only in lower case
+    args = (contain, titled, np.array([0.5, 1.0]), "share", 4.0, 3.0, True)
+    base = lr.title_walk_graph(*args).toarray()
+    g = lr.title_walk_graph(*args, lowercase, 0.1).toarray()
+    np.testing.assert_allclose(g[0, 3], 0.1 * base[0, 3])  # only P0 -> b changes
+    g[0, 3] = base[0, 3]
+    np.testing.assert_array_equal(g, base)
+    assert abs(lr.title_walk_graph(*args, lowercase, 1.0) - lr.title_walk_graph(*args)).max() == 0
 
 
 def test_top_similarity_reset_hand_example() -> None:

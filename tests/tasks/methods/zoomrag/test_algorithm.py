@@ -506,6 +506,18 @@ def test_title_walk_block_defaults_are_the_papers_M_and_hand_example():
     assert abs(Td[4:, 4:]).max() == 0
 
 
+def test_title_walk_block_lowercase_names_weigh_less():
+    from tasks.methods.zoomrag.algorithm import title_walk_block
+
+    M, titled, idf = _title_corpus()
+    lowercase = sp.csr_array(([1.0], ([0], [1])), shape=(4, 3))  # doc 0 writes b only in lower case
+    base = title_walk_block(M, 4, titled, idf, 5.0, 3.0, True).toarray()
+    T = title_walk_block(M, 4, titled, idf, 5.0, 3.0, True, lowercase, 0.1).toarray()
+    assert T[4 + 1, 0] == pytest.approx(0.1 * base[4 + 1, 0]) and base[4 + 1, 0] > 0  # the edge doc 0 -> b
+    T[4 + 1, 0] = base[4 + 1, 0]
+    np.testing.assert_array_equal(T, base)
+
+
 def test_title_walk_brings_the_bridge_document_into_the_top_two():
     """The question names a (doc 0's title); doc 0 names b, the title of doc 1, which the question does not
     resemble. With the title walk doc 1 is second; on the paper's M a distractor is."""
