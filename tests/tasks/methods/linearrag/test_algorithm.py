@@ -183,6 +183,19 @@ def test_top_k_sentence_picks_most_relevant_untraversed_sentences() -> None:
     np.testing.assert_allclose(every, [[2.1, 0.5, 0.9, 0.7]], rtol=1e-6)
 
 
+def test_a_sentence_taken_once_is_not_taken_again_by_the_same_query() -> None:
+    # s0 holds e0 and e1 (sigma 0.9), s1 holds e1 and e2 (0.6). Step 1: e0 takes s0 and reaches e1. Step 2: e1's
+    # best sentence s0 is spent, so with top_k_sentence=1 it takes s1 and reaches e2. Query 1 starts at e1: its
+    # step 1 takes s0 too (query 0's pairs are not its own) and reaches e0, whose only sentence is then spent
+    rows, cols = np.array([0, 0, 1, 1]), np.array([0, 1, 1, 2])
+    _, mention = build_tri_graph(np.zeros(2, int), rows, cols, 1, 2, 3)
+    sigma = np.array([[0.9, 0.6], [0.9, 0.6]], dtype=np.float32)
+    seeds = sp.csr_array(([1.0, 1.0], ([0, 1], [0, 1])), shape=(2, 3))
+    out = semantic_bridging(seeds, sigma, mention, 0.1, 3, top_k_sentence=1)
+    assert [(q.tolist(), e.tolist()) for q, e in out.trace] == [([0, 1], [1, 0]), ([0], [2])]
+    np.testing.assert_array_equal(out.level.toarray(), [[1, 2, 3], [2, 1, 0]])
+
+
 def test_pure_eq5_without_top_k_matches_dense_formula() -> None:
     """With every sentence allowed and delta tiny, one step is MAX(M^T(sigma (.) M a), a)."""
     contain, mention, emb, rng = _random_corpus(5)
