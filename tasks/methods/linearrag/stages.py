@@ -30,8 +30,8 @@ class LinearParams(lr.LinearRAGParams, LinkingParams):
         lr.LinearRAGParams.__post_init__(self)
         LinkingParams.__post_init__(self)
         if self.title_walk and self.graph_linking != "gazetteer":
-            raise ValueError("method.title_edge_weight / title_name_weight / idf_edges (the title walk) need "
-                             "method.graph_linking=gazetteer: with spaCy entities a passage's title is no node")
+            raise ValueError("method.title_edge_weight / title_name_weight / idf_edges / lowercase_name_weight "
+                             "(the title walk) need method.graph_linking=gazetteer: with spaCy entities a passage's title is no node")
 
     def retrieval(self) -> lr.LinearRAGParams:
         """The slice :mod:`tasks.methods.linearrag.algorithm` takes."""

@@ -438,13 +438,12 @@ def decoupled_walk(M: sp.sparray | WalkGraph, H: sp.sparray, alpha: float = 0.8,
         patch_rows = np.ascontiguousarray(patch.delta[:, by_dst].T, dtype=dtype)  # (P x q)
         dst_starts = np.flatnonzero(np.r_[True, dst[1:] != dst[:-1]]) if len(dst) else np.zeros(0, np.int64)
         dst_nodes = dst[dst_starts]
-        sparse_max = -1.0
     for step in range(steps):
         if step == 0:  # nothing but the query node holds mass, and it moves along H~
             Xt = sp.csr_array(((h_tilde * r_q[qi]) * follow, (qi, jj)), shape=(q, N))
             r_q = np.full(q, alpha, dtype)
             continue
-        if Xt is not None and Xt.nnz <= sparse_max * q * N:  # a sparse step: only the nodes holding mass
+        if Xt is not None and patch is None and Xt.nnz <= sparse_max * q * N:  # sparse: only nodes with mass
             Xt.sort_indices()
             keys = np.repeat(np.arange(q, dtype=np.int64), np.diff(Xt.indptr)) * N + Xt.indices
             at_h = np.searchsorted(keys, h_row)  # H's entries always hold mass (each step adds h~ r_q there)

@@ -37,8 +37,8 @@ class ZoomRAGParams(zoom.ZoomParams, LinkingParams):
     def __post_init__(self) -> None:
         LinkingParams.__post_init__(self)
         if self.title_walk and (self.graph_linking != "gazetteer" or self.query_linking != "gazetteer"):
-            raise ValueError("method.title_edge_weight / title_name_weight / idf_edges (the title walk) need "
-                             "method.graph_linking=gazetteer and method.query_linking=gazetteer: with spaCy "
+            raise ValueError("method.title_edge_weight / title_name_weight / idf_edges / lowercase_name_weight "
+                             "(the title walk) need method.graph_linking=gazetteer and method.query_linking=gazetteer: with spaCy "
                              "entities a document's title is no node")
         if self.relation_gate_temperature > 0 and (not self.title_walk or self.coupled):
             raise ValueError("method.relation_gate_temperature > 0 gates the title walk's edges: it needs the title "
