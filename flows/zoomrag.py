@@ -11,6 +11,7 @@ from tasks.methods.zoomrag.stages import (
     ZoomRAGParams,
     doc_doc_graph,
     global_block,
+    relation_sentences,
 )
 from tasks.text.chunk import chunk
 from tasks.text.embed import embed
@@ -34,8 +35,11 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
              else entity_graph(ctx, documents, chunks, mentions.result()["mentions"]))
     doc_doc = doc_doc_graph(ctx, doc_embeddings, p)["doc_doc"]
     block = global_block(ctx, doc_doc, graph["doc_entity"], graph["entities"], documents.rows, p)
-    return {"chunks": chunks, "doc_embeddings": doc_embeddings, "chunk_embeddings": chunk_embeddings,
-            **graph, **block}
+    out = {"chunks": chunks, "doc_embeddings": doc_embeddings, "chunk_embeddings": chunk_embeddings, **graph, **block}
+    if p.relation_gate_temperature > 0 and p.relation_gate_masked:  # beyond the paper: the gate reads relations
+        masked = relation_sentences(ctx, chunks, graph["entities"], graph["chunk_entity"], p.gazetteer_min_chars)
+        out["relation_embeddings"] = embed(ctx, masked["relation_sentences"], "chunk_id", cfg.embedder)["embeddings"]
+    return out
 
 
 def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> ZoomRetriever:

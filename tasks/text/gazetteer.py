@@ -165,6 +165,21 @@ def cased_words(text: str) -> set[str]:
     return {w for token in text.split() if any(c.isupper() for c in token) for w in normalize_text(token).split()}
 
 
+def mask_names(texts: Sequence[str], gaz: Gazetteer) -> list[str]:
+    """Each text in the gazetteer's form with the names it writes capitalised left out: what remains is the
+    relation ("Who directed Amy (2015 Film)?" → "who directed", "It was directed by Asif Kapadia." → "it was
+    directed by"). Lower-case names ("film", "director") stay: they are the relation's own words."""
+    out = []
+    for text in texts:
+        words, capital = normalize_text(text).split(), cased_words(text)
+        drop = bytearray(len(words))
+        for start, n, _ in scan_spans(words, gaz):
+            if any(w in capital for w in words[start:start + n]):
+                drop[start:start + n] = b"\x01" * n
+        out.append(" ".join(w for w, gone in zip(words, drop) if not gone))
+    return out
+
+
 def match(texts: Sequence[str], gaz: Gazetteer) -> tuple[np.ndarray, np.ndarray]:
     """Every name occurrence in ``texts``: ``(text position, entity index)`` arrays, one row per occurrence."""
     hits = [scan(normalize_text(t).split(), gaz) for t in texts]

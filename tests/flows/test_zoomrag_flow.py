@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 
 from flows.evaluate import evaluate_flow
 from tests.flows.conftest import make_config
@@ -70,3 +71,19 @@ def test_relation_gate_is_online_only_and_changes_the_walk(tmp_path):
     a, b = (pd.read_parquet(tmp_path / r / "hits.parquet") for r in "ab")
     assert a[["qid", "rank"]].equals(b[["qid", "rank"]])
     assert (a["score"] - b["score"]).abs().max() > 1e-4
+
+
+def test_masked_relation_gate_indexes_the_naming_sentences_once(tmp_path):
+    base = ["method=zoomrag", "experiment=beyond_paper", "dataset.n_passages=40", "dataset.n_questions=8",
+            "method.relation_gate_temperature=0.2"]
+    evaluate_flow(make_config(tmp_path, *base), str(tmp_path / "a"))
+    masked = evaluate_flow(make_config(tmp_path, *base, "method.relation_gate_masked=true"), str(tmp_path / "b"))
+    assert masked["index_stage_seconds"].keys() >= {"relation_sentences", "embed"}
+    assert masked["stages_computed"] == 2  # the masked sentences and their embeddings; the rest is reused
+    again = evaluate_flow(make_config(tmp_path, *base, "method.relation_gate_masked=true"), str(tmp_path / "c"))
+    assert again["stages_computed"] == 0
+    a, b = (pd.read_parquet(tmp_path / r / "hits.parquet") for r in "ab")
+    assert (a["score"] - b["score"]).abs().max() > 1e-6
+    with pytest.raises(Exception, match="relation_gate_masked=true masks"):
+        evaluate_flow(make_config(tmp_path, "method=zoomrag", "experiment=beyond_paper",
+                                  "method.relation_gate_masked=true"), str(tmp_path / "bad"))

@@ -278,6 +278,7 @@ class RelationGate:
     pair_chunks: sp.csr_array  # (P x C) 1 at the gate's chunks of p that write e
     chunk_emb: np.ndarray  # (C, d) those chunks' embeddings (unit length, as the questions')
     temperature: float
+    chunks: np.ndarray  # (C,) the chunk each row of chunk_emb embeds
 
 
 @dataclass(frozen=True)
@@ -323,7 +324,7 @@ def relation_gate(M: sp.sparray, n_docs: int, titled: sp.sparray, chunk_entity: 
     pdoc, pent = pair_key // m, pair_key % m
     starts = np.flatnonzero(np.r_[True, pdoc[1:] != pdoc[:-1]]) if len(pdoc) else np.zeros(0, np.int64)
     return RelationGate(pdoc, n_docs + pent, weight, starts, pair_chunks,
-                        np.ascontiguousarray(chunk_emb[used], dtype=np.float32), float(temperature))
+                        np.ascontiguousarray(chunk_emb[used], dtype=np.float32), float(temperature), used)
 
 
 def gate_patch(gate: RelationGate, q_emb: np.ndarray) -> EdgePatch:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -15,7 +16,7 @@ from tasks.methods.zoomrag import algorithm as zoom
 from tasks.methods.zoomrag.stages import ZoomRAGParams
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
 from tasks.text.entities import query_entity_links
-from tasks.text.gazetteer import (Gazetteer, TitleIndex, aliases_of, lowercase_only, name_idf, query_seeds,
+from tasks.text.gazetteer import (Gazetteer, TitleIndex, aliases_of, lowercase_only, mask_names, name_idf, query_seeds,
                                   title_restart)
 from tasks.text.ner import QueryRecogniser
 
@@ -52,6 +53,8 @@ class ZoomRetriever:
         if params.relation_gate_temperature > 0:  # beyond the paper: the question's relation picks the bridge
             self.gate = zoom.relation_gate(M, self.n, self.titles.titled, self.chunk_entity, self.chunk_doc,
                                            self.chunk_emb, params.relation_gate_temperature)
+            if params.relation_gate_masked:  # the naming sentences without their names (relation_sentences)
+                self.gate = replace(self.gate, chunk_emb=self._relation_embeddings(index, self.gate.chunks))
         self.graph = zoom.walk_graph(M, params.walk_node_order, params.walk_dtype)  # once: M renumbered
         encode_queries(["warm-up"], embedder)
         self.fallbacks = 0
@@ -62,11 +65,22 @@ class ZoomRetriever:
         self.chunk_doc = doc_pos.loc[chunks["doc_id"]].to_numpy()
         self.chunk_pos = chunks["position"].to_numpy()
         self.chunk_text = chunks["text"].to_numpy()
-        ids, self.chunk_emb = load_embeddings(index["chunk_embeddings"], "chunk_id")
-        if not np.array_equal(ids, chunks["chunk_id"].to_numpy(dtype=object)):
+        self.chunk_ids, self.chunk_emb = load_embeddings(index["chunk_embeddings"], "chunk_id")
+        if not np.array_equal(self.chunk_ids, chunks["chunk_id"].to_numpy(dtype=object)):
             raise RuntimeError("chunk embeddings are not aligned with the chunks table; delete the artifacts")
         self.chunk_entity = coo_matrix(Store.read(index["chunk_entity"]), (len(chunks), self.m))
         self.doc_chunk_count = np.bincount(self.chunk_doc, minlength=self.n)
+
+    def _relation_embeddings(self, index: dict[str, ArtifactRef], chunks: np.ndarray) -> np.ndarray:
+        """The masked embeddings of ``chunks`` (positions in the chunks table) from the relation_sentences stage."""
+        if "relation_embeddings" not in index:
+            raise RuntimeError("method.relation_gate_masked=true needs the relation_sentences stage: index again")
+        ids, emb = load_embeddings(index["relation_embeddings"], "chunk_id")
+        row = pd.Series(np.arange(len(ids)), index=pd.Index(ids))
+        wanted = pd.Index(self.chunk_ids[chunks])
+        if not wanted.isin(row.index).all():
+            raise RuntimeError("relation_sentences lacks chunks the gate reads; delete the artifacts and index again")
+        return np.ascontiguousarray(emb[row.loc[wanted].to_numpy()], dtype=np.float32)
 
     def query_links(self, questions: list[str]) -> list[list[int]]:
         """Vocabulary entities each question contains (n-gram matches and its NER mentions)."""
@@ -100,9 +114,12 @@ class ZoomRetriever:
         cos, query_doc = self.query_doc(q_emb)
         if self.params.query_linking == "gazetteer":  # the restart also starts at the passages the names title
             query_doc = title_restart(query_doc, cos, query_entity, self.titles.titled)
+        gate_emb = q_emb
+        if self.gate is not None and self.params.relation_gate_masked:
+            gate_emb = encode_queries(mask_names(questions, self.gazetteer), self.embedder)
         scores = zoom.doc_zoom(self.graph, query_doc, query_entity, self.walk,
                                weighted_entities=self.params.query_linking == "gazetteer", gate=self.gate,
-                               q_emb=q_emb)
+                               q_emb=gate_emb)
         ordering = scores
         if self.params.cover_named_min_seed > 0:  # beyond the paper: each named entity's document first
             ordering = scores.copy()

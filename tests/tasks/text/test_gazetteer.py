@@ -8,7 +8,7 @@ import scipy.sparse as sp
 
 from tasks.graph.sparse import coo_matrix
 from tasks.text.entities import entity_vocabulary, incidence
-from tasks.text.gazetteer import (Gazetteer, cased_words, cover_named, qualified_title_mentions, qualified_titles, LinkingParams, build_names, linked_incidence, lowercase_only, match, name_idf, scan_spans,
+from tasks.text.gazetteer import (Gazetteer, cased_words, mask_names, cover_named, qualified_title_mentions, qualified_titles, LinkingParams, build_names, linked_incidence, lowercase_only, match, name_idf, scan_spans,
                                   title_docs, title_restart,
                                   named_titles, normalize_text, query_seeds, scan, title_link_coverage,
                                   title_name, title_short_forms, unambiguous_short_forms, aliases_of)
@@ -56,6 +56,16 @@ def test_scan_prefers_the_longer_of_overlapping_names():
     # equal lengths: the leftmost; a name that loses its words to a longer one is gone, not cut shorter
     assert scan("a b c".split(), Gazetteer.of(["a b", "b c"])) == [0]
     assert scan("x a b c y".split(), Gazetteer.of(["a b c", "x a", "c y"])) == [0]
+
+
+def test_mask_names_leaves_out_the_capitalised_names_and_keeps_the_relation():
+    gaz = Gazetteer.of(["eagle eye", "george lessey", "director", "film", "us navy"])
+    assert mask_names(["It was directed by George Lessey.", "Where did the director of film The Eagle's Eye study?",
+                       "He served in the U.S. Navy band", "served in a us navy band", "", "Nothing named here"], gaz) == [
+        "it was directed by", "where did the director of film the study",  # lower-case names stay
+        "he served in the band", "served in a us navy band", "", "nothing named here"]
+    # the case test is per text, as for questions: a name the text also writes capitalised is a name
+    assert mask_names(["He left the U.S. Navy and the us navy band"], gaz) == ["he left the and the band"]
 
 
 def test_linked_incidence_puts_each_title_in_its_passage_and_first_chunk():

@@ -151,3 +151,19 @@ def test_fast_tokenizer_gives_the_models_own_ids() -> None:
     assert fast["input_ids"].shape == (4, p.max_seq_length)  # truncated at max_seq_length, padded to the longest
     for name in ref:
         np.testing.assert_array_equal(fast[name], ref[name])
+
+
+def test_masked_texts_let_the_relation_decide_which_sentence_a_question_asks_about() -> None:
+    """The case the masked relation gate exists for (README, "Two levers"): with the names in, the sentence
+    sharing the question's name wins; with capitalised names left out, the one stating the asked relation."""
+    from tasks.text.gazetteer import Gazetteer, mask_names
+
+    gaz = Gazetteer.of(["mudras society", "liagas studios", "gurean graimaivack"])
+    question = ["In which country was the founder of Mudras Society born?"]
+    sentences = ["Mudras Society has a long partnership with Liagas Studios.",
+                 "It was established in 1871 by Gurean Graimaivack."]
+    params = EmbedderParams()
+    plain = (encode_queries(question, params) @ encode_queries(sentences, params).T).ravel()
+    masked = (encode_queries(mask_names(question, gaz), params) @ encode_queries(mask_names(sentences, gaz), params).T).ravel()
+    assert plain[0] > plain[1]  # the shared name decides
+    assert masked[1] > masked[0]  # "founder" reads as "established by"
