@@ -189,7 +189,7 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
                           "min_similarity": "[-1, 1]", "ppr_tol": pos, "ppr_max_iter": count,
                           "ppr_dtype": ("float32", "float64"), "ppr_threads": count0,
                           "ppr_sweeps": ("power", "alternating"), "title_edge_weight": count0,
-                          "title_name_weight": count0, "lowercase_name_weight": count0,
+                          "title_name_weight": count0, "lowercase_name_weight": count0, "relation_gate_temperature": count0,
                           "passage_reset": PASSAGE_RESETS,
                           "passage_reset_depth": count, "passage_reset_weight": count0},
         LinkingParams: {"graph_linking": LINKINGS, "query_linking": LINKINGS, "gazetteer_min_chars": count,

@@ -11,7 +11,7 @@ from tasks.methods.linearrag.retriever import LinearRetriever
 from tasks.methods.linearrag.stages import LinearParams
 from tasks.text.chunk import chunk
 from tasks.text.embed import embed
-from tasks.text.gazetteer import linked_entity_graph
+from tasks.text.gazetteer import index_relation_embeddings, linked_entity_graph
 from tasks.text.entities import entity_graph, entity_texts
 from tasks.text.ner import QueryRecogniser, ner
 
@@ -35,6 +35,9 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
     if p.query_ner:  # eq. (3) matches the question's NER strings to entity embeddings; the gazetteer alone needs none
         entities = entity_texts(ctx, graph["entities"])["entity_texts"]
         out["entity_embeddings"] = embed(ctx, entities, "entity_id", cfg.embedder)["embeddings"]
+    if p.relation_gate_temperature > 0 and p.relation_gate_masked:  # beyond the paper: the gate reads relations
+        out |= index_relation_embeddings(ctx, sentences, graph["entities"], graph["chunk_entity"],
+                                         p.gazetteer_min_chars, cfg.embedder)
     return out
 
 

@@ -11,11 +11,10 @@ from tasks.methods.zoomrag.stages import (
     ZoomRAGParams,
     doc_doc_graph,
     global_block,
-    relation_sentences,
 )
 from tasks.text.chunk import chunk
 from tasks.text.embed import embed
-from tasks.text.gazetteer import linked_entity_graph
+from tasks.text.gazetteer import index_relation_embeddings, linked_entity_graph
 from tasks.text.entities import entity_graph
 from tasks.text.ner import QueryRecogniser, ner
 
@@ -37,8 +36,8 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
     block = global_block(ctx, doc_doc, graph["doc_entity"], graph["entities"], documents.rows, p)
     out = {"chunks": chunks, "doc_embeddings": doc_embeddings, "chunk_embeddings": chunk_embeddings, **graph, **block}
     if p.relation_gate_temperature > 0 and p.relation_gate_masked:  # beyond the paper: the gate reads relations
-        masked = relation_sentences(ctx, chunks, graph["entities"], graph["chunk_entity"], p.gazetteer_min_chars)
-        out["relation_embeddings"] = embed(ctx, masked["relation_sentences"], "chunk_id", cfg.embedder)["embeddings"]
+        out |= index_relation_embeddings(ctx, chunks, graph["entities"], graph["chunk_entity"], p.gazetteer_min_chars,
+                                         cfg.embedder)
     return out
 
 

@@ -18,7 +18,7 @@ Pure numpy / scipy.sparse: no I/O.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence, Union
 
 import numpy as np
@@ -116,14 +116,37 @@ def restarted_walk(transition: Transition, x0: np.ndarray, restart: float, steps
     return x
 
 
+@dataclass(frozen=True)
+class SidePatch:
+    """Per-column changes to a bipartite walk's first -> second transitions: column i walks with
+    ``to_second[dst[j], src[j]] + delta[j, i]`` (``src`` first-side nodes, ``dst`` second-side nodes counted
+    from the split). ``scatter`` (second side x pairs) sums each pair into its ``dst``."""
+
+    src: np.ndarray  # (P,)
+    scatter: sp.csr_array  # (n - split, P), 1 at (dst[j], j)
+    delta: np.ndarray  # (P, q)
+
+    @classmethod
+    def of(cls, src: np.ndarray, dst: np.ndarray, delta: np.ndarray, n_second: int) -> "SidePatch":
+        """The patch of pairs (``src`` -> ``dst``) with per-column changes ``delta`` (P, q)."""
+        pairs = len(src)
+        scatter = sp.csr_array((np.ones(pairs), (np.asarray(dst, np.int64), np.arange(pairs))), shape=(n_second, pairs))
+        return cls(np.asarray(src, np.int64), scatter, np.asarray(delta))
+
+    def columns(self, cols: np.ndarray) -> "SidePatch":
+        """The patch of columns ``cols`` only."""
+        return SidePatch(self.src, self.scatter, np.ascontiguousarray(self.delta[:, cols]))
+
+
 def alternating_walk(walk: RandomWalk, x0: np.ndarray, restart: float, steps: int, tol: float,
-                     check_every: int = 4, nodes: int | None = None) -> np.ndarray:
+                     check_every: int = 4, nodes: int | None = None, patch: SidePatch | None = None) -> np.ndarray:
     """The restarted walk of :func:`restarted_walk` (with ``dangling``) on a bipartite ``walk``, by block
     Gauss-Seidel: each sweep updates the second side from the first, then the first from the second side's new
     values. It has the same fixed point, and each sweep shrinks the error by about (1 - c)^2 instead of 1 - c,
     for the cost of one power step (the two blocks hold the matrix's entries once). Stops like
     :func:`restarted_walk`: every column's L1 change over one sweep < ``tol``, checked every ``check_every``.
-    Returns the state of every node, or of the first ``nodes`` only.
+    Returns the state of every node, or of the first ``nodes`` only. ``patch``: column i walks on its own
+    first -> second transitions (:class:`SidePatch`; their column sums must stay those of ``to_second``).
     """
     if walk.split <= 0 or walk.to_second is None or walk.to_first is None:
         raise ValueError("alternating_walk needs a bipartite RandomWalk (random_walk(..., split=n))")
@@ -133,6 +156,9 @@ def alternating_walk(walk: RandomWalk, x0: np.ndarray, restart: float, steps: in
     to_second, to_first = walk.to_second.astype(x0.dtype, copy=False), walk.to_first.astype(x0.dtype, copy=False)
     r1, r2 = x0[:k], x0[k:]
     x1, x2 = r1.copy(), r2.copy()
+    if patch is not None:
+        patch_delta = patch.delta.astype(x0.dtype, copy=False)
+        patch = replace(patch, scatter=patch.scatter.astype(x0.dtype, copy=False))
 
     def coef(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # teleport c + (1 - c) * dangling mass, per column
         mass = np.take(a, first_dangling, axis=0).sum(axis=0, keepdims=True, dtype=np.float64) \
@@ -149,6 +175,8 @@ def alternating_walk(walk: RandomWalk, x0: np.ndarray, restart: float, steps: in
     for it in range(steps):
         jump = coef(x1, x2)
         csr_times_dense(to_second, x1, out=y2)
+        if patch is not None:  # each column's own changes on its pairs: y2[dst] += delta * x1[src]
+            y2 += (patch.scatter @ (patch_delta * x1[patch.src])).astype(x0.dtype, copy=False)
         y2 *= dtype(follow)
         y2 += np.multiply(r2, jump, out=buf2)
         jump = coef(x1, y2)  # the second side's new values
@@ -179,7 +207,7 @@ SWEEPS = ("power", "alternating")
 def personalized_pagerank(adj: sp.sparray | RandomWalk, personalization: Reset,
                           damping: float = 0.5, tol: float = 1e-8, max_iter: int = 100,
                           dtype: str | type = np.float64, *, nodes: int | None = None, threads: int = 1,
-                          sweeps: str = "power") -> np.ndarray:
+                          sweeps: str = "power", patch: SidePatch | None = None) -> np.ndarray:
     """Personalized PageRank for a batch of reset vectors (Q x n), LinearRAG eq. (6).
 
     ``adj``: (n, n) weighted adjacency, ``adj[i, j]`` = weight of edge i -> j, or its prebuilt
@@ -193,9 +221,13 @@ def personalized_pagerank(adj: sp.sparray | RandomWalk, personalization: Reset,
     sparse product release the GIL); each block stops by the same rule on its own queries. ``sweeps``:
     ``power`` (x <- d P x + ..., :func:`restarted_walk`) or ``alternating`` (:func:`alternating_walk`: the same
     fixed point in about half the sweeps, for a bipartite walk built with ``random_walk(..., split=...)``).
+    ``patch`` (alternating sweeps only): query i walks with its own first -> second transitions
+    (:class:`SidePatch`, ``delta`` (P, Q)).
     """
     if sweeps not in SWEEPS:
         raise ValueError(f"sweeps must be one of {SWEEPS}, got {sweeps!r}")
+    if patch is not None and sweeps != "alternating":
+        raise ValueError("a per-query patch of the walk needs sweeps='alternating'")
     walk = adj if isinstance(adj, RandomWalk) else random_walk(adj, dtype)
     n_q, n = reset_shape(personalization)
     keep = n if nodes is None else nodes
@@ -208,14 +240,16 @@ def personalized_pagerank(adj: sp.sparray | RandomWalk, personalization: Reset,
         x0 = np.ascontiguousarray(x0[:, live])
     matrix = walk.matrix.astype(dtype, copy=False)
 
-    def run(block: np.ndarray) -> np.ndarray:
+    def run(cols: np.ndarray) -> np.ndarray:  # the live queries in cols (a range), as one block
+        block = np.ascontiguousarray(x0[:, cols[0]:cols[-1] + 1])
         # 1 - (1 - d) == d exactly for d >= 0.5 (Sterbenz), so the kernel's follow probability is d itself there
         if sweeps == "alternating":
-            return alternating_walk(walk, block, 1.0 - damping, max_iter, tol, nodes=keep)
+            own = None if patch is None else patch.columns(live[cols])
+            return alternating_walk(walk, block, 1.0 - damping, max_iter, tol, nodes=keep, patch=own)
         return restarted_walk(matrix, block, 1.0 - damping, max_iter, tol=tol, check_every=4,
                               dangling=walk.dangling)[:keep]
 
-    blocks = [np.ascontiguousarray(b) for b in np.array_split(x0, min(max(threads, 1), live.size), axis=1)]
+    blocks = np.array_split(np.arange(live.size), min(max(threads, 1), live.size))
     if len(blocks) == 1:
         scores = [run(blocks[0])]
     else:

@@ -530,3 +530,49 @@ def linked_entity_graph(ctx: RunContext, documents: ArtifactRef, chunks: Artifac
                                          if title_aliases else {})}  # off: the same fingerprints as before
     return run_stage(ctx, "linked_entity_graph", code_version(linked_entity_graph), slice_,
                      input_fps(documents=documents, chunks=chunks, mentions=doc_mentions), compute)
+
+
+@task(name="relation_sentences", cache_policy=NO_CACHE)
+def relation_sentences(ctx: RunContext, chunks: ArtifactRef, entities: ArtifactRef, chunk_entity: ArtifactRef,
+                       min_chars: int) -> dict[str, ArtifactRef]:
+    """Stage (beyond the paper, ``relation_gate_masked``): ``relation_sentences(chunk_id, text)``, every chunk
+    that writes a title's name, with the names it writes capitalised left out (:func:`mask_names`). The masked
+    relation gate (ZoomRAG, LinearRAG) compares these with the questions, likewise masked, so that the relation
+    decides and not a name the two share."""
+    def compute() -> tuple[dict[str, pd.DataFrame], int]:
+        vocab = Store.read(entities)
+        ce = Store.read(chunk_entity, ["row", "col"])
+        is_title = vocab.sort_values("entity_idx")["is_title"].to_numpy(dtype=bool)
+        rows = np.unique(ce["row"].to_numpy()[is_title[ce["col"].to_numpy()]])
+        ch = Store.read(chunks, ["chunk_id", "text"])
+        gaz = Gazetteer.of(vocab.sort_values("entity_idx")["entity"].tolist(), min_chars, aliases_of(vocab))
+        masked = mask_names(ch["text"].astype(str).to_numpy()[rows].tolist(), gaz)
+        return {"relation_sentences": pd.DataFrame({"chunk_id": ch["chunk_id"].to_numpy()[rows], "text": masked})}, len(rows)
+
+    return run_stage(ctx, "relation_sentences", code_version(relation_sentences), {"min_chars": min_chars},
+                     input_fps(chunks=chunks, entities=entities, chunk_entity=chunk_entity), compute)
+
+
+def relation_embeddings(index: Mapping[str, ArtifactRef], chunk_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """The masked embeddings (:func:`relation_sentences`, then the embed stage) of the chunks at ``positions``
+    of the chunks table whose ids are ``chunk_ids``: what the masked relation gate compares questions with."""
+    from tasks.text.embed import load_embeddings
+
+    if "relation_embeddings" not in index:
+        raise RuntimeError("method.relation_gate_masked=true needs the relation_sentences stage: index again")
+    ids, emb = load_embeddings(index["relation_embeddings"], "chunk_id")
+    row = pd.Series(np.arange(len(ids)), index=pd.Index(ids))
+    wanted = pd.Index(np.asarray(chunk_ids, dtype=object)[positions])
+    if not wanted.isin(row.index).all():
+        raise RuntimeError("relation_sentences lacks chunks the gate reads; delete the artifacts and index again")
+    return np.ascontiguousarray(emb[row.loc[wanted].to_numpy()], dtype=np.float32)
+
+
+def index_relation_embeddings(ctx: RunContext, chunks: ArtifactRef, entities: ArtifactRef, chunk_entity: ArtifactRef,
+                              min_chars: int, embedder) -> dict[str, ArtifactRef]:
+    """The index's ``relation_embeddings`` for the masked relation gate: :func:`relation_sentences`, embedded."""
+    from tasks.text.embed import embed
+
+    masked = relation_sentences(ctx, chunks, entities, chunk_entity, min_chars)["relation_sentences"]
+    return {"relation_embeddings": embed(ctx, masked, "chunk_id", embedder)["embeddings"]}
+

@@ -59,8 +59,9 @@ from typing import Sequence, Union
 import numpy as np
 import scipy.sparse as sp
 
+from tasks.graph.relation_gate import RelationGate, gate_patch
 from tasks.graph.topk import top_k_rows
-from tasks.graph.walk import SWEEPS, RandomWalk, personalized_pagerank, random_walk
+from tasks.graph.walk import SWEEPS, RandomWalk, SidePatch, personalized_pagerank, random_walk
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class LinearRAGParams:
     passage_reset: str = "eq7"  # eq7 (paper) | top_similarity (the top passages by cosine, see top_similarity_reset)
     passage_reset_depth: int = 20  # top_similarity: how many passages per query get reset mass
     passage_reset_weight: float = 0.3  # top_similarity: passage share of the reset against the entities' (sum 1)
+    relation_gate_temperature: float = 0.0  # > 0: passage -> title-entity edges gated per question (RelationGate)
 
     def __post_init__(self) -> None:
         if self.ppr_sweeps not in SWEEPS:
@@ -505,13 +507,15 @@ def global_importance(
     contain: sp.sparray,
     graph: sp.sparray | RandomWalk,
     params: LinearRAGParams = LinearRAGParams(),
+    patch: SidePatch | None = None,
 ) -> np.ndarray:
     """Second stage (section 3.2.2): PPR scores of the P passages (Q x P).
 
     Reset = [eq. (7) I(p) on passages, a_q on entities] (``passage_reset: top_similarity``, beyond
     the paper: :func:`top_similarity_reset` on passages, a_q scaled to sum 1); ``graph`` is
     :func:`passage_entity_graph` or :func:`title_walk_graph` (passages first) or its :func:`tasks.graph.walk.random_walk`. A query with
-    no active entity is ranked by ``passage_similarity`` itself (appendix G.4).
+    no active entity is ranked by ``passage_similarity`` itself (appendix G.4). ``patch`` (beyond the paper,
+    alternating sweeps): each query's own passage -> entity transitions (:func:`relation_gate_patch`).
     """
     entity_reset = sp.csr_array(bridging.activation)
     if params.passage_reset == "top_similarity":  # beyond the paper (issue #20)
@@ -530,10 +534,18 @@ def global_importance(
     reset = [passage_reset, entity_reset]  # passages first, then entities: the blocks are not joined (eq. 7 is dense)
     importance = personalized_pagerank(graph, reset, params.damping, params.ppr_tol, params.ppr_max_iter,
                                        params.ppr_dtype, nodes=n_p, threads=params.ppr_threads,
-                                       sweeps=params.ppr_sweeps)
+                                       sweeps=params.ppr_sweeps, patch=patch)
     fallback = np.diff(sp.csr_array(bridging.activation).indptr) == 0
     return np.where(fallback[:, None], passage_similarity, importance)
 
+
+
+def relation_gate_patch(gate: RelationGate, q_emb: np.ndarray, n_passages: int, n_entities: int) -> SidePatch:
+    """Beyond the paper (issue #20): the relation gate (:func:`tasks.graph.relation_gate.gate_patch`, built on
+    the walk's column-stochastic matrix) as per-query changes to the PPR's passage -> entity transitions. Each
+    passage keeps its total probability towards the titles it names, so the walk stays stochastic."""
+    edges = gate_patch(gate, q_emb)
+    return SidePatch.of(edges.src, edges.dst - n_passages, edges.delta.T, n_entities)
 
 
 def linearrag_retrieve(

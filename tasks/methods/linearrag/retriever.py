@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -9,12 +10,14 @@ import scipy.sparse as sp
 
 from tasks.core.store import ArtifactRef, Store
 from tasks.eval.retrieve import Hits
+from tasks.graph.relation_gate import relation_gate
 from tasks.graph.sparse import coo_matrix
 from tasks.graph.walk import random_walk
 from tasks.methods.linearrag import algorithm as lr
 from tasks.methods.linearrag.stages import LinearParams
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
-from tasks.text.gazetteer import Gazetteer, TitleIndex, aliases_of, lowercase_only, name_idf, query_seeds
+from tasks.text.gazetteer import (Gazetteer, TitleIndex, aliases_of, lowercase_only, mask_names, name_idf, query_seeds,
+                                  relation_embeddings)
 from tasks.text.ner import QueryRecogniser
 
 
@@ -82,6 +85,14 @@ class LinearRetriever:
             self.graph = lr.passage_entity_graph(self.contain, self.algo.edge_weighting)
         split = n_p if self.algo.ppr_sweeps == "alternating" else 0  # passages first, then entities: bipartite
         self.walk = random_walk(self.graph, self.algo.ppr_dtype, split=split)
+        self.gate = None
+        if self.algo.relation_gate_temperature > 0:  # beyond the paper: the question's relation picks the bridge
+            sentence_doc = pd.Series(np.arange(n_p), index=pd.Index(self.doc_ids)).loc[
+                Store.read(index["sentences"], ["doc_id"])["doc_id"]].to_numpy()
+            self.gate = relation_gate(self.walk.matrix, n_p, self.titles.titled, self.mention, sentence_doc,
+                                      self.sentence_emb, self.algo.relation_gate_temperature)
+            if params.relation_gate_masked:  # the naming sentences without their names (relation_sentences)
+                self.gate = replace(self.gate, chunk_emb=relation_embeddings(index, chunks, self.gate.chunks))
         encode_queries(["warm-up"], embedder)
         self.queries = self.fallbacks = self.seeds_total = self.active_total = 0
 
@@ -131,7 +142,12 @@ class LinearRetriever:
                                         a.iteration_threshold, a.max_iterations, a.top_k_sentence)
         t3 = time.perf_counter()
         similarity = _dot(q_emb, self.passage_emb)
-        scores = lr.global_importance(similarity, bridging, self.contain, self.walk, self.algo)
+        patch = None
+        if self.gate is not None:
+            gate_emb = (encode_queries(mask_names(questions, self.gazetteer), self.embedder)
+                        if self.params.relation_gate_masked else q_emb)
+            patch = lr.relation_gate_patch(self.gate, gate_emb, len(self.doc_ids), len(self.entity_names))
+        scores = lr.global_importance(similarity, bridging, self.contain, self.walk, self.algo, patch)
         if self.params.cover_named_min_seed > 0:  # beyond the paper: each named entity's passage first
             ranked, _ = lr.rank_passages(self.titles.cover(scores, seeds, questions, self.params.cover_named_min_seed),
                                          k)

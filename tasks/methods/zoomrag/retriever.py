@@ -17,6 +17,7 @@ from tasks.methods.zoomrag.stages import ZoomRAGParams
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
 from tasks.text.entities import query_entity_links
 from tasks.text.gazetteer import (Gazetteer, TitleIndex, aliases_of, lowercase_only, mask_names, name_idf, query_seeds,
+                                  relation_embeddings,
                                   title_restart)
 from tasks.text.ner import QueryRecogniser
 
@@ -54,7 +55,7 @@ class ZoomRetriever:
             self.gate = zoom.relation_gate(M, self.n, self.titles.titled, self.chunk_entity, self.chunk_doc,
                                            self.chunk_emb, params.relation_gate_temperature)
             if params.relation_gate_masked:  # the naming sentences without their names (relation_sentences)
-                self.gate = replace(self.gate, chunk_emb=self._relation_embeddings(index, self.gate.chunks))
+                self.gate = replace(self.gate, chunk_emb=relation_embeddings(index, self.chunk_ids, self.gate.chunks))
         self.graph = zoom.walk_graph(M, params.walk_node_order, params.walk_dtype)  # once: M renumbered
         encode_queries(["warm-up"], embedder)
         self.fallbacks = 0
@@ -70,17 +71,6 @@ class ZoomRetriever:
             raise RuntimeError("chunk embeddings are not aligned with the chunks table; delete the artifacts")
         self.chunk_entity = coo_matrix(Store.read(index["chunk_entity"]), (len(chunks), self.m))
         self.doc_chunk_count = np.bincount(self.chunk_doc, minlength=self.n)
-
-    def _relation_embeddings(self, index: dict[str, ArtifactRef], chunks: np.ndarray) -> np.ndarray:
-        """The masked embeddings of ``chunks`` (positions in the chunks table) from the relation_sentences stage."""
-        if "relation_embeddings" not in index:
-            raise RuntimeError("method.relation_gate_masked=true needs the relation_sentences stage: index again")
-        ids, emb = load_embeddings(index["relation_embeddings"], "chunk_id")
-        row = pd.Series(np.arange(len(ids)), index=pd.Index(ids))
-        wanted = pd.Index(self.chunk_ids[chunks])
-        if not wanted.isin(row.index).all():
-            raise RuntimeError("relation_sentences lacks chunks the gate reads; delete the artifacts and index again")
-        return np.ascontiguousarray(emb[row.loc[wanted].to_numpy()], dtype=np.float32)
 
     def query_links(self, questions: list[str]) -> list[list[int]]:
         """Vocabulary entities each question contains (n-gram matches and its NER mentions)."""

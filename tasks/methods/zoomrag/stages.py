@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, replace
 
-import numpy as np
 import pandas as pd
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -20,7 +19,7 @@ from tasks.graph.sparse import coo_matrix, to_coo
 from tasks.methods.zoomrag import algorithm as zoom
 from tasks.text.chunk import ChunkParams
 from tasks.text.embed import load_embeddings
-from tasks.text.gazetteer import Gazetteer, LinkingParams, aliases_of, mask_names
+from tasks.text.gazetteer import LinkingParams
 
 
 @dataclass(frozen=True)
@@ -98,23 +97,3 @@ def global_block(ctx: RunContext, doc_doc: ArtifactRef, doc_entity: ArtifactRef,
 
     return run_stage(ctx, "global_block", code_version(global_block), slice_,
                      input_fps(doc_doc=doc_doc, doc_entity=doc_entity, entities=entities), compute)
-
-
-@task(name="relation_sentences", cache_policy=NO_CACHE)
-def relation_sentences(ctx: RunContext, chunks: ArtifactRef, entities: ArtifactRef, chunk_entity: ArtifactRef,
-                       min_chars: int) -> dict[str, ArtifactRef]:
-    """Stage (beyond the paper, ``relation_gate_masked``): ``relation_sentences(chunk_id, text)``, every chunk
-    that writes a title's name, with the names it writes capitalised left out (:func:`mask_names`). The masked
-    gate compares these with the questions, likewise masked, so the relation decides and not a shared name."""
-    def compute() -> tuple[dict[str, pd.DataFrame], int]:
-        vocab = Store.read(entities)
-        ce = Store.read(chunk_entity, ["row", "col"])
-        is_title = vocab.sort_values("entity_idx")["is_title"].to_numpy(dtype=bool)
-        rows = np.unique(ce["row"].to_numpy()[is_title[ce["col"].to_numpy()]])
-        ch = Store.read(chunks, ["chunk_id", "text"])
-        gaz = Gazetteer.of(vocab.sort_values("entity_idx")["entity"].tolist(), min_chars, aliases_of(vocab))
-        masked = mask_names(ch["text"].astype(str).to_numpy()[rows].tolist(), gaz)
-        return {"relation_sentences": pd.DataFrame({"chunk_id": ch["chunk_id"].to_numpy()[rows], "text": masked})}, len(rows)
-
-    return run_stage(ctx, "relation_sentences", code_version(relation_sentences), {"min_chars": min_chars},
-                     input_fps(chunks=chunks, entities=entities, chunk_entity=chunk_entity), compute)

@@ -292,3 +292,42 @@ def test_alternating_sweeps_need_a_bipartite_walk() -> None:
     with pytest.raises(ValueError, match="sweeps"):
         personalized_pagerank(adj, np.eye(3), sweeps="newton")
     assert random_walk(adj, split=1).split == 1
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("seed", range(3))
+def test_ppr_with_a_relation_gate_patch_equals_each_querys_own_walk(seed: int, threads: int) -> None:
+    """LinearRAG's gated PPR (beyond the paper): the batched walk with per-query passage -> entity changes
+    equals, query by query, the plain PPR on that query's own re-weighted graph."""
+    from tasks.graph.relation_gate import relation_gate
+    from tasks.methods.linearrag.algorithm import relation_gate_patch
+
+    graph, adj, rng = random_bipartite(seed, directed=True)  # passages [0, 9), entities [9, 23)
+    n_p, n = 9, adj.shape[0]
+    n_e = n - n_p
+    titled = sp.csr_array((np.ones(6), (rng.choice(n_e, 6, replace=False), rng.choice(n_p, 6, replace=False))),
+                          shape=(n_e, n_p))
+    chunk_doc = rng.integers(0, n_p, 30)
+    chunk_entity = sp.csr_array((rng.random((30, n_e)) < 0.3).astype(float))
+    chunk_emb = rng.normal(size=(30, 8))
+    chunk_emb /= np.linalg.norm(chunk_emb, axis=1, keepdims=True)
+    walk = random_walk(adj, split=n_p)
+    gate = relation_gate(walk.matrix, n_p, titled, chunk_entity, chunk_doc, chunk_emb, 0.2)
+    assert len(gate.doc) > 3  # passages naming several titles: the gate has something to decide
+    q_emb = rng.normal(size=(5, 8))
+    q_emb /= np.linalg.norm(q_emb, axis=1, keepdims=True)
+    patch = relation_gate_patch(gate, q_emb, n_p, n_e)
+    reset = np.where(rng.random((5, n)) < 0.4, rng.random((5, n)), 0.0)
+    reset[:, 0] += 0.1
+    reset[3] = 0.0  # a query with no reset mass keeps zeros and does not shift the others' patches
+    gated = personalized_pagerank(walk, reset, 0.85, 1e-13, 5000, sweeps="alternating", patch=patch, threads=threads)
+    for i in range(5):
+        own = walk.matrix.toarray()
+        own[gate.entity, gate.doc] += patch.delta[:, i]  # query i's own passage -> title transitions
+        assert np.allclose(own[n_p:, :n_p].sum(axis=0), walk.matrix.toarray()[n_p:, :n_p].sum(axis=0))
+        alone = personalized_pagerank(sp.csr_array(own.T), reset[i:i + 1], 0.85, 1e-13, 5000)
+        assert np.abs(gated[i] - alone[0]).max() < 1e-9
+    plain = personalized_pagerank(walk, reset, 0.85, 1e-13, 5000, sweeps="alternating")
+    assert np.abs(gated - plain).max() > 1e-4
+    with pytest.raises(ValueError, match="alternating"):
+        personalized_pagerank(walk, reset, 0.85, patch=patch)
