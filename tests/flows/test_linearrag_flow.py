@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 
 from flows.evaluate import evaluate_flow
 from tasks.core.store import Store
@@ -63,3 +64,20 @@ def test_lowercase_name_weight_runs_on_the_stored_graph(tmp_path):
         evaluate_flow(make_config(tmp_path, *base), str(tmp_path / f"{method}-a"))
         m = evaluate_flow(make_config(tmp_path, *base, "method.lowercase_name_weight=0.1"), str(tmp_path / f"{method}-b"))
         assert m["stages_computed"] == 0 and m["n_questions"] == 12
+
+
+def test_masked_relation_gate_shares_zoomrags_relation_sentences_and_changes_the_ppr(tmp_path):
+    """LinearRAG's gate walks per-query transitions; its masked sentences are the stage ZoomRAG computed."""
+    gate = ["experiment=beyond_paper", *SMALL, "method.relation_gate_temperature=0.2",
+            "method.relation_gate_masked=true"]
+    zoom = evaluate_flow(make_config(tmp_path, "method=zoomrag", *gate), str(tmp_path / "zoom"))
+    assert "relation_sentences" in zoom["index_stage_seconds"]
+    plain = evaluate_flow(make_config(tmp_path, "method=linearrag", *gate[:-2], "method.relation_gate_temperature=0"),
+                          str(tmp_path / "plain"))
+    gated = evaluate_flow(make_config(tmp_path, "method=linearrag", *gate), str(tmp_path / "gated"))
+    assert gated["stages_computed"] == 0  # the sentences, graph and masked embeddings are shared
+    a, b = (pd.read_parquet(tmp_path / r / "hits.parquet") for r in ("plain", "gated"))
+    assert plain["n_questions"] == gated["n_questions"] == 12
+    assert (a["score"] - b["score"]).abs().max() > 1e-6
+    with pytest.raises(Exception, match="ppr_sweeps=alternating"):
+        evaluate_flow(make_config(tmp_path, "method=linearrag", *gate, "method.ppr_sweeps=power"), str(tmp_path / "bad"))

@@ -64,8 +64,9 @@ def test_gazetteer_alone_links_questions_without_spacy(tmp_path, monkeypatch):
 
 
 def test_relation_gate_is_online_only_and_changes_the_walk(tmp_path):
-    base = ["method=zoomrag", "experiment=beyond_paper", "dataset.n_passages=40", "dataset.n_questions=8"]
-    evaluate_flow(make_config(tmp_path, *base), str(tmp_path / "a"))
+    base = ["method=zoomrag", "experiment=beyond_paper", "dataset.n_passages=40", "dataset.n_questions=8",
+            "method.relation_gate_masked=false"]
+    evaluate_flow(make_config(tmp_path, *base, "method.relation_gate_temperature=0"), str(tmp_path / "a"))
     gated = evaluate_flow(make_config(tmp_path, *base, "method.relation_gate_temperature=0.2"), str(tmp_path / "b"))
     assert gated["stages_computed"] == 0  # the gate re-weights edges per question: the stored index is reused
     a, b = (pd.read_parquet(tmp_path / r / "hits.parquet") for r in "ab")
@@ -76,7 +77,7 @@ def test_relation_gate_is_online_only_and_changes_the_walk(tmp_path):
 def test_masked_relation_gate_indexes_the_naming_sentences_once(tmp_path):
     base = ["method=zoomrag", "experiment=beyond_paper", "dataset.n_passages=40", "dataset.n_questions=8",
             "method.relation_gate_temperature=0.2"]
-    evaluate_flow(make_config(tmp_path, *base), str(tmp_path / "a"))
+    evaluate_flow(make_config(tmp_path, *base, "method.relation_gate_masked=false"), str(tmp_path / "a"))
     masked = evaluate_flow(make_config(tmp_path, *base, "method.relation_gate_masked=true"), str(tmp_path / "b"))
     assert masked["index_stage_seconds"].keys() >= {"relation_sentences", "embed"}
     assert masked["stages_computed"] == 2  # the masked sentences and their embeddings; the rest is reused
@@ -84,6 +85,8 @@ def test_masked_relation_gate_indexes_the_naming_sentences_once(tmp_path):
     assert again["stages_computed"] == 0
     a, b = (pd.read_parquet(tmp_path / r / "hits.parquet") for r in "ab")
     assert (a["score"] - b["score"]).abs().max() > 1e-6
-    with pytest.raises(Exception, match="relation_gate_masked=true masks"):
-        evaluate_flow(make_config(tmp_path, "method=zoomrag", "experiment=beyond_paper",
-                                  "method.relation_gate_masked=true"), str(tmp_path / "bad"))
+    for run, masked in (("d", "true"), ("e", "false")):  # without the gate, masking changes nothing
+        evaluate_flow(make_config(tmp_path, *base[:-1], "method.relation_gate_temperature=0",
+                                  f"method.relation_gate_masked={masked}"), str(tmp_path / run))
+    d, e = (pd.read_parquet(tmp_path / r / "hits.parquet") for r in "de")
+    assert d[["qid", "doc_id", "rank", "score"]].equals(e[["qid", "doc_id", "rank", "score"]])

@@ -25,7 +25,7 @@ class LinearParams(lr.LinearRAGParams, LinkingParams):
     """
 
     name: str = "linearrag"
-    relation_gate_masked: bool = False  # beyond the paper: the gate reads question and sentence without their names
+    relation_gate_masked: bool = False  # beyond the paper: the gate (if on) reads question and sentence without names
 
     def __post_init__(self) -> None:
         lr.LinearRAGParams.__post_init__(self)
@@ -36,9 +36,6 @@ class LinearParams(lr.LinearRAGParams, LinkingParams):
         if self.relation_gate_temperature > 0 and (not self.title_walk or self.ppr_sweeps != "alternating"):
             raise ValueError("method.relation_gate_temperature > 0 gates the title walk's edges: it needs the title "
                              "walk (e.g. experiment=beyond_paper) and method.ppr_sweeps=alternating")
-        if self.relation_gate_masked and self.relation_gate_temperature <= 0:
-            raise ValueError("method.relation_gate_masked=true masks the relation gate's texts: it needs "
-                             "method.relation_gate_temperature > 0")
 
     def retrieval(self) -> lr.LinearRAGParams:
         """The slice :mod:`tasks.methods.linearrag.algorithm` takes."""

@@ -33,7 +33,7 @@ class ZoomRAGParams(zoom.ZoomParams, LinkingParams):
     max_entity_words: int = 6
     doc_block_rows: int = 1024
     chunk_group_size: int = 32  # ChunkZoom local problems solved together (similar sizes grouped)
-    relation_gate_masked: bool = False  # beyond the paper: the gate reads question and sentence without their names
+    relation_gate_masked: bool = False  # beyond the paper: the gate (if on) reads question and sentence without names
 
     def __post_init__(self) -> None:
         LinkingParams.__post_init__(self)
@@ -44,9 +44,6 @@ class ZoomRAGParams(zoom.ZoomParams, LinkingParams):
         if self.relation_gate_temperature > 0 and (not self.title_walk or self.coupled):
             raise ValueError("method.relation_gate_temperature > 0 gates the title walk's edges: it needs the title "
                              "walk (e.g. experiment=beyond_paper) and the decoupled walk (method.coupled=false)")
-        if self.relation_gate_masked and self.relation_gate_temperature <= 0:
-            raise ValueError("method.relation_gate_masked=true masks the relation gate's texts: it needs "
-                             "method.relation_gate_temperature > 0")
 
     def walk(self) -> zoom.ZoomParams:
         """The slice :mod:`tasks.methods.zoomrag.algorithm` takes."""
