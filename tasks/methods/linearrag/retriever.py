@@ -133,9 +133,11 @@ class LinearRetriever:
         t1 = time.perf_counter()
         q_idx, col, unseen = self.lookup(names)
         emb = encode_queries(questions + unseen, self.embedder)  # one call: questions and unseen entity strings
-        q_emb = emb[:n_q]
+        q_emb, unseen_emb, gate_emb = emb[:n_q], emb[n_q:], emb[:n_q]
+        if self.gate is not None and self.params.relation_gate_masked:  # the gate reads the relation alone
+            gate_emb = encode_queries(mask_names(questions, self.gazetteer), self.embedder)
         t2 = time.perf_counter()
-        seeds = self.seed_activation(n_q, q_idx, col, emb[n_q:], questions)
+        seeds = self.seed_activation(n_q, q_idx, col, unseen_emb, questions)
         a = self.algo
         relevance = lr.PairRelevance(np.asarray(q_emb, np.float32), self.sentence_emb)  # eq. (4): the pairs read
         bridging = lr.semantic_bridging(seeds, relevance, self.mention,  # eqs. (4)-(5)
@@ -144,8 +146,6 @@ class LinearRetriever:
         similarity = _dot(q_emb, self.passage_emb)
         patch = None
         if self.gate is not None:
-            gate_emb = (encode_queries(mask_names(questions, self.gazetteer), self.embedder)
-                        if self.params.relation_gate_masked else q_emb)
             patch = lr.relation_gate_patch(self.gate, gate_emb, len(self.doc_ids), len(self.entity_names))
         scores = lr.global_importance(similarity, bridging, self.contain, self.walk, self.algo, patch)
         if self.params.cover_named_min_seed > 0:  # beyond the paper: each named entity's passage first

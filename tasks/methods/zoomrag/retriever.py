@@ -89,6 +89,14 @@ class ZoomRetriever:
         block.eliminate_zeros()
         return [block.indices[a:b].tolist() for a, b in zip(block.indptr[:-1], block.indptr[1:])], block
 
+    def encode(self, questions: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The questions' embeddings, and what the relation gate compares: the same, or (``relation_gate_masked``)
+        the questions' embeddings with their capitalised names left out."""
+        q_emb = encode_queries(questions, self.embedder)
+        if self.gate is None or not self.params.relation_gate_masked:
+            return q_emb, q_emb
+        return q_emb, encode_queries(mask_names(questions, self.gazetteer), self.embedder)
+
     def query_doc(self, q_emb: np.ndarray) -> tuple[np.ndarray, sp.csr_array]:
         """(q x n) cosines (the tie-break) and A_doc->qry = exp(cos) kept above mean + k_std·std (eq. 2)."""
         cos = q_emb @ self.doc_emb.T
@@ -99,14 +107,11 @@ class ZoomRetriever:
         t = [time.perf_counter()]
         links, query_entity = self.query_entity(questions)
         t.append(time.perf_counter())
-        q_emb = encode_queries(questions, self.embedder)
+        q_emb, gate_emb = self.encode(questions)
         t.append(time.perf_counter())
         cos, query_doc = self.query_doc(q_emb)
         if self.params.query_linking == "gazetteer":  # the restart also starts at the passages the names title
             query_doc = title_restart(query_doc, cos, query_entity, self.titles.titled)
-        gate_emb = q_emb
-        if self.gate is not None and self.params.relation_gate_masked:
-            gate_emb = encode_queries(mask_names(questions, self.gazetteer), self.embedder)
         scores = zoom.doc_zoom(self.graph, query_doc, query_entity, self.walk,
                                weighted_entities=self.params.query_linking == "gazetteer", gate=self.gate,
                                q_emb=gate_emb)
@@ -153,11 +158,11 @@ class ZoomRetriever:
         import tracemalloc
 
         _, links = self.query_entity(questions)
-        q_emb = encode_queries(questions, self.embedder)
+        q_emb, gate_emb = self.encode(questions)
         _, query_doc = self.query_doc(q_emb)
         tracemalloc.start()
         zoom.doc_zoom(self.graph, query_doc, links, self.walk, weighted_entities=self.params.query_linking == "gazetteer",
-                      gate=self.gate, q_emb=q_emb)
+                      gate=self.gate, q_emb=gate_emb)
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         M = self.graph.matrix
