@@ -46,6 +46,8 @@ class EdgePatch:
 def relation_gate(M: sp.sparray, n_docs: int, titled: sp.sparray, chunk_entity: sp.sparray,
                   chunk_doc: np.ndarray, chunk_emb: np.ndarray, temperature: float) -> RelationGate:
     """The :class:`RelationGate` of M (stored numbering: documents, then entities) for ``temperature`` > 0.
+    M is read by columns (``M[dst, src]``): ZoomRAG's M, or LinearRAG's column-stochastic walk matrix, whose
+    gated shares are then transition probabilities.
 
     ``titled`` (m x n) is 1 where entity e is document p's title; ``chunk_entity`` (chunks x m) where a chunk
     writes e; ``chunk_doc`` each chunk's document. Gated pairs: e titles some document, p is not titled by e,

@@ -167,8 +167,9 @@ def cased_words(text: str) -> set[str]:
 
 def mask_names(texts: Sequence[str], gaz: Gazetteer) -> list[str]:
     """Each text in the gazetteer's form with the names it writes capitalised left out: what remains is the
-    relation ("Who directed Amy (2015 Film)?" → "who directed", "It was directed by Asif Kapadia." → "it was
-    directed by"). Lower-case names ("film", "director") stay: they are the relation's own words."""
+    relation ("Where did the director of film The Eagle's Eye study?" → "where did the director of film the
+    study", "It was directed by George Lessey." → "it was directed by"). Lower-case names ("film", "director")
+    stay: they are the relation's own words. Case is judged per text, as :func:`match_cased` does."""
     out = []
     for text in texts:
         words, capital = normalize_text(text).split(), cased_words(text)
