@@ -81,12 +81,8 @@ def test_masked_relation_gate_indexes_the_naming_sentences_once(tmp_path):
     masked = evaluate_flow(make_config(tmp_path, *base, "method.relation_gate_masked=true"), str(tmp_path / "b"))
     assert masked["index_stage_seconds"].keys() >= {"relation_sentences", "embed"}
     assert masked["stages_computed"] == 2  # the masked sentences and their embeddings; the rest is reused
-    again = evaluate_flow(make_config(tmp_path, *base, "method.relation_gate_masked=true"), str(tmp_path / "c"))
-    assert again["stages_computed"] == 0
     a, b = (pd.read_parquet(tmp_path / r / "hits.parquet") for r in "ab")
     assert (a["score"] - b["score"]).abs().max() > 1e-6
-    for run, masked in (("d", "true"), ("e", "false")):  # without the gate, masking changes nothing
-        evaluate_flow(make_config(tmp_path, *base[:-1], "method.relation_gate_temperature=0",
-                                  f"method.relation_gate_masked={masked}"), str(tmp_path / run))
-    d, e = (pd.read_parquet(tmp_path / r / "hits.parquet") for r in "de")
-    assert d[["qid", "doc_id", "rank", "score"]].equals(e[["qid", "doc_id", "rank", "score"]])
+    off = evaluate_flow(make_config(tmp_path, *base[:-1], "method.relation_gate_temperature=0",
+                                    "method.relation_gate_masked=true"), str(tmp_path / "c"))
+    assert off["stages_computed"] == 0 and "relation_sentences" not in off["index_stage_seconds"]  # no gate: no stage
