@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -32,6 +32,8 @@ from prefect.cache_policies import NO_CACHE
 from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_stage
 from tasks.core.store import ArtifactRef, Store
+from tasks.graph.relation_gate import RelationGate
+from tasks.text.embed import EmbedderParams, embed, load_embeddings
 from tasks.text.ner import normalize_entity
 
 _QUALIFIER = re.compile(r"\s*\([^()]*\)\s*$")
@@ -541,12 +543,12 @@ def relation_sentences(ctx: RunContext, chunks: ArtifactRef, entities: ArtifactR
     relation gate (ZoomRAG, LinearRAG) compares these with the questions, likewise masked, so that the relation
     decides and not a name the two share."""
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
-        vocab = Store.read(entities)
+        vocab = Store.read(entities).sort_values("entity_idx")
         ce = Store.read(chunk_entity, ["row", "col"])
-        is_title = vocab.sort_values("entity_idx")["is_title"].to_numpy(dtype=bool)
+        is_title = vocab["is_title"].to_numpy(dtype=bool)
         rows = np.unique(ce["row"].to_numpy()[is_title[ce["col"].to_numpy()]])
         ch = Store.read(chunks, ["chunk_id", "text"])
-        gaz = Gazetteer.of(vocab.sort_values("entity_idx")["entity"].tolist(), min_chars, aliases_of(vocab))
+        gaz = Gazetteer.of(vocab["entity"].tolist(), min_chars, aliases_of(vocab))
         masked = mask_names(ch["text"].astype(str).to_numpy()[rows].tolist(), gaz)
         return {"relation_sentences": pd.DataFrame({"chunk_id": ch["chunk_id"].to_numpy()[rows], "text": masked})}, len(rows)
 
@@ -554,26 +556,22 @@ def relation_sentences(ctx: RunContext, chunks: ArtifactRef, entities: ArtifactR
                      input_fps(chunks=chunks, entities=entities, chunk_entity=chunk_entity), compute)
 
 
-def relation_embeddings(index: Mapping[str, ArtifactRef], chunk_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """The masked embeddings (:func:`relation_sentences`, then the embed stage) of the chunks at ``positions``
-    of the chunks table whose ids are ``chunk_ids``: what the masked relation gate compares questions with."""
-    from tasks.text.embed import load_embeddings
-
+def masked_relation_gate(gate: RelationGate, index: Mapping[str, ArtifactRef], chunk_ids: np.ndarray) -> RelationGate:
+    """``gate`` comparing questions with its sentences' masked embeddings (:func:`relation_sentences`, then the
+    embed stage) instead of their own; ``chunk_ids`` are the ids of the chunks table that ``gate.chunks`` indexes."""
     if "relation_embeddings" not in index:
         raise RuntimeError("method.relation_gate_masked=true needs the relation_sentences stage: index again")
     ids, emb = load_embeddings(index["relation_embeddings"], "chunk_id")
     row = pd.Series(np.arange(len(ids)), index=pd.Index(ids))
-    wanted = pd.Index(np.asarray(chunk_ids, dtype=object)[positions])
+    wanted = pd.Index(np.asarray(chunk_ids, dtype=object)[gate.chunks])
     if not wanted.isin(row.index).all():
         raise RuntimeError("relation_sentences lacks chunks the gate reads; delete the artifacts and index again")
-    return np.ascontiguousarray(emb[row.loc[wanted].to_numpy()], dtype=np.float32)
+    return replace(gate, chunk_emb=np.ascontiguousarray(emb[row.loc[wanted].to_numpy()], dtype=np.float32))
 
 
 def index_relation_embeddings(ctx: RunContext, chunks: ArtifactRef, entities: ArtifactRef, chunk_entity: ArtifactRef,
-                              min_chars: int, embedder) -> dict[str, ArtifactRef]:
+                              min_chars: int, embedder: EmbedderParams) -> dict[str, ArtifactRef]:
     """The index's ``relation_embeddings`` for the masked relation gate: :func:`relation_sentences`, embedded."""
-    from tasks.text.embed import embed
-
     masked = relation_sentences(ctx, chunks, entities, chunk_entity, min_chars)["relation_sentences"]
     return {"relation_embeddings": embed(ctx, masked, "chunk_id", embedder)["embeddings"]}
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -16,8 +15,8 @@ from tasks.graph.walk import random_walk
 from tasks.methods.linearrag import algorithm as lr
 from tasks.methods.linearrag.stages import LinearParams
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
-from tasks.text.gazetteer import (Gazetteer, TitleIndex, aliases_of, lowercase_only, mask_names, name_idf, query_seeds,
-                                  relation_embeddings)
+from tasks.text.gazetteer import (Gazetteer, TitleIndex, aliases_of, lowercase_only, mask_names, masked_relation_gate,
+                                  name_idf, query_seeds)
 from tasks.text.ner import QueryRecogniser
 
 
@@ -49,7 +48,8 @@ class LinearRetriever:
         self.params, self.algo, self.embedder, self.recogniser = params, params.retrieval(), embedder, recogniser
         self.doc_ids, self.passage_emb = load_embeddings(index["passage_embeddings"], "doc_id")
         sentence_ids, self.sentence_emb = load_embeddings(index["sentence_embeddings"], "chunk_id")
-        chunks = Store.read(index["sentences"], ["chunk_id"])["chunk_id"].to_numpy(dtype=object)
+        sentences = Store.read(index["sentences"], ["chunk_id", "doc_id"])
+        chunks = sentences["chunk_id"].to_numpy(dtype=object)
         if not np.array_equal(sentence_ids, chunks):
             raise RuntimeError("sentence embeddings are not aligned with the sentences table; delete the artifacts")
         vocab = Store.read(index["entities"]).sort_values("entity_idx")
@@ -87,12 +87,11 @@ class LinearRetriever:
         self.walk = random_walk(self.graph, self.algo.ppr_dtype, split=split)
         self.gate = None
         if self.algo.relation_gate_temperature > 0:  # beyond the paper: the question's relation picks the bridge
-            sentence_doc = pd.Series(np.arange(n_p), index=pd.Index(self.doc_ids)).loc[
-                Store.read(index["sentences"], ["doc_id"])["doc_id"]].to_numpy()
+            sentence_doc = pd.Series(np.arange(n_p), index=pd.Index(self.doc_ids)).loc[sentences["doc_id"]].to_numpy()
             self.gate = relation_gate(self.walk.matrix, n_p, self.titles.titled, self.mention, sentence_doc,
                                       self.sentence_emb, self.algo.relation_gate_temperature)
             if params.relation_gate_masked:  # the naming sentences without their names (relation_sentences)
-                self.gate = replace(self.gate, chunk_emb=relation_embeddings(index, chunks, self.gate.chunks))
+                self.gate = masked_relation_gate(self.gate, index, chunks)
         encode_queries(["warm-up"], embedder)
         self.queries = self.fallbacks = self.seeds_total = self.active_total = 0
 

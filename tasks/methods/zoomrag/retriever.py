@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -16,9 +15,8 @@ from tasks.methods.zoomrag import algorithm as zoom
 from tasks.methods.zoomrag.stages import ZoomRAGParams
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
 from tasks.text.entities import query_entity_links
-from tasks.text.gazetteer import (Gazetteer, TitleIndex, aliases_of, lowercase_only, mask_names, name_idf, query_seeds,
-                                  relation_embeddings,
-                                  title_restart)
+from tasks.text.gazetteer import (Gazetteer, TitleIndex, aliases_of, lowercase_only, mask_names, masked_relation_gate,
+                                  name_idf, query_seeds, title_restart)
 from tasks.text.ner import QueryRecogniser
 
 
@@ -55,7 +53,7 @@ class ZoomRetriever:
             self.gate = zoom.relation_gate(M, self.n, self.titles.titled, self.chunk_entity, self.chunk_doc,
                                            self.chunk_emb, params.relation_gate_temperature)
             if params.relation_gate_masked:  # the naming sentences without their names (relation_sentences)
-                self.gate = replace(self.gate, chunk_emb=relation_embeddings(index, self.chunk_ids, self.gate.chunks))
+                self.gate = masked_relation_gate(self.gate, index, self.chunk_ids)
         self.graph = zoom.walk_graph(M, params.walk_node_order, params.walk_dtype)  # once: M renumbered
         encode_queries(["warm-up"], embedder)
         self.fallbacks = 0
