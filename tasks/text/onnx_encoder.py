@@ -99,14 +99,26 @@ class OnnxEncoder:
     dim: int
 
     def encode(self, texts: list[str], batch_size: int) -> np.ndarray:
-        """Mean-pooled, L2-normalised float32 embeddings, sub-batched by length like sentence-transformers."""
+        """Mean-pooled, L2-normalised float32 embeddings, sub-batched by token count, longest first.
+
+        All texts are tokenised in one call; each sub-batch then holds texts of nearly equal token counts and is
+        cut to its own longest (padding is on the right), so it pads less than sorting by characters did (2Wiki
+        questions: 2.6 against 3.0 ms each at sub-batches of 16). Padding does not change a text's embedding.
+        """
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        order = np.argsort([-len(t) for t in texts], kind="stable")
+        if not texts:
+            return out
+        tok = self.tokenize(texts)
+        lengths = tok["attention_mask"].sum(axis=1)
+        if not ((tok["attention_mask"][:, 0] == 1) | (lengths == 0)).all():
+            raise OnnxExportError("the tokenizer pads on the left; OnnxEncoder cuts padding on the right")
+        order = np.argsort(-lengths, kind="stable")
         for start in range(0, len(texts), batch_size):
             idx = order[start:start + batch_size]
-            tok = self.tokenize([texts[i] for i in idx])
-            hidden = self.session.run(None, {n: tok[n] for n in self.input_names})[0]
-            mask = tok["attention_mask"][..., None].astype(np.float32)
+            width = max(int(lengths[idx[0]]), 1)
+            feed = {n: np.ascontiguousarray(tok[n][idx, :width]) for n in self.input_names}
+            hidden = self.session.run(None, feed)[0]
+            mask = tok["attention_mask"][idx, :width, None].astype(np.float32)
             pooled = (hidden * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
             out[idx] = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
         return out

@@ -14,7 +14,7 @@ from tasks.graph.sparse import coo_matrix
 from tasks.graph.walk import random_walk
 from tasks.methods.linearrag import algorithm as lr
 from tasks.methods.linearrag.stages import LinearParams
-from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
+from tasks.text.embed import EmbedderParams, encode_queries, encode_queries_beside, load_embeddings
 from tasks.text.gazetteer import (Gazetteer, TitleIndex, aliases_of, lowercase_only, mask_names, masked_relation_gate,
                                   name_idf, query_seeds)
 from tasks.text.ner import QueryRecogniser
@@ -128,11 +128,13 @@ class LinearRetriever:
         """Top-k passages by LinearRAG's PPR importance (dense order for queries with no linked entity)."""
         n_q = len(questions)
         t0 = time.perf_counter()
+        pending = encode_queries_beside(questions, self.embedder)  # encoded while the entities are recognised
         names = self.recogniser.names(questions) if self.params.query_ner else [[] for _ in questions]
         t1 = time.perf_counter()
         q_idx, col, unseen = self.lookup(names)
-        emb = encode_queries(questions + unseen, self.embedder)  # one call: questions and unseen entity strings
-        q_emb, unseen_emb, gate_emb = emb[:n_q], emb[n_q:], emb[:n_q]
+        unseen_emb = encode_queries(unseen, self.embedder) if unseen else np.zeros((0, self.entity_emb.shape[1]),
+                                                                                    np.float32)
+        q_emb = gate_emb = pending.result()
         if self.gate is not None and self.params.relation_gate_masked:  # the gate reads the relation alone
             gate_emb = encode_queries(mask_names(questions, self.gazetteer), self.embedder)
         t2 = time.perf_counter()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import Future
 
 import numpy as np
 import pandas as pd
@@ -13,7 +14,7 @@ from tasks.eval.retrieve import Hits
 from tasks.graph.sparse import coo_matrix, links_matrix
 from tasks.methods.zoomrag import algorithm as zoom
 from tasks.methods.zoomrag.stages import ZoomRAGParams
-from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
+from tasks.text.embed import EmbedderParams, encode_queries, encode_queries_beside, load_embeddings
 from tasks.text.entities import query_entity_links
 from tasks.text.gazetteer import (Gazetteer, TitleIndex, aliases_of, lowercase_only, mask_names, masked_relation_gate,
                                   name_idf, query_seeds, title_restart)
@@ -87,10 +88,11 @@ class ZoomRetriever:
         block.eliminate_zeros()
         return [block.indices[a:b].tolist() for a, b in zip(block.indptr[:-1], block.indptr[1:])], block
 
-    def encode(self, questions: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """The questions' embeddings, and what the relation gate compares: the same, or (``relation_gate_masked``)
-        the questions' embeddings with their capitalised names left out."""
-        q_emb = encode_queries(questions, self.embedder)
+    def encode(self, questions: list[str], pending: Future[np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The questions' embeddings (``pending``'s, when they are being encoded already), and what the relation
+        gate compares: the same, or (``relation_gate_masked``) the questions' embeddings with their capitalised
+        names left out."""
+        q_emb = pending.result() if pending is not None else encode_queries(questions, self.embedder)
         if self.gate is None or not self.params.relation_gate_masked:
             return q_emb, q_emb
         return q_emb, encode_queries(mask_names(questions, self.gazetteer), self.embedder)
@@ -103,9 +105,10 @@ class ZoomRetriever:
     def search(self, questions: list[str], k: int) -> Hits:
         """Rank documents by DocZoom (ties by cosine); ChunkZoom picks each query's evidence chunks."""
         t = [time.perf_counter()]
+        pending = encode_queries_beside(questions, self.embedder)  # encoded while the entities are recognised
         links, query_entity = self.query_entity(questions)
         t.append(time.perf_counter())
-        q_emb, gate_emb = self.encode(questions)
+        q_emb, gate_emb = self.encode(questions, pending)
         t.append(time.perf_counter())
         cos, query_doc = self.query_doc(q_emb)
         if self.params.query_linking == "gazetteer":  # the restart also starts at the passages the names title

@@ -21,6 +21,28 @@ def test_onnx_queries_equal_torch_queries() -> None:
     np.testing.assert_allclose(encode_queries(texts[:1], EmbedderParams()), onnx[:1], atol=1e-6)
 
 
+def test_sub_batches_by_token_count_give_each_text_its_own_embedding() -> None:
+    from tasks.core.resources import cpu_threads
+    from tasks.text.onnx_encoder import OnnxExportError, load_onnx_encoder
+
+    p = EmbedderParams()
+    enc = load_onnx_encoder(p.model, p.max_seq_length, cpu_threads(), p.precision)
+    # characters and tokens disagree on the order: digits and rare words split into many word pieces
+    texts = ["1234567890 0987654321 1357924680", "Who is the mother of the director of film Polish-Russian War?",
+             "Xylophonists' zygomorphic quokkas", "the the the the the the the the the the", "a", "",
+             "Which country is the director of the film The Clock Keeper from?"] * 3
+    alone = np.stack([enc.encode([t], 1)[0] for t in texts])
+    for batch_size in (1, 4, 16, 64):
+        np.testing.assert_allclose(enc.encode(texts, batch_size), alone, atol=1e-6)
+
+    def left_padded(batch: list[str]) -> dict[str, np.ndarray]:
+        tok = enc.tokenize(batch)
+        return {k: v[:, ::-1].copy() for k, v in tok.items()}
+
+    with pytest.raises(OnnxExportError, match="left"):
+        replace(enc, tokenize=left_padded).encode(["a", "a much longer text than the other"], 2)
+
+
 def test_bad_query_runtime_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="query_runtime"):
         EmbedderParams(query_runtime="tensorrt")
