@@ -12,7 +12,7 @@ from tasks.eval.retrieve import Hits
 from tasks.graph.sparse import coo_matrix, links_matrix
 from tasks.methods.serag import algorithm as se
 from tasks.methods.serag.stages import SeRAGParams, chunk_frame
-from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
+from tasks.text.embed import EmbedderParams, encode_queries, encode_queries_beside, load_embeddings
 from tasks.text.entities import query_entity_links
 from tasks.text.gazetteer import Gazetteer, TitleIndex, aliases_of, name_idf, query_seeds
 from tasks.text.ner import QueryRecogniser
@@ -150,10 +150,11 @@ class SeRAGRetriever:
         t = [time.perf_counter()]
         texts = self.self_query(questions)
         t.append(time.perf_counter())
-        q_emb = encode_queries(texts, self.embedder)
+        pending = encode_queries_beside(texts, self.embedder)  # encoded while spaCy reads the questions
         cover = self.params.cover_named_min_seed > 0  # beyond the paper: each named entity's passage first
         named = self.named_entities(questions) if cover else None
         sim = self.query_entity_sim(questions, named)
+        q_emb = pending.result()
         t.append(time.perf_counter())
         bonus = se.entity_bonus(sim, self.chunk_entity, self.scoring.tau)
         scores, candidates = se.hybrid_scores(q_emb, self.chunk_emb, self.comm_emb, self.community, bonus,
