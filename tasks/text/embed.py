@@ -7,6 +7,7 @@ sentence-transformers model or folder.
 from __future__ import annotations
 
 import functools
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -131,8 +132,9 @@ def encode_queries(texts: list[str], params: EmbedderParams) -> np.ndarray:
     return encode(texts, replace(params, batch_size=params.query_batch_size), query=True)
 
 
-@functools.lru_cache(maxsize=1)
-def _query_worker() -> ThreadPoolExecutor:
+@functools.lru_cache(maxsize=None)
+def _query_worker(pid: int) -> ThreadPoolExecutor:
+    """One worker thread per process: a forked child gets its own (its parent's thread does not exist in it)."""
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="dagrag-encode-queries")
 
 
@@ -143,7 +145,7 @@ def encode_queries_beside(texts: list[str], params: EmbedderParams) -> Future[np
     the cores instead of taking turns (2Wiki, 256 questions: 3.8 → 3.4 ms per question for both). The
     embeddings are the ones :func:`encode_queries` returns; ``.result()`` re-raises its error.
     """
-    return _query_worker().submit(encode_queries, list(texts), params)
+    return _query_worker(os.getpid()).submit(encode_queries, list(texts), params)
 
 
 def cached_encode(store: Store, texts: list[str], params: EmbedderParams, cache: str) -> np.ndarray:

@@ -43,6 +43,31 @@ def test_sub_batches_by_token_count_give_each_text_its_own_embedding() -> None:
         replace(enc, tokenize=left_padded).encode(["a", "a much longer text than the other"], 2)
 
 
+def _encode_beside_in_child(texts: list[str], expected: np.ndarray) -> None:
+    from tasks.text.embed import encode_queries_beside
+
+    np.testing.assert_array_equal(encode_queries_beside(texts, EmbedderParams()).result(timeout=120), expected)
+
+
+def test_encoding_beside_returns_encode_queries_own_embeddings_and_errors_in_a_forked_child_too() -> None:
+    import multiprocessing
+
+    from tasks.text.embed import encode_queries_beside
+
+    texts = ["Who wrote Hamlet?", "Where was the director of Inception born?", "Paris"]
+    expected = encode_queries(texts, EmbedderParams())
+    np.testing.assert_array_equal(encode_queries_beside(texts, EmbedderParams()).result(timeout=120), expected)
+    with pytest.raises(Exception, match="no-such-model"):  # the worker's error reaches the caller
+        encode_queries_beside(texts, EmbedderParams(model="/no-such-model", query_runtime="torch")).result(timeout=120)
+    # the worker thread exists in this process now; a forked child must get its own, not wait on a dead one
+    child = multiprocessing.get_context("fork").Process(target=_encode_beside_in_child, args=(texts, expected))
+    child.start()
+    child.join(timeout=180)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0
+
+
 def test_bad_query_runtime_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="query_runtime"):
         EmbedderParams(query_runtime="tensorrt")
