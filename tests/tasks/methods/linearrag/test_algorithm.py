@@ -510,3 +510,13 @@ def test_title_walk_reaches_the_bridge_passage_the_paper_walk_misses() -> None:
     paper = lr.global_importance(sim, bridging, contain, passage_entity_graph(contain, "share"),
                                  LinearRAGParams(**reset))
     assert list(np.argsort(-paper[0])).index(1) > 1
+
+
+def test_retriever_dot_through_numpy_equals_torch_and_handles_empty_sides() -> None:
+    from tasks.methods.linearrag.retriever import _dot
+
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((5, 384)).astype(np.float32), rng.standard_normal((700, 384)).astype(np.float32)
+    np.testing.assert_allclose(_dot(a, b, via_torch=False), _dot(a, b, via_torch=True), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(_dot(a, b, via_torch=False), a.astype(np.float64) @ b.T.astype(np.float64), atol=1e-3)
+    assert _dot(a[:0], b, via_torch=False).shape == (0, 700) and _dot(a, b[:0], via_torch=True).shape == (5, 0)
