@@ -374,6 +374,7 @@ def semantic_bridging(
     iteration_threshold: float = 0.4,
     max_iterations: int = 3,
     top_k_sentence: int | None = 3,
+    entity_sentence: sp.csr_array | None = None,
 ) -> Bridging:
     """Semantic bridging with dynamic pruning for a batch of queries, LinearRAG eqs. (4)-(5).
 
@@ -384,13 +385,15 @@ def semantic_bridging(
     products), prunes below delta, and takes MAX with the previous activation. Taken
     literally, eq. (5) sums over paths, and M^T M has a diagonal: a frontier entity also
     collects sum_s sigma_s a_e over its chosen sentences (kept, as written).
+    ``entity_sentence``: M^T as float64 CSR (:func:`transposed_csr`), for a caller that bridges many batches;
+    transposed from ``mention`` here when not given (at 100k passages that is ~1M entries per batch).
     """
     n_q, n_e = seed_activation.shape
     act = sp.csr_array(seed_activation).astype(np.float64, copy=True)
     act.eliminate_zeros()
     seeds = act.tocoo()
     levels = [(seeds.row, seeds.col, np.ones(seeds.nnz))]
-    entity_sentence = sp.csr_array(mention.T, dtype=np.float64)
+    entity_sentence = transposed_csr(mention) if entity_sentence is None else entity_sentence
     mention = sp.csr_array(mention, dtype=np.float64)
     traversed = np.zeros(0, np.int64)  # sorted keys query * S + sentence of the pairs taken so far
     frontier, trace = _prune(act, iteration_threshold).tocoo(), []
@@ -414,6 +417,16 @@ def semantic_bridging(
 
 # ----------------------------------------------------- passage retrieval (eqs. (6)-(7))
 
+def transposed_csr(matrix: sp.sparray) -> sp.csr_array:
+    """``matrix``^T as float64 CSR (rows of the transpose contiguous, as the products above read them)."""
+    return sp.csr_array(sp.csr_array(matrix, dtype=np.float64).T)
+
+
+def log_entity_passage(contain: sp.sparray) -> sp.csr_array:
+    """(E, P) ln(1 + N^T) of eq. (7), in CSR: the entity bonus reads the rows of a query's active entities."""
+    return transposed_csr(sp.csr_array(contain, dtype=np.float64).log1p())
+
+
 def passage_initial_scores(
     passage_similarity: np.ndarray,
     activation: sp.sparray,
@@ -421,6 +434,7 @@ def passage_initial_scores(
     contain: sp.sparray,
     passage_ratio: float = 2.0,
     passage_node_weight: float = 0.05,
+    entity_passage_log: sp.csr_array | None = None,
 ) -> np.ndarray:
     """Initial importance of passage nodes for a batch (Q x P), LinearRAG eq. (7).
 
@@ -428,11 +442,13 @@ def passage_initial_scores(
     ``passage_similarity`` (Q, P) cosines (min-max normalised per query here),
     ``activation`` / ``level`` the (Q, E) a_q and L_e of :class:`Bridging`, and
     ``contain`` the (P, E) counts N; lambda = ``passage_ratio``, W_p = ``passage_node_weight``.
+    ``entity_passage_log``: (E, P) ln(1 + N^T) in CSR (:func:`log_entity_passage`), for a caller that scores many
+    batches; computed from ``contain`` when not given.
     """
     act = sp.csr_array(activation, dtype=np.float64)
     inv_level = sp.csr_array(level, dtype=np.float64).power(-1)
-    log_counts = sp.csr_array(contain, dtype=np.float64).log1p()
-    entity_bonus = sp.coo_array(act.multiply(inv_level) @ log_counts.T)  # sparse: the passages naming a_q's entities
+    log_counts_t = log_entity_passage(contain) if entity_passage_log is None else entity_passage_log
+    entity_bonus = sp.coo_array(act.multiply(inv_level) @ log_counts_t)  # sparse: the passages naming a_q's entities
     entity_bonus.sum_duplicates()
     scores = np.array(passage_similarity, dtype=np.float64)  # one (Q x P) array, every step below in place
     lo, hi = scores.min(axis=1, keepdims=True), scores.max(axis=1, keepdims=True)
@@ -508,6 +524,7 @@ def global_importance(
     graph: sp.sparray | RandomWalk,
     params: LinearRAGParams = LinearRAGParams(),
     patch: SidePatch | None = None,
+    entity_passage_log: sp.csr_array | None = None,
 ) -> np.ndarray:
     """Second stage (section 3.2.2): PPR scores of the P passages (Q x P).
 
@@ -516,6 +533,7 @@ def global_importance(
     :func:`passage_entity_graph` or :func:`title_walk_graph` (passages first) or its :func:`tasks.graph.walk.random_walk`. A query with
     no active entity is ranked by ``passage_similarity`` itself (appendix G.4). ``patch`` (beyond the paper,
     alternating sweeps): each query's own passage -> entity transitions (:func:`relation_gate_patch`).
+    ``entity_passage_log``: :func:`log_entity_passage` of ``contain``, when the caller keeps it across batches.
     """
     entity_reset = sp.csr_array(bridging.activation)
     if params.passage_reset == "top_similarity":  # beyond the paper (issue #20)
@@ -526,7 +544,7 @@ def global_importance(
     else:
         passage_reset = passage_initial_scores(
             passage_similarity, bridging.activation, bridging.level, contain,
-            params.passage_ratio, params.passage_node_weight,
+            params.passage_ratio, params.passage_node_weight, entity_passage_log,
         )
     n_p = passage_similarity.shape[1]
     if params.ppr_sweeps == "alternating" and not isinstance(graph, RandomWalk):  # passages first, then entities

@@ -49,7 +49,6 @@ class LinearRetriever:
     def __init__(self, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], params: LinearParams,
                  embedder: EmbedderParams, recogniser: QueryRecogniser | None) -> None:
         self.params, self.algo, self.embedder, self.recogniser = params, params.retrieval(), embedder, recogniser
-        self.dot_via_torch = embedder.query_runtime == "torch"  # see _dot
         self.doc_ids, self.passage_emb = load_embeddings(index["passage_embeddings"], "doc_id")
         sentence_ids, self.sentence_emb = load_embeddings(index["sentence_embeddings"], "chunk_id")
         sentences = Store.read(index["sentences"], ["chunk_id", "doc_id"])
@@ -73,6 +72,9 @@ class LinearRetriever:
         self.contain = coo_matrix(contain, (n_p, n_e))
         self.mention = coo_matrix(Store.read(index["mention"]), (n_s, n_e))
         self.mention.data[:] = 1.0  # eq. (2): binary sentence-entity edges (appendix G.3)
+        # the transposes every batch reads, made once (at 100k passages each is ~1M entries)
+        self.entity_sentence = lr.transposed_csr(self.mention)
+        self.entity_passage_log = lr.log_entity_passage(self.contain)
         if params.query_linking == "gazetteer" or params.graph_linking == "gazetteer":
             self.gazetteer = Gazetteer.of(self.entity_names, params.gazetteer_min_chars, aliases_of(vocab))
             self.idf = name_idf(self.contain)
@@ -128,6 +130,11 @@ class LinearRetriever:
         seeds.eliminate_zeros()
         return seeds
 
+    @property
+    def dot_via_torch(self) -> bool:
+        """Products after a question encode run on torch only when torch encoded the questions (see :func:`_dot`)."""
+        return self.embedder.query_runtime == "torch"
+
     def search(self, questions: list[str], k: int) -> Hits:
         """Top-k passages by LinearRAG's PPR importance (dense order for queries with no linked entity)."""
         n_q = len(questions)
@@ -146,13 +153,15 @@ class LinearRetriever:
         a = self.algo
         relevance = lr.PairRelevance(np.asarray(q_emb, np.float32), self.sentence_emb)  # eq. (4): the pairs read
         bridging = lr.semantic_bridging(seeds, relevance, self.mention,  # eqs. (4)-(5)
-                                        a.iteration_threshold, a.max_iterations, a.top_k_sentence)
+                                        a.iteration_threshold, a.max_iterations, a.top_k_sentence,
+                                        self.entity_sentence)
         t3 = time.perf_counter()
         similarity = _dot(q_emb, self.passage_emb, self.dot_via_torch)
         patch = None
         if self.gate is not None:
             patch = lr.relation_gate_patch(self.gate, gate_emb, len(self.doc_ids), len(self.entity_names))
-        scores = lr.global_importance(similarity, bridging, self.contain, self.walk, self.algo, patch)
+        scores = lr.global_importance(similarity, bridging, self.contain, self.walk, self.algo, patch,
+                                      self.entity_passage_log)
         if self.params.cover_named_min_seed > 0:  # beyond the paper: each named entity's passage first
             ranked, _ = lr.rank_passages(self.titles.cover(scores, seeds, questions, self.params.cover_named_min_seed),
                                          k)

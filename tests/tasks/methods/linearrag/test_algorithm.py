@@ -271,6 +271,26 @@ def test_passage_scores_batched_equals_one_query_at_a_time(seed: int) -> None:
         assert np.abs(batch[q] - one[0]).max() < 1e-6
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_precomputed_transposes_give_the_same_bridging_and_passage_scores(seed: int) -> None:
+    from tasks.methods.linearrag.algorithm import log_entity_passage, transposed_csr
+
+    contain, mention, emb, rng = _random_corpus(seed)
+    queries = _unit(rng.normal(size=(6, 8))).astype(np.float32)
+    seeds = sp.csr_array(np.where(rng.random((6, 25)) < 0.2, rng.random((6, 25)), 0.0))
+    sigma = query_sentence_relevance(queries, emb["sentence"])
+    plain = semantic_bridging(seeds, sigma, mention, 0.05, 3, 2)
+    kept = semantic_bridging(seeds, sigma, mention, 0.05, 3, 2, entity_sentence=transposed_csr(mention))
+    assert plain.activation.nnz > seeds.nnz  # bridging reached new entities, so M^T was read
+    np.testing.assert_array_equal(plain.activation.toarray(), kept.activation.toarray())
+    np.testing.assert_array_equal(plain.level.toarray(), kept.level.toarray())
+    sim = queries @ emb["passage"].T
+    np.testing.assert_array_equal(
+        passage_initial_scores(sim, plain.activation, plain.level, contain),
+        passage_initial_scores(sim, plain.activation, plain.level, contain,
+                               entity_passage_log=log_entity_passage(contain)))
+
+
 # ------------------------------------------------------------------------- orchestrator
 
 def _two_hop_corpus():
