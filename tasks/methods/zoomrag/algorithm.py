@@ -322,8 +322,8 @@ def decoupled_walk(M: sp.sparray | WalkGraph, H: sp.sparray, alpha: float = 0.8,
         raise ValueError(f"the walk graph holds {graph.matrix.dtype}, the walk's state is {dtype}")
     M, order, col_sum, inv_col = graph.matrix, graph.order, graph.col_sum, graph.inv_col_sum.astype(dtype)
     H = sp.csr_array(H, dtype=np.float64)
-    if order is not None:
-        H = sp.csr_array(H[:, order])
+    if order is not None:  # H[:, order], by renumbering the columns (scipy's column fancy indexing sorts all of H)
+        H = sp.csr_array((H.data.copy(), graph.position[H.indices], H.indptr.copy()), shape=H.shape)
     H.sum_duplicates()
     H.eliminate_zeros()
     q, N = H.shape
