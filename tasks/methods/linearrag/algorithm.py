@@ -386,7 +386,7 @@ def semantic_bridging(
     literally, eq. (5) sums over paths, and M^T M has a diagonal: a frontier entity also
     collects sum_s sigma_s a_e over its chosen sentences (kept, as written).
     ``entity_sentence``: M^T as float64 CSR (:func:`transposed_csr`), for a caller that bridges many batches;
-    transposed from ``mention`` here when not given (at 100k passages that is ~1M entries per batch).
+    transposed from ``mention`` here when not given (at 100k passages: 433,076 entries, every batch).
     """
     n_q, n_e = seed_activation.shape
     act = sp.csr_array(seed_activation).astype(np.float64, copy=True)
