@@ -179,7 +179,9 @@ def gated_similarity(name_emb: np.ndarray, vocab_emb: np.ndarray, tau: float, bl
     m = vocab_emb.shape[0]
     rows, cols, vals = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0)]
     for a in range(0, name_emb.shape[0], block_rows):
-        cos = name_emb[a:a + block_rows] @ vocab_emb.T
+        # the vocabulary on the left: OpenBLAS ran (few names x d) @ (d x m) far below (m x d) @ (d x few names),
+        # 11.1 against 6.9 ms for 3 names and 2Wiki's 30,011 entities, with equal results
+        cos = (vocab_emb @ name_emb[a:a + block_rows].T).T
         r, c = np.nonzero(cos > tau)
         rows.append(a + r)
         cols.append(c)
@@ -215,18 +217,26 @@ def query_entity_similarity(name_emb: np.ndarray, owner: np.ndarray, vocab_emb: 
     return sp.csr_array((v[last], (key[last] // m, key[last] % m)), shape=(n_queries, m))
 
 
-def entity_bonus(query_entity_sim: sp.sparray, chunk_entity: sp.sparray, tau: float) -> np.ndarray:
+def entity_chunk_log(chunk_entity: sp.sparray) -> sp.csr_array:
+    """(m × n) log(1 + count(e, v)) of eq. 13 in CSR: the bonus reads the rows of the entities a batch matched."""
+    c = sp.csr_array(chunk_entity, dtype=np.float64, copy=True)
+    c.data = np.log1p(c.data)
+    return sp.csr_array(c.T)
+
+
+def entity_bonus(query_entity_sim: sp.sparray, chunk_entity: sp.sparray, tau: float,
+                 log_counts: sp.csr_array | None = None) -> np.ndarray:
     """Eqs. 12–13, batched: B(q, v) = Σ_{e ∈ E_v, sim(e, e_q) > τ} sim(e, e_q) · log(1 + count(e, v)).
 
     ``query_entity_sim`` (q × m) holds sim(e, e_q) for each vocabulary entity e (max over the
     query's entities); ``chunk_entity`` (n × m) holds count(e, v). Natural log (eq. 13 gives no base).
+    ``log_counts``: :func:`entity_chunk_log` of ``chunk_entity``, for a caller that scores many batches.
     """
     s = sp.csr_array(query_entity_sim, dtype=np.float64, copy=True)
     s.data = np.where(s.data > tau, s.data, 0.0)
     s.eliminate_zeros()
-    c = sp.csr_array(chunk_entity, dtype=np.float64, copy=True)
-    c.data = np.log1p(c.data)
-    return np.asarray((s @ c.T).toarray(), dtype=np.float64)
+    log_counts = entity_chunk_log(chunk_entity) if log_counts is None else log_counts
+    return np.asarray((s @ log_counts).toarray(), dtype=np.float64)
 
 
 def hybrid_scores(q_emb: np.ndarray, chunk_emb: np.ndarray, comm_emb: np.ndarray, community: np.ndarray,

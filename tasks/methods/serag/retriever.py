@@ -101,6 +101,7 @@ class SeRAGRetriever:
         self.entity_emb = (load_embeddings(index["entity_embeddings"], "entity_id")[1]
                            if params.entity_sim == "embedding" else None)
         self.chunk_entity = coo_matrix(Store.read(index["chunk_entity"]), (len(self.chunk_doc), self.m))
+        self.entity_chunk_log = se.entity_chunk_log(self.chunk_entity)  # eq. 13's log counts, made once
         if params.query_linking == "gazetteer":  # beyond the paper: the names the question contains
             self.gazetteer = Gazetteer.of(self.entity_names, params.gazetteer_min_chars, aliases_of(vocab))
             self.idf = name_idf(coo_matrix(Store.read(index["doc_entity"]), (len(self.doc_ids), self.m)))
@@ -156,7 +157,7 @@ class SeRAGRetriever:
         sim = self.query_entity_sim(questions, named)
         q_emb = pending.result()
         t.append(time.perf_counter())
-        bonus = se.entity_bonus(sim, self.chunk_entity, self.scoring.tau)
+        bonus = se.entity_bonus(sim, self.chunk_entity, self.scoring.tau, self.entity_chunk_log)
         scores, candidates = se.hybrid_scores(q_emb, self.chunk_emb, self.comm_emb, self.community, bonus,
                                               self.scoring)
         n_docs = len(self.doc_ids)

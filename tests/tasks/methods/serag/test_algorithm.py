@@ -213,3 +213,20 @@ def test_gated_similarity_keeps_only_values_above_tau():
     g = se.gated_similarity(np.array([[0.8, 0.6]]), vocab, tau=0.85).toarray()
     np.testing.assert_allclose(g, [[0.0, 0.0, 0.96]])
     assert se.gated_similarity(np.zeros((0, 2)), vocab, tau=0.5).shape == (0, 3)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kept_log_counts_and_the_vocabulary_side_product_give_the_same_bonus(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    vocab = rng.standard_normal((400, 16)).astype(np.float32)
+    vocab /= np.linalg.norm(vocab, axis=1, keepdims=True)
+    names = vocab[rng.choice(400, 5)] + 0.1 * rng.standard_normal((5, 16)).astype(np.float32)
+    names /= np.linalg.norm(names, axis=1, keepdims=True)
+    gated = se.gated_similarity(names, vocab, tau=0.5, block_rows=2).toarray()
+    plain = names.astype(np.float64) @ vocab.T.astype(np.float64)
+    np.testing.assert_allclose(gated, np.where(plain > 0.5, plain, 0.0), atol=1e-5)
+    assert (gated > 0).sum() >= 5  # each name matches at least the entity it was drawn from
+    counts = sp.csr_array(np.where(rng.random((30, 400)) < 0.05, rng.integers(1, 4, (30, 400)), 0))
+    sim = sp.csr_array(np.where(rng.random((4, 400)) < 0.1, rng.random((4, 400)), 0.0))
+    np.testing.assert_array_equal(se.entity_bonus(sim, counts, 0.5),
+                                  se.entity_bonus(sim, counts, 0.5, se.entity_chunk_log(counts)))
