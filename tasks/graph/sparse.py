@@ -15,6 +15,16 @@ def coo_matrix(table: pd.DataFrame, shape: tuple[int, int]) -> sp.csr_array:
                         shape=shape)
 
 
+def transposed_csr(matrix: sp.sparray) -> sp.csr_array:
+    """``matrix``^T as float64 CSR: for a retriever that reads the transpose's rows in every batch, made once."""
+    return sp.csr_array(sp.csr_array(matrix, dtype=np.float64).T)
+
+
+def log1p_transposed(counts: sp.sparray) -> sp.csr_array:
+    """(ln(1 + counts))^T as float64 CSR (LinearRAG eq. 7's ln(1 + N), SeRAG eq. 13's log(1 + count))."""
+    return transposed_csr(sp.csr_array(counts, dtype=np.float64).log1p())
+
+
 def to_coo(matrix: sp.sparray) -> pd.DataFrame:
     """A sparse matrix → COO table ``(row, col, value)``, in the matrix's storage order."""
     c = sp.coo_array(matrix)

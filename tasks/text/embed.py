@@ -126,7 +126,7 @@ def encode_onnx(texts: list[str], params: EmbedderParams) -> np.ndarray:
 
 def encode_queries(texts: list[str], params: EmbedderParams) -> np.ndarray:
     """Online questions (and other short query-side strings) → embeddings, in small sub-batches."""
-    if params.query_runtime == "onnxruntime" and texts:
+    if params.query_runtime == "onnxruntime":  # no texts: a (0, dim) array, without loading torch
         return load_onnx_encoder(params.model, params.max_seq_length, cpu_threads(),
                                  params.precision).encode(texts, params.query_batch_size)
     return encode(texts, replace(params, batch_size=params.query_batch_size), query=True)

@@ -60,6 +60,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from tasks.graph.relation_gate import RelationGate, gate_patch
+from tasks.graph.sparse import log1p_transposed, transposed_csr
 from tasks.graph.topk import top_k_rows
 from tasks.graph.walk import SWEEPS, RandomWalk, SidePatch, personalized_pagerank, random_walk
 
@@ -385,7 +386,7 @@ def semantic_bridging(
     products), prunes below delta, and takes MAX with the previous activation. Taken
     literally, eq. (5) sums over paths, and M^T M has a diagonal: a frontier entity also
     collects sum_s sigma_s a_e over its chosen sentences (kept, as written).
-    ``entity_sentence``: M^T as float64 CSR (:func:`transposed_csr`), for a caller that bridges many batches;
+    ``entity_sentence``: M^T as float64 CSR (:func:`tasks.graph.sparse.transposed_csr`), for a caller that bridges many batches;
     transposed from ``mention`` here when not given (at 100k passages: 433,076 entries, every batch).
     """
     n_q, n_e = seed_activation.shape
@@ -417,16 +418,6 @@ def semantic_bridging(
 
 # ----------------------------------------------------- passage retrieval (eqs. (6)-(7))
 
-def transposed_csr(matrix: sp.sparray) -> sp.csr_array:
-    """``matrix``^T as float64 CSR (rows of the transpose contiguous, as the products above read them)."""
-    return sp.csr_array(sp.csr_array(matrix, dtype=np.float64).T)
-
-
-def log_entity_passage(contain: sp.sparray) -> sp.csr_array:
-    """(E, P) ln(1 + N^T) of eq. (7), in CSR: the entity bonus reads the rows of a query's active entities."""
-    return transposed_csr(sp.csr_array(contain, dtype=np.float64).log1p())
-
-
 def passage_initial_scores(
     passage_similarity: np.ndarray,
     activation: sp.sparray,
@@ -442,12 +433,12 @@ def passage_initial_scores(
     ``passage_similarity`` (Q, P) cosines (min-max normalised per query here),
     ``activation`` / ``level`` the (Q, E) a_q and L_e of :class:`Bridging`, and
     ``contain`` the (P, E) counts N; lambda = ``passage_ratio``, W_p = ``passage_node_weight``.
-    ``entity_passage_log``: (E, P) ln(1 + N^T) in CSR (:func:`log_entity_passage`), for a caller that scores many
+    ``entity_passage_log``: (E, P) ln(1 + N^T) in CSR (:func:`tasks.graph.sparse.log1p_transposed` of ``contain``), for a caller that scores many
     batches; computed from ``contain`` when not given.
     """
     act = sp.csr_array(activation, dtype=np.float64)
     inv_level = sp.csr_array(level, dtype=np.float64).power(-1)
-    log_counts_t = log_entity_passage(contain) if entity_passage_log is None else entity_passage_log
+    log_counts_t = log1p_transposed(contain) if entity_passage_log is None else entity_passage_log
     entity_bonus = sp.coo_array(act.multiply(inv_level) @ log_counts_t)  # sparse: the passages naming a_q's entities
     entity_bonus.sum_duplicates()
     scores = np.array(passage_similarity, dtype=np.float64)  # one (Q x P) array, every step below in place
@@ -533,7 +524,7 @@ def global_importance(
     :func:`passage_entity_graph` or :func:`title_walk_graph` (passages first) or its :func:`tasks.graph.walk.random_walk`. A query with
     no active entity is ranked by ``passage_similarity`` itself (appendix G.4). ``patch`` (beyond the paper,
     alternating sweeps): each query's own passage -> entity transitions (:func:`relation_gate_patch`).
-    ``entity_passage_log``: :func:`log_entity_passage` of ``contain``, when the caller keeps it across batches.
+    ``entity_passage_log``: :func:`tasks.graph.sparse.log1p_transposed` of ``contain``, when the caller keeps it across batches.
     """
     entity_reset = sp.csr_array(bridging.activation)
     if params.passage_reset == "top_similarity":  # beyond the paper (issue #20)

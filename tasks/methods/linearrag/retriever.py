@@ -10,7 +10,7 @@ import scipy.sparse as sp
 from tasks.core.store import ArtifactRef, Store
 from tasks.eval.retrieve import Hits
 from tasks.graph.relation_gate import relation_gate
-from tasks.graph.sparse import coo_matrix
+from tasks.graph.sparse import coo_matrix, log1p_transposed, transposed_csr
 from tasks.graph.walk import random_walk
 from tasks.methods.linearrag import algorithm as lr
 from tasks.methods.linearrag.stages import LinearParams
@@ -73,8 +73,8 @@ class LinearRetriever:
         self.mention = coo_matrix(Store.read(index["mention"]), (n_s, n_e))
         self.mention.data[:] = 1.0  # eq. (2): binary sentence-entity edges (appendix G.3)
         # the transposes every batch reads, made once (at 100k passages: 433,076 and 360,292 entries)
-        self.entity_sentence = lr.transposed_csr(self.mention)
-        self.entity_passage_log = lr.log_entity_passage(self.contain)
+        self.entity_sentence = transposed_csr(self.mention)
+        self.entity_passage_log = log1p_transposed(self.contain)
         if params.query_linking == "gazetteer" or params.graph_linking == "gazetteer":
             self.gazetteer = Gazetteer.of(self.entity_names, params.gazetteer_min_chars, aliases_of(vocab))
             self.idf = name_idf(self.contain)
@@ -143,8 +143,7 @@ class LinearRetriever:
         names = self.recogniser.names(questions) if self.params.query_ner else [[] for _ in questions]
         t1 = time.perf_counter()
         q_idx, col, unseen = self.lookup(names)
-        unseen_emb = encode_queries(unseen, self.embedder) if unseen else np.zeros((0, self.entity_emb.shape[1]),
-                                                                                    np.float32)
+        unseen_emb = encode_queries(unseen, self.embedder)
         q_emb = gate_emb = pending.result()
         if self.gate is not None and self.params.relation_gate_masked:  # the gate reads the relation alone
             gate_emb = encode_queries(mask_names(questions, self.gazetteer), self.embedder)

@@ -15,6 +15,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from tasks.graph.knn import knn_graph, knn_rows, symmetrised
+from tasks.graph.sparse import log1p_transposed
 from tasks.graph.topk import top_k_rows
 
 
@@ -217,25 +218,19 @@ def query_entity_similarity(name_emb: np.ndarray, owner: np.ndarray, vocab_emb: 
     return sp.csr_array((v[last], (key[last] // m, key[last] % m)), shape=(n_queries, m))
 
 
-def entity_chunk_log(chunk_entity: sp.sparray) -> sp.csr_array:
-    """(m × n) log(1 + count(e, v)) of eq. 13 in CSR: the bonus reads the rows of the entities a batch matched."""
-    c = sp.csr_array(chunk_entity, dtype=np.float64, copy=True)
-    c.data = np.log1p(c.data)
-    return sp.csr_array(c.T)
-
-
 def entity_bonus(query_entity_sim: sp.sparray, chunk_entity: sp.sparray, tau: float,
                  log_counts: sp.csr_array | None = None) -> np.ndarray:
     """Eqs. 12–13, batched: B(q, v) = Σ_{e ∈ E_v, sim(e, e_q) > τ} sim(e, e_q) · log(1 + count(e, v)).
 
     ``query_entity_sim`` (q × m) holds sim(e, e_q) for each vocabulary entity e (max over the
     query's entities); ``chunk_entity`` (n × m) holds count(e, v). Natural log (eq. 13 gives no base).
-    ``log_counts``: :func:`entity_chunk_log` of ``chunk_entity``, for a caller that scores many batches.
+    ``log_counts``: (m × n) :func:`tasks.graph.sparse.log1p_transposed` of ``chunk_entity``, for a caller that
+    scores many batches.
     """
     s = sp.csr_array(query_entity_sim, dtype=np.float64, copy=True)
     s.data = np.where(s.data > tau, s.data, 0.0)
     s.eliminate_zeros()
-    log_counts = entity_chunk_log(chunk_entity) if log_counts is None else log_counts
+    log_counts = log1p_transposed(chunk_entity) if log_counts is None else log_counts
     return np.asarray((s @ log_counts).toarray(), dtype=np.float64)
 
 

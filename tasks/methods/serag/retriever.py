@@ -9,7 +9,7 @@ import scipy.sparse as sp
 
 from tasks.core.store import ArtifactRef, Store
 from tasks.eval.retrieve import Hits
-from tasks.graph.sparse import coo_matrix, links_matrix
+from tasks.graph.sparse import coo_matrix, links_matrix, log1p_transposed
 from tasks.methods.serag import algorithm as se
 from tasks.methods.serag.stages import SeRAGParams, chunk_frame
 from tasks.text.embed import EmbedderParams, encode_queries, encode_queries_beside, load_embeddings
@@ -101,7 +101,7 @@ class SeRAGRetriever:
         self.entity_emb = (load_embeddings(index["entity_embeddings"], "entity_id")[1]
                            if params.entity_sim == "embedding" else None)
         self.chunk_entity = coo_matrix(Store.read(index["chunk_entity"]), (len(self.chunk_doc), self.m))
-        self.entity_chunk_log = se.entity_chunk_log(self.chunk_entity)  # eq. 13's log counts, made once
+        self.entity_chunk_log = log1p_transposed(self.chunk_entity)  # eq. 13's log counts, made once
         if params.query_linking == "gazetteer":  # beyond the paper: the names the question contains
             self.gazetteer = Gazetteer.of(self.entity_names, params.gazetteer_min_chars, aliases_of(vocab))
             self.idf = name_idf(coo_matrix(Store.read(index["doc_entity"]), (len(self.doc_ids), self.m)))

@@ -295,6 +295,14 @@ def walk_graph(M: sp.sparray, node_order: str = "locality", dtype: str | type = 
     return WalkGraph(M, order, sp.csr_array(M.T), *inverse_column_sums(M), position)
 
 
+def columns_renumbered(H: sp.csr_array, position: np.ndarray) -> sp.csr_array:
+    """``H[:, order]`` for ``position`` the inverse of ``order``, in canonical form: each column index mapped, not
+    scipy's column fancy indexing, which sorts all of H (1.7 ms a batch on 2Wiki)."""
+    out = sp.csr_array((H.data.copy(), position[H.indices], H.indptr.copy()), shape=H.shape)
+    out.sum_duplicates()
+    return out
+
+
 def decoupled_walk(M: sp.sparray | WalkGraph, H: sp.sparray, alpha: float = 0.8, steps: int = 5,
                    dtype: str | type = np.float64, out: np.ndarray | None = None,
                    sparse_max: float = 0.02, patch: EdgePatch | None = None) -> np.ndarray:
@@ -322,8 +330,8 @@ def decoupled_walk(M: sp.sparray | WalkGraph, H: sp.sparray, alpha: float = 0.8,
         raise ValueError(f"the walk graph holds {graph.matrix.dtype}, the walk's state is {dtype}")
     M, order, col_sum, inv_col = graph.matrix, graph.order, graph.col_sum, graph.inv_col_sum.astype(dtype)
     H = sp.csr_array(H, dtype=np.float64)
-    if order is not None:  # H[:, order], by renumbering the columns (scipy's column fancy indexing sorts all of H)
-        H = sp.csr_array((H.data.copy(), graph.position[H.indices], H.indptr.copy()), shape=H.shape)
+    if order is not None:
+        H = columns_renumbered(H, graph.position)
     H.sum_duplicates()
     H.eliminate_zeros()
     q, N = H.shape
@@ -401,7 +409,7 @@ def coupled_walk(M: sp.sparray, H: sp.sparray, alpha: float = 0.8, steps: int = 
     """
     M, H = sp.csr_array(M, dtype=np.float64), sp.csr_array(H, dtype=np.float64)
     if order is not None:
-        H = sp.csr_array(H[:, order])
+        H = columns_renumbered(H, np.argsort(order))
     q, N = H.shape
     J = sp.block_array([[sp.csr_array((q, q)), H], [H.T, M]], format="csr")
     R0 = np.zeros((q + N, q))

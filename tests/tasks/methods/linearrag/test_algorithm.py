@@ -273,7 +273,7 @@ def test_passage_scores_batched_equals_one_query_at_a_time(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_precomputed_transposes_give_the_same_bridging_and_passage_scores(seed: int) -> None:
-    from tasks.methods.linearrag.algorithm import log_entity_passage, transposed_csr
+    from tasks.graph.sparse import log1p_transposed, transposed_csr
 
     contain, mention, emb, rng = _random_corpus(seed)
     queries = _unit(rng.normal(size=(6, 8))).astype(np.float32)
@@ -288,7 +288,7 @@ def test_precomputed_transposes_give_the_same_bridging_and_passage_scores(seed: 
     np.testing.assert_array_equal(
         passage_initial_scores(sim, plain.activation, plain.level, contain),
         passage_initial_scores(sim, plain.activation, plain.level, contain,
-                               entity_passage_log=log_entity_passage(contain)))
+                               entity_passage_log=log1p_transposed(contain)))
 
 
 # ------------------------------------------------------------------------- orchestrator

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from tasks.graph.sparse import log1p_transposed
 from tasks.methods.serag import algorithm as se
 
 
@@ -229,4 +230,4 @@ def test_kept_log_counts_and_the_vocabulary_side_product_give_the_same_bonus(see
     counts = sp.csr_array(np.where(rng.random((30, 400)) < 0.05, rng.integers(1, 4, (30, 400)), 0))
     sim = sp.csr_array(np.where(rng.random((4, 400)) < 0.1, rng.random((4, 400)), 0.0))
     np.testing.assert_array_equal(se.entity_bonus(sim, counts, 0.5),
-                                  se.entity_bonus(sim, counts, 0.5, se.entity_chunk_log(counts)))
+                                  se.entity_bonus(sim, counts, 0.5, log1p_transposed(counts)))
