@@ -130,11 +130,22 @@ def canonical_documents(records: list[Any], source: str, report: IngestReport) -
 
 
 def shuffle_documents(docs: pd.DataFrame, seed: int | None) -> pd.DataFrame:
-    """Seeded permutation of corpus order (benchmark files list passages question by question)."""
+    """Seeded shuffle of corpus order (benchmark files list passages question by question), stable under
+    growth: documents are sorted by a seeded hash of their ``doc_id``, so a grown corpus keeps its old
+    documents in the same relative order and only places the new ones among them.
+
+    A permutation of positions reordered the whole corpus when it grew, and every stage that reads corpus
+    order changed with it: on a 5% growth of hotpotqa-100, 476 of the 629 ArchRAG descriptions that changed
+    had only had their sentences reordered (issue #17).
+    """
     if seed is None:
         return docs
-    perm = np.random.default_rng(seed).permutation(len(docs))
-    return docs.iloc[perm].reset_index(drop=True)
+    ids = docs["doc_id"].astype(str).to_numpy(dtype=object)
+    salt = str(seed).encode()
+    keys = np.fromiter((int.from_bytes(hashlib.blake2b(d.encode(), digest_size=8, salt=salt[:16]).digest(), "big")
+                        for d in ids), dtype=np.uint64, count=len(ids))
+    order = np.lexsort((ids, keys))  # by the hash; a (2^-64) tie by doc_id
+    return docs.iloc[order].reset_index(drop=True)
 
 
 def _answers(rec: dict, source: str, i: int) -> list[str]:
