@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from prefect import flow
 
 from flows.config import Config, ConfigError, load_config
+from flows.observe import untagged_tasks
 from flows.pipeline import build_index, format_table, load_retriever, run_command, start_run
 from tasks.core.ingest import parse_questions, read_json_list
 from tasks.core.store import PeakRSS, Store
@@ -79,6 +80,7 @@ def time_batch_size(retriever: Any, texts: list[str], batch_size: int, k: int, r
 
 
 @flow(name="benchmark")
+@untagged_tasks
 def benchmark_flow(cfg: dict) -> dict[str, Any]:
     """Index (cached) then time retrieval at each batch size."""
     conf = load_config(cfg)

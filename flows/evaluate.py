@@ -20,6 +20,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.config import Config, load_config
 from flows.methods import METHODS
+from flows.observe import untagged_tasks
 from flows.pipeline import (
     build_index,
     dry_run_stop,
@@ -75,6 +76,7 @@ def retrieve(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index:
 
 
 @flow(name="evaluate")
+@untagged_tasks
 def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
     """One evaluation run: ingest → method index → batched retrieval → recall@k and latency."""
     conf = load_config(cfg)

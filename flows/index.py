@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from prefect import flow
 
 from flows.config import load_config
+from flows.observe import untagged_tasks
 from flows.pipeline import (
     build_index,
     dry_run_stop,
@@ -27,6 +28,7 @@ from tasks.llm.params import LLMDryRun
 
 
 @flow(name="index")
+@untagged_tasks
 def index_flow(cfg: dict) -> dict[str, Any]:
     """Ingest + the method's index stages."""
     conf = load_config(cfg)

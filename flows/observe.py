@@ -10,7 +10,8 @@
   over, instead of Prefect's ``embed-3f2``. Set here on the task objects, not in the ``@task`` decorators,
   because a stage's code identity hashes its decorated source (``tasks.core.code_identity``): renaming
   runs must not rebuild every cached stage.
-- **Flow-run names**: ``evaluate zoomrag/sample-60-s0`` and tags ``method:zoomrag``, ``dataset:sample-60-s0``.
+- **Flow-run names**: ``evaluate zoomrag/sample-60-s0`` and tags ``method:zoomrag``, ``dataset:sample-60-s0``
+  (on the flow run only: its task runs carry none, :func:`untagged_tasks`).
 
 Publishing never fails a run: if the API refuses an artifact, one warning is logged.
 """
@@ -20,7 +21,7 @@ import functools
 import json
 import logging
 import re
-from typing import Any
+from typing import Any, Callable
 
 from tasks.core.store import ArtifactRef, Store
 
@@ -186,3 +187,20 @@ def tags_for(cfg: dict[str, Any]) -> list[str]:
     """The flow run's tags: ``method:<name>``, ``dataset:<label>``."""
     method, dataset = run_label(cfg)
     return [f"method:{method}", f"dataset:{dataset}"]
+
+
+def untagged_tasks(body: Callable[..., Any]) -> Callable[..., Any]:
+    """A flow's body whose task runs carry no tags; the flow run keeps its own (:func:`tags_for`).
+
+    Prefect gives a task run the tags in force where it is created, and a tagged task run first asks the API
+    for slots of the tags' concurrency limits, even when there is none: about 0.1 s per stage, and 2.3 s
+    before the stage that follows a long one (py-spy: ``acquire_concurrency_slots_with_lease``).
+    """
+    @functools.wraps(body)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        from prefect.context import TagsContext
+
+        with TagsContext(current_tags=set()):
+            return body(*args, **kwargs)
+
+    return run

@@ -24,6 +24,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from flows.config import load_config
+from flows.observe import untagged_tasks
 from tasks.core.store import Store
 from tasks.eval import report as rep
 
@@ -87,6 +88,7 @@ def slug(name: str) -> str:
 
 
 @flow(name="report")
+@untagged_tasks
 def report_flow(cfg: dict) -> dict[str, Any]:
     """Catalog → results table, accuracy–latency figure, sweep figure → report.md (+ a Prefect artifact)."""
     conf = load_config(cfg)

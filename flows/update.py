@@ -27,6 +27,7 @@ from prefect import flow
 from flows import archrag, erarag, serag
 from flows.config import load_config
 from flows.methods import METHODS
+from flows.observe import untagged_tasks
 from flows.pipeline import (
     dry_run_stop,
     format_table,
@@ -68,6 +69,7 @@ def document_diff(store: Store, dataset: str, documents: ArtifactRef, run_id: st
 
 
 @flow(name="update")
+@untagged_tasks
 def update_flow(cfg: dict) -> dict[str, Any]:
     """Ingest + the method's update (or index) stages; a summary of what was recomputed."""
     conf = load_config(cfg)

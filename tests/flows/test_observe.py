@@ -9,7 +9,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, Fl
 
 from flows.benchmark import benchmark_flow
 from flows.evaluate import evaluate_flow
-from flows.observe import artifact_key, observed, stage_markdown, task_run_name, verdict
+from flows.observe import artifact_key, observed, stage_markdown, tags_for, task_run_name, verdict
 from tasks.core.store import ArtifactRef, Store
 from tests.flows.conftest import make_config
 
@@ -69,6 +69,38 @@ def test_an_evaluate_run_publishes_metrics_and_stages_and_names_its_tasks(tmp_pa
     n_stages = sum(line.split("|")[2].strip() == "cached" for line in stages.splitlines() if line.count("|") > 3)
     assert n_stages >= 2 and f"all {n_stages} stages cached: nothing computed" in stages
     assert len(history) == 2  # one key, one version per run: the UI shows its history
+
+
+def test_the_flow_run_carries_the_tags_and_its_task_runs_none(tmp_path):
+    """The tags go on the flow run (the UI filters runs by them) and not on its task runs: a tagged task run
+    asks the API for tag concurrency slots before it starts (``flows.observe.untagged_tasks``)."""
+    from prefect import flow, tags, task
+    from prefect.context import get_run_context
+
+    from flows.index import index_flow
+
+    cfg = make_config(tmp_path, "method=bm25", "dataset=sample", "dataset.n_passages=40", "dataset.n_questions=6")
+    want = {"method:bm25", "dataset:sample-40-s0"}
+    assert set(tags_for(cfg)) == want
+    with tags(*tags_for(cfg)):
+        summary = observed(index_flow, cfg)(cfg)
+    _, task_runs, run, _ = asyncio.run(_artifacts(summary["run_id"]))
+    assert set(run.tags) == want
+    assert len(task_runs) >= 2 and all(t.tags == [] for t in task_runs)
+
+    @task
+    def stage() -> None:
+        return None
+
+    @flow
+    def plain() -> str:  # the control: a flow body not wrapped in untagged_tasks
+        stage()
+        return str(get_run_context().flow_run.id)
+
+    with tags(*tags_for(cfg)):
+        plain_id = plain()
+    _, task_runs, _, _ = asyncio.run(_artifacts(plain_id))
+    assert len(task_runs) == 1 and set(task_runs[0].tags) == want
 
 
 def test_a_benchmark_run_publishes_its_latency_table(tmp_path):
