@@ -329,17 +329,18 @@ def test_shuffle_keeps_old_documents_in_order_when_the_corpus_grows():
     shuffled order is the grown corpus's shuffled order with the new documents left out (any file order)."""
     full = _docs(200)
     base = full.sample(frac=0.95, random_state=1).reset_index(drop=True)  # other file order, 10 documents fewer
+    old_ids = set(base["doc_id"])
     for seed in (0, 7):
         grown, kept = shuffle_documents(full, seed), shuffle_documents(base, seed)
-        old = grown[grown["doc_id"].isin(set(base["doc_id"]))]
-        assert old["doc_id"].tolist() == kept["doc_id"].tolist()
-        new_at = np.flatnonzero(~grown["doc_id"].isin(set(base["doc_id"])).to_numpy())
+        is_old = grown["doc_id"].isin(old_ids).to_numpy()
+        assert grown["doc_id"][is_old].tolist() == kept["doc_id"].tolist()
+        new_at = np.flatnonzero(~is_old)
         assert len(new_at) == 10 and new_at.max() - new_at.min() > 20  # placed among the old, not appended
+
     # the control: the previous shuffle, a permutation of positions, reorders the old documents
     def by_position(d: pd.DataFrame) -> list[str]:
         return d.iloc[np.random.default_rng(0).permutation(len(d))]["doc_id"].tolist()
 
-    old_ids = set(base["doc_id"])
     assert [x for x in by_position(full) if x in old_ids] != by_position(base)
 
 
