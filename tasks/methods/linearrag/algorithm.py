@@ -386,8 +386,9 @@ def semantic_bridging(
     products), prunes below delta, and takes MAX with the previous activation. Taken
     literally, eq. (5) sums over paths, and M^T M has a diagonal: a frontier entity also
     collects sum_s sigma_s a_e over its chosen sentences (kept, as written).
-    ``entity_sentence``: M^T as float64 CSR (:func:`tasks.graph.sparse.transposed_csr`), for a caller that bridges many batches;
-    transposed from ``mention`` here when not given (at 100k passages: 433,076 entries, every batch).
+    ``entity_sentence``: M^T as float64 CSR (:func:`tasks.graph.sparse.transposed_csr`), for a caller that
+    bridges many batches; transposed from ``mention`` here when not given (at 100k passages: 433,076 entries,
+    every batch).
     """
     n_q, n_e = seed_activation.shape
     act = sp.csr_array(seed_activation).astype(np.float64, copy=True)
@@ -433,8 +434,8 @@ def passage_initial_scores(
     ``passage_similarity`` (Q, P) cosines (min-max normalised per query here),
     ``activation`` / ``level`` the (Q, E) a_q and L_e of :class:`Bridging`, and
     ``contain`` the (P, E) counts N; lambda = ``passage_ratio``, W_p = ``passage_node_weight``.
-    ``entity_passage_log``: (E, P) ln(1 + N^T) in CSR (:func:`tasks.graph.sparse.log1p_transposed` of ``contain``), for a caller that scores many
-    batches; computed from ``contain`` when not given.
+    ``entity_passage_log``: (E, P) ln(1 + N^T) in CSR (:func:`tasks.graph.sparse.log1p_transposed` of
+    ``contain``), for a caller that scores many batches; computed from ``contain`` when not given.
     """
     act = sp.csr_array(activation, dtype=np.float64)
     inv_level = sp.csr_array(level, dtype=np.float64).power(-1)
@@ -524,7 +525,8 @@ def global_importance(
     :func:`passage_entity_graph` or :func:`title_walk_graph` (passages first) or its :func:`tasks.graph.walk.random_walk`. A query with
     no active entity is ranked by ``passage_similarity`` itself (appendix G.4). ``patch`` (beyond the paper,
     alternating sweeps): each query's own passage -> entity transitions (:func:`relation_gate_patch`).
-    ``entity_passage_log``: :func:`tasks.graph.sparse.log1p_transposed` of ``contain``, when the caller keeps it across batches.
+    ``entity_passage_log``: :func:`tasks.graph.sparse.log1p_transposed` of ``contain``, when the caller keeps it
+    across batches.
     """
     entity_reset = sp.csr_array(bridging.activation)
     if params.passage_reset == "top_similarity":  # beyond the paper (issue #20)
