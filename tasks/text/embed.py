@@ -52,8 +52,9 @@ class EmbedderParams:
     query_batch_size: int = 16  # online questions: small sub-batches are faster per query (4.3 vs 5.1 ms at 64)
     # online questions through ONNX Runtime (same weights, checked equal to 1e-4; tasks.text.onnx_encoder) or torch
     query_runtime: str = "onnxruntime"
-    # stored embeddings (passages, sentences, entities): torch | onnxruntime (same weights, checked equal to 1e-5)
-    doc_runtime: str = "torch"
+    # stored embeddings (passages, sentences, entities): onnxruntime (same weights, checked equal to 1e-5; a
+    # process that embeds then never imports sentence-transformers, 8-11 s here: issue #17) | torch
+    doc_runtime: str = "onnxruntime"
     # fp32 | int8 (beyond the paper, approximate: int8 weights for whatever runs on onnxruntime; issue #17)
     precision: str = "fp32"
 
@@ -64,10 +65,11 @@ class EmbedderParams:
             raise ValueError(f"embedder.doc_runtime must be one of {DOC_RUNTIMES}, got {self.doc_runtime!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"embedder.precision must be one of {PRECISIONS}, got {self.precision!r}")
-        for name in ("query_runtime", "doc_runtime"):
-            if getattr(self, name) == "onnxruntime" and self.device != "cpu":
-                raise ValueError(f"embedder.{name}=onnxruntime runs on the CPU; with embedder.device="
-                                 f"{self.device!r} set embedder.{name}=torch")
+        on_onnx = [name for name in ("query_runtime", "doc_runtime") if getattr(self, name) == "onnxruntime"]
+        if on_onnx and self.device != "cpu":  # one message naming every setting to change
+            raise ValueError(f"{' and '.join(f'embedder.{n}=onnxruntime' for n in on_onnx)} run(s) on the CPU; "
+                             f"with embedder.device={self.device!r} set "
+                             f"{' '.join(f'embedder.{n}=torch' for n in on_onnx)}")
         if self.precision == "int8" and "onnxruntime" not in (self.query_runtime, self.doc_runtime):
             raise ValueError("embedder.precision=int8 quantises the ONNX Runtime encoder; set embedder.doc_runtime "
                              "or embedder.query_runtime to onnxruntime")
@@ -155,7 +157,7 @@ def cached_encode(store: Store, texts: list[str], params: EmbedderParams, cache:
     so identical texts share one row and only texts never seen before reach the encoder.
     """
     if not texts:
-        return encode([], params)
+        return encode_stored([], params)
     keys = [text_key(t) for t in texts]
     fp = short_hash({"stage": cache, "model": params.model, "max_seq_length": params.max_seq_length,
                      **params.stored_identity()})

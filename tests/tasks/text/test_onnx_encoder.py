@@ -71,8 +71,8 @@ def test_encoding_beside_returns_encode_queries_own_embeddings_and_errors_in_a_f
 def test_bad_query_runtime_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="query_runtime"):
         EmbedderParams(query_runtime="tensorrt")
-    with pytest.raises(ValueError, match="query_runtime=torch"):
-        replace(EmbedderParams(), device="cuda")
+    with pytest.raises(ValueError, match="set embedder.query_runtime=torch embedder.doc_runtime=torch$"):
+        replace(EmbedderParams(), device="cuda")  # both defaults run on ONNX Runtime: one message names both
 
 
 def test_unsupported_pipeline_names_the_fix() -> None:
@@ -96,8 +96,8 @@ PASSAGES = ["Mithridates VI of Pontus\nMithridates VI was king of Pontus in nort
 def test_stored_embeddings_through_onnx_runtime_equal_torch() -> None:
     from tasks.text.embed import encode_stored
 
-    torch = encode_stored(PASSAGES, EmbedderParams())
-    onnx = encode_stored(PASSAGES, EmbedderParams(doc_runtime="onnxruntime"))
+    torch = encode_stored(PASSAGES, EmbedderParams(doc_runtime="torch"))
+    onnx = encode_stored(PASSAGES, EmbedderParams())  # the default runtime
     assert onnx.shape == torch.shape and onnx.dtype == np.float32
     np.testing.assert_allclose(onnx, torch, atol=1e-5)
 
@@ -112,8 +112,8 @@ def test_int8_encoder_is_close_but_not_equal_and_is_a_separate_cache() -> None:
     assert cosine.min() > 0.95 and np.median(cosine) > 0.98  # close (the load check holds on its probes)
     assert np.abs(int8 - fp32).max() > 1e-4  # approximate: really quantised
     np.testing.assert_allclose(np.linalg.norm(int8, axis=1), 1.0, atol=1e-5)
-    assert EmbedderParams().stored_identity() == {}  # the torch rows keep their old cache
-    ids = {str(p.stored_identity()) for p in (EmbedderParams(), EmbedderParams(doc_runtime="onnxruntime"), params)}
+    assert EmbedderParams(doc_runtime="torch").stored_identity() == {}  # torch rows keep their old cache
+    ids = {str(p.stored_identity()) for p in (EmbedderParams(doc_runtime="torch"), EmbedderParams(), params)}
     assert len(ids) == 3
 
 
@@ -123,7 +123,7 @@ def test_bad_runtime_and_precision_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="precision"):
         EmbedderParams(precision="int4")
     with pytest.raises(ValueError, match="set embedder.doc_runtime"):
-        EmbedderParams(precision="int8", query_runtime="torch")
+        EmbedderParams(precision="int8", query_runtime="torch", doc_runtime="torch")
     with pytest.raises(ValueError, match="doc_runtime=torch"):
         EmbedderParams(doc_runtime="onnxruntime", query_runtime="torch", device="cuda")
 
