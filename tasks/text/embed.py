@@ -52,8 +52,9 @@ class EmbedderParams:
     query_batch_size: int = 16  # online questions: small sub-batches are faster per query (4.3 vs 5.1 ms at 64)
     # online questions through ONNX Runtime (same weights, checked equal to 1e-4; tasks.text.onnx_encoder) or torch
     query_runtime: str = "onnxruntime"
-    # stored embeddings (passages, sentences, entities): onnxruntime (same weights, checked equal to 1e-5; a
-    # process that embeds then never imports sentence-transformers, 8-11 s here: issue #17) | torch
+    # stored embeddings (passages, sentences, entities, summaries): onnxruntime (same weights, checked equal to
+    # 1e-5; a process that embeds never imports sentence-transformers, 8-11 s here; passages as fast, 256-token
+    # texts about 16% slower than torch: issue #17) | torch
     doc_runtime: str = "onnxruntime"
     # fp32 | int8 (beyond the paper, approximate: int8 weights for whatever runs on onnxruntime; issue #17)
     precision: str = "fp32"
@@ -67,7 +68,7 @@ class EmbedderParams:
             raise ValueError(f"embedder.precision must be one of {PRECISIONS}, got {self.precision!r}")
         on_onnx = [name for name in ("query_runtime", "doc_runtime") if getattr(self, name) == "onnxruntime"]
         if on_onnx and self.device != "cpu":  # one message naming every setting to change
-            raise ValueError(f"{' and '.join(f'embedder.{n}=onnxruntime' for n in on_onnx)} run(s) on the CPU; "
+            raise ValueError(f"ONNX Runtime ({', '.join(f'embedder.{n}' for n in on_onnx)}) runs on the CPU only; "
                              f"with embedder.device={self.device!r} set "
                              f"{' '.join(f'embedder.{n}=torch' for n in on_onnx)}")
         if self.precision == "int8" and "onnxruntime" not in (self.query_runtime, self.doc_runtime):
