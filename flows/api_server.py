@@ -8,9 +8,9 @@ line and environment of Prefect's ``SubprocessASGIServer``), with three differen
   sends it SIGKILL the moment this process dies, however it dies (SIGKILL, an OOM kill, SIGTERM, on which
   Python runs no ``atexit`` hook, or a crash). Prefect's own server lived on as an orphan then. (The "parent"
   of ``PR_SET_PDEATHSIG`` is the thread that forked, hence the main thread.)
-* **Early.** ``dagrag COMMAND`` launches it before the command's imports and config checks
-  (:func:`launch_api`), and :func:`ensure_api` waits for it only when a flow is about to run. Its start-up
-  (about 5 s on 2 cores) then overlaps the command's own (about 3 s).
+* **Early.** ``dagrag COMMAND`` launches it before the command's imports and config checks, Prefect's import
+  included (:func:`launch_api` reads only the environment), and :func:`ensure_api` waits for it only when a
+  flow is about to run. Its start-up (about 4.5 s on 2 cores) then overlaps the command's own (about 4 s).
 * **Not imported here.** This process talks to it over HTTP, as to any server (``PREFECT_API_URL`` is set to
   it once it answers), so it never imports Prefect's server package (about 3 s).
 
@@ -96,11 +96,12 @@ class TemporaryServer:
 
     def launch(self) -> None:
         """Start the child now; do not wait for it."""
-        from prefect.settings import get_current_settings
-
         self.port = _free_port()
-        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
-               "PREFECT__SERVER_FINAL": "1", **get_current_settings().to_environment_variables(exclude_unset=True)}
+        env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+        if "prefect.settings" in sys.modules:  # settings this process may hold beyond its environment and files
+            from prefect.settings import get_current_settings
+
+            env.update(get_current_settings().to_environment_variables(exclude_unset=True))
         env.pop("PREFECT_API_URL", None)
         app_dir = os.path.dirname(os.path.dirname(importlib.util.find_spec("prefect").origin))
         self.process = tied_popen([sys.executable, "-m", "uvicorn", "--app-dir", app_dir, "--factory",
@@ -155,6 +156,7 @@ def _free_port() -> int:
 
 
 _server: TemporaryServer | None = None
+_FALSE = {"0", "false", "f", "no", "n", "off"}  # what pydantic reads as a false boolean
 
 
 def _harness_url() -> str | None:
@@ -166,13 +168,14 @@ def _harness_url() -> str | None:
 
 
 def launch_api() -> None:
-    """Start the temporary server now, without waiting, unless an API is configured (``PREFECT_API_URL``), one
-    runs already, or ephemeral mode is off. From the main thread, before the command's own start-up."""
+    """Start the temporary server now, without waiting, unless this process's environment names an API
+    (``PREFECT_API_URL``) or turns ephemeral mode off, or a server runs already. From the main thread, before
+    the command's own start-up, and before anything imports Prefect (about 1.7 s, which the server's start-up
+    now overlaps too): an API or setting named elsewhere (a Prefect profile, ``prefect.toml``) is found by
+    :func:`ensure_api`, which stops this server again."""
     global _server
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE
-
-    if _server is not None or PREFECT_API_URL.value() or not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value() \
-            or _harness_url():
+    if _server is not None or os.environ.get("PREFECT_API_URL") or _harness_url() \
+            or os.environ.get("PREFECT_SERVER_ALLOW_EPHEMERAL_MODE", "").strip().lower() in _FALSE:
         return
     _server = TemporaryServer()
     _server.launch()
@@ -189,21 +192,25 @@ def stop_api() -> None:
 def ensure_api() -> str | None:
     """Make sure this process has a Prefect API before a flow runs; returns its URL.
 
-    - ``PREFECT_API_URL`` set (a long-lived ``prefect server start``): that URL, nothing is started.
+    - ``PREFECT_API_URL`` set (a long-lived ``prefect server start``): that URL, nothing is started; a server
+      :func:`launch_api` started early because the setting was not in the environment is stopped.
     - A temporary server Prefect runs in this process (for example ``prefect_test_harness``): its URL.
     - Otherwise the temporary server (launched now unless :func:`launch_api` did earlier) is waited for, and
       ``PREFECT_API_URL`` is set to it for this process and its children (Dask workers included).
     - Ephemeral mode disallowed and no URL: None (Prefect raises its own error when a flow starts).
     """
     from prefect.context import refresh_global_settings_context
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_SERVER_ALLOW_EPHEMERAL_MODE,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+    )
 
-    url = PREFECT_API_URL.value()
-    if url:
-        return url
-    url = _harness_url()
-    if url:
-        return url
+    url = PREFECT_API_URL.value() or _harness_url()
+    if url or not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value():
+        if _server is not None and url != _server.api_url:
+            stop_api()  # launched early from the environment alone; Prefect's settings name another API
+        return url or None
     launch_api()
     if _server is None:
         return None
@@ -211,3 +218,4 @@ def ensure_api() -> str | None:
     os.environ["PREFECT_API_URL"] = url
     refresh_global_settings_context()
     return url
+

@@ -304,3 +304,40 @@ def test_api_request_retries_503_then_returns_the_answer():
             assert calls == ["/busy"]
     finally:
         server.shutdown()
+
+
+_EARLY_LAUNCH = textwrap.dedent("""
+    import sys, psutil
+    import flows.api_server as api
+    api.launch_api()
+    assert "prefect" not in sys.modules, "launching imported Prefect"
+    server = psutil.Process(api._server.process.pid)
+    assert "uvicorn" in server.cmdline()
+    url = api.ensure_api()
+    print("URL", url)
+    print("RUNNING" if server.is_running() else "STOPPED")  # stop_api reaps the child before it returns
+    api.stop_api()
+""")
+
+
+@pytest.mark.parametrize("profile_names_api", [False, True])
+def test_early_server_is_launched_before_prefect_loads_and_stopped_if_a_profile_names_an_api(tmp_path,
+                                                                                          profile_names_api):
+    """``launch_api`` decides from the environment alone, so the server's start-up overlaps Prefect's import
+    too; :func:`ensure_api` then reads Prefect's settings: an API named in the active profile (not in the
+    environment) is used and the early server stopped; with none, the early server is the API."""
+    home = tmp_path / "prefect-home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL" and k != "PREFECT_PROFILE"}
+    env["PREFECT_HOME"] = str(home)
+    if profile_names_api:
+        (home / "profiles.toml").write_text('active = "remote"\n\n[profiles.remote]\n'
+                                            'PREFECT_API_URL = "http://127.0.0.1:9/api"\n')
+    done = subprocess.run([sys.executable, "-c", _EARLY_LAUNCH], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=START_LIMIT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.split()
+    if profile_names_api:
+        assert lines == ["URL", "http://127.0.0.1:9/api", "STOPPED"]
+    else:
+        assert lines[:1] == ["URL"] and lines[1].startswith("http://127.0.0.1:") and lines[2] == "RUNNING"
