@@ -53,7 +53,7 @@ def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from flows.api_server import ensure_api
-    from flows.pipeline import print_last_line
+    from flows.pipeline import print_last_line, spacy_without_torch
     from flows.preflight import USER_ERRORS, fail, preflight, verbose
 
     plain = OmegaConf.to_container(cfg, resolve=True)
@@ -69,6 +69,7 @@ def main(cfg: DictConfig) -> None:
     name = plain["report"].get("name") or slug(f"compare-{dataset_label(load_config(plain).dataset)}")
     report_cfg = {**plain, "report": {**plain["report"], "name": name, "sweep": None}}
     ensure_api()
+    spacy_without_torch(plain.get("ner") or {})
     try:
         result = compare_flow(configs, hc.runtime.output_dir, report_cfg)
     except USER_ERRORS as err:

@@ -171,6 +171,7 @@ def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any) -> dict[str, An
         discard_job_folder(plain.get("artifacts_dir"))
         fail(err, verbose(cfg))
     ensure_api()  # Prefect's temporary server, if needed, dies with this process (no orphan on SIGKILL)
+    spacy_without_torch(plain.get("ner") or {})
     from prefect import tags
 
     from flows.observe import observed, tags_for
@@ -182,6 +183,16 @@ def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any) -> dict[str, An
         fail(err, verbose(cfg))
     print_last_line(prefix, result)
     return result
+
+
+def spacy_without_torch(ner: dict[str, Any]) -> bool:
+    """Let spaCy load without torch (1.4 s) when the command's NER is a spaCy pipeline that needs none
+    (:mod:`tasks.text.spacy_without_torch`); True if switched on."""
+    from tasks.text.spacy_without_torch import pipeline_needs_torch, skip_torch_in_thinc
+
+    if ner.get("backend") != "spacy" or pipeline_needs_torch(str(ner.get("model", ""))):
+        return False
+    return skip_torch_in_thinc()
 
 
 def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
