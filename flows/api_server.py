@@ -218,4 +218,3 @@ def ensure_api() -> str | None:
     os.environ["PREFECT_API_URL"] = url
     refresh_global_settings_context()
     return url
-

@@ -1,4 +1,5 @@
-"""spaCy loads without torch when its pipeline needs none, and finds the same entities (tasks.text.spacy_without_torch)."""
+"""spaCy loads without torch when its pipeline needs none, and finds the same entities
+(:mod:`tasks.text.spacy_without_torch`)."""
 from __future__ import annotations
 
 import json
@@ -67,7 +68,8 @@ def _package(root: Path, name: str, config: str | None) -> None:
 def test_only_a_pipeline_that_names_no_torch_layer_is_loaded_without_torch(tmp_path, monkeypatch):
     _package(tmp_path, "fake_trf_pipeline", '[components.transformer.model]\n'
                                              '@architectures = "spacy-transformers.TransformerModel.v3"\n')
-    _package(tmp_path, "fake_cnn_pipeline", '[components.ner.model]\n@architectures = "spacy.TransitionBasedParser.v2"\n')
+    _package(tmp_path, "fake_cnn_pipeline", '[components.ner.model]\n'
+                                             '@architectures = "spacy.TransitionBasedParser.v2"\n')
     _package(tmp_path, "fake_bare_pipeline", None)
     monkeypatch.syspath_prepend(str(tmp_path))
     assert pipeline_needs_torch(MODEL) is False
@@ -76,3 +78,10 @@ def test_only_a_pipeline_that_names_no_torch_layer_is_loaded_without_torch(tmp_p
     assert pipeline_needs_torch("fake_bare_pipeline") is True  # no config found: nothing is assumed
     assert pipeline_needs_torch("no_such_pipeline") is True
     assert pipeline_needs_torch("/some/path/to/a/pipeline") is True
+    from flows.pipeline import spacy_without_torch
+    from tasks.text.spacy_without_torch import _ThincWithoutTorch
+
+    # the command switches it on for ner=spacy with a torch-free pipeline only
+    assert spacy_without_torch({"backend": "llm", "model": MODEL}) is False
+    assert spacy_without_torch({"backend": "spacy", "model": "fake_trf_pipeline"}) is False
+    assert not any(isinstance(f, _ThincWithoutTorch) for f in sys.meta_path)
