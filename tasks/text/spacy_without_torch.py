@@ -38,8 +38,8 @@ def pipeline_needs_torch(model: str) -> bool:
         return True
     if spec is None or not spec.submodule_search_locations:
         return True
-    configs = [c for root in spec.submodule_search_locations for c in Path(root).glob("*/config.cfg")]
-    configs += [c for root in spec.submodule_search_locations for c in Path(root).glob("config.cfg")]
+    configs = [c for root in spec.submodule_search_locations for pattern in ("config.cfg", "*/config.cfg")
+               for c in Path(root).glob(pattern)]
     return not configs or any(TORCH_LAYER.search(c.read_text(encoding="utf-8", errors="replace")) for c in configs)
 
 
@@ -72,20 +72,17 @@ class _WithoutTorch(importlib.abc.Loader):
 
 
 class _ThincWithoutTorch(importlib.abc.MetaPathFinder):
-    """Finds ``thinc.compat`` as the other finders do, and wraps its loader in :class:`_WithoutTorch`."""
+    """Finds ``thinc.compat`` where the standard path finder does, and wraps its loader in
+    :class:`_WithoutTorch`."""
 
     def find_spec(self, name: str, path: object = None, target: ModuleType | None = None
                   ) -> importlib.machinery.ModuleSpec | None:
         if name != THINC_COMPAT:
             return None
-        others = [f for f in sys.meta_path if not isinstance(f, _ThincWithoutTorch)]
-        for finder in others:
-            spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
-            if spec is not None:
-                if spec.loader is not None and "torch" not in sys.modules:
-                    spec.loader = _WithoutTorch(spec.loader)
-                return spec
-        return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is not None and spec.loader is not None and "torch" not in sys.modules:
+            spec.loader = _WithoutTorch(spec.loader)
+        return spec
 
 
 def skip_torch_in_thinc() -> bool:
