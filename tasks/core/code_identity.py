@@ -27,6 +27,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import linecache
 import os
 import threading
 import re
@@ -130,15 +131,74 @@ def _digest(obj: Any) -> str:
         if path and os.path.isfile(path) and os.path.getmtime(path) > _LOADED_AT:
             raise CodeChangedError(f"{path} changed on disk after this process imported it; its code version "
                                    "cannot be trusted. Re-run the command so it loads the current code.")
-        try:
-            with _AST_LOCK:
-                source = inspect.getsource(obj)
-        except (OSError, TypeError):  # compiled from no file (a runner's "<dynamic-code>"): hash what it runs
+        source = _source(obj)
+        if source is None:  # compiled from no file (a runner's "<dynamic-code>"): hash what it runs
             code = getattr(obj, "__code__", None)
             return hashlib.sha256(repr((obj.__qualname__, code.co_code if code else None,
                                         code.co_consts if code else None)).encode()).hexdigest()
         return _source_digest(path or "?", obj.__qualname__, source)
     return hashlib.sha256(_literal(obj).encode()).hexdigest()
+
+
+# One function's or class's source, read once per process: the code a process runs does not change under it
+# (a file edited since import is refused above), and a command, a sweep or a test session asks for the same
+# helpers' versions once per stage and run. {id: (object, source or None)}; the object keeps its id taken.
+_SOURCES: dict[int, tuple[Any, str | None]] = {}
+
+
+def _source(obj: FunctionType | type) -> str | None:
+    """``inspect.getsource(obj)``, or None where there is no source; classes found with one parse per file."""
+    hit = _SOURCES.get(id(obj))
+    if hit is not None and hit[0] is obj:
+        return hit[1]
+    try:
+        with _AST_LOCK:
+            source = _class_source(obj) if isinstance(obj, type) else inspect.getsource(obj)
+    except (OSError, TypeError):
+        source = None
+    _SOURCES[id(obj)] = (obj, source)
+    return source
+
+
+def _class_source(cls: type) -> str:
+    """What ``inspect.getsource(cls)`` returns, without parsing the whole module again for every class.
+
+    CPython 3.11 finds a class by parsing its entire file (``inspect._ClassFinder``) on every call; here the
+    file is parsed once and every class's first line (its first decorator's, as there) is looked up by qualname.
+    """
+    path = inspect.getsourcefile(cls)
+    if not path:
+        raise OSError(f"no source file for {cls.__qualname__}")
+    linecache.checkcache(path)
+    module = sys.modules.get(cls.__module__)
+    lines = linecache.getlines(path, module.__dict__ if module else None)
+    if not lines:
+        raise OSError(f"cannot read {path}")
+    start = _class_lines("".join(lines), path).get(cls.__qualname__)
+    if start is None:
+        raise OSError(f"could not find class definition {cls.__qualname__} in {path}")
+    return "".join(inspect.getblock(lines[start:]))
+
+
+@functools.lru_cache(maxsize=256)
+def _class_lines(text: str, path: str) -> dict[str, int]:
+    """``{qualname: 0-based first line}`` of every class in one file (the first definition of each name wins)."""
+    found: dict[str, int] = {}
+
+    def visit(node: ast.AST, scope: tuple[str, ...]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(child, (*scope, child.name, "<locals>"))
+            elif isinstance(child, ast.ClassDef):
+                qualname = ".".join((*scope, child.name))
+                first = child.decorator_list[0].lineno if child.decorator_list else child.lineno
+                found.setdefault(qualname, first - 1)
+                visit(child, (*scope, child.name))
+            else:
+                visit(child, scope)
+
+    visit(ast.parse(text), ())
+    return found
 
 
 def _literal(value: Any) -> str:
@@ -229,11 +289,10 @@ def _is_constant(value: Any) -> bool:
 
 def _has_source(fn: FunctionType) -> bool:
     try:
-        with _AST_LOCK:
-            inspect.getsourcefile(fn) and inspect.getsource(fn)
-    except (OSError, TypeError):
+        path = inspect.getsourcefile(fn)
+    except TypeError:
         return False
-    return True
+    return not path or _source(fn) is not None
 
 
 def _has_contents(cell: Any) -> bool:

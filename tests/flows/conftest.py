@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -20,8 +21,11 @@ def prefect_isolated():
     os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = os.path.join(home, "results")
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+    try:
+        with prefect_test_harness(server_startup_timeout=120):
+            yield
+    finally:
+        shutil.rmtree(home, ignore_errors=True)  # its database and results: ~6 MB per session otherwise left in /tmp
 
 
 def make_config(tmp_path: Path, *overrides: str) -> dict:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from types import FunctionType
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,85 @@ def test_code_compiled_from_no_file_gets_a_version_not_an_error() -> None:
 
     assert _digest(compiled("x + 1")) == _digest(compiled("x + 1"))
     assert _digest(compiled("x + 1")) != _digest(compiled("x + 2"))
+
+
+CLASSES = '''
+import dataclasses
+
+
+class Outer:
+    """Docstring."""
+
+    class Inner:
+        x = 1
+
+
+@dataclasses.dataclass
+class Decorated:
+    y: int = 2
+
+
+def factory():
+    class Local:
+        z = 3
+
+    return Local
+
+
+if True:
+    class Twice:
+        first = True
+else:
+    class Twice:
+        first = False
+'''
+
+
+def test_class_sources_are_what_inspect_finds_nested_decorated_local_and_repeated(tmp_path, monkeypatch):
+    """Classes are found with one parse per file; the text must be inspect.getsource's, or stored versions move."""
+    import importlib
+    import inspect
+
+    import tasks.core.code_identity as ci
+
+    (tmp_path / "classes_mod.py").write_text(CLASSES)
+    before = ci._LOADED_AT - 60
+    os.utime(tmp_path / "classes_mod.py", (before, before))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("classes_mod")
+    for cls in (mod.Outer, mod.Outer.Inner, mod.Decorated, mod.factory(), mod.Twice):
+        assert ci._source(cls) == inspect.getsource(cls), cls.__qualname__
+    assert ci._source(mod.Decorated).startswith("@dataclasses.dataclass")
+    assert "first = True" in ci._source(mod.Twice)  # the first definition, as inspect's finder returns
+
+
+def test_every_project_function_and_class_reads_the_source_inspect_reads():
+    """The per-process source cache and the class finder give, for all project code, inspect.getsource's text."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import tasks
+    import tasks.core.code_identity as ci
+
+    objects: list = []
+    for info in pkgutil.walk_packages(tasks.__path__, "tasks."):
+        module = importlib.import_module(info.name)
+        todo = [v for v in vars(module).values() if getattr(v, "__module__", None) == module.__name__]
+        while todo:
+            obj = todo.pop()
+            obj = getattr(obj, "__func__", obj)
+            if not isinstance(obj, (type, FunctionType)) or any(o is obj for o in objects):
+                continue
+            objects.append(obj)
+            if isinstance(obj, type):
+                todo += [v for v in vars(obj).values() if getattr(getattr(v, "__func__", v), "__module__", None)
+                         == module.__name__]
+    classes = [o for o in objects if isinstance(o, type)]
+    assert len(objects) > 500 and len(classes) > 50
+    for obj in objects:
+        try:
+            expected = inspect.getsource(obj)
+        except (OSError, TypeError):
+            expected = None
+        assert ci._source(obj) == expected, obj.__qualname__
