@@ -22,7 +22,8 @@ COMMANDS = {
 }
 
 # commands whose run needs Prefect's API: their temporary server is launched before their own start-up
-NEEDS_API = {"evaluate", "index", "update", "benchmark", "compare", "report"}
+# (scale: one server that each cell's benchmark process inherits, instead of one started per cell)
+NEEDS_API = {"evaluate", "index", "update", "benchmark", "compare", "scale", "report"}
 NO_RUN_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "--shell-completion", "-sc"}
 
 USAGE = "usage: dagrag COMMAND [overrides] [hydra flags]\n\ncommands:\n" + "\n".join(

@@ -127,6 +127,7 @@ def main(cfg: DictConfig) -> None:
     """Hydra entry point: check the config and every cell's config, then run the cells."""
     from hydra.core.hydra_config import HydraConfig
 
+    from flows.api_server import ensure_api, stop_api
     from flows.config import load_config
     from flows.pipeline import print_last_line
     from flows.preflight import USER_ERRORS, fail, preflight, verbose
@@ -144,7 +145,9 @@ def main(cfg: DictConfig) -> None:
                 cell = compose("config", overrides=cell_overrides(size, method, params, overrides))
                 preflight(load_config(OmegaConf.to_container(cell, resolve=True)), "benchmark")
     except USER_ERRORS as err:
+        stop_api()  # launched early by `dagrag scale`, unused
         fail(err, verbose(cfg))
+    ensure_api()  # one Prefect server for every cell: each cell's process inherits its PREFECT_API_URL
     print_last_line("scale", scale(params, overrides, conf.artifacts_dir))
 
 

@@ -153,8 +153,72 @@ class PeakRSS:
 
 # ----------------------------------------------------------------------------- locks
 
+# This process's in-memory DuckDB, which the catalog file is attached to for each catalog session. Opening a
+# DuckDB file starts a new database instance every time (20-45 ms here, whatever the file's size), and a run
+# opens the catalog two or three times per stage; attaching the file to an instance that lives as long as the
+# process costs 3-7 ms, and detaching it releases the file and its lock as closing does. Sessions take turns on
+# it (they already queue on the catalog's file lock), and it is closed before a fork(): an instance copied into
+# a child cannot even be freed there (DuckDB crashes), so a child starts its own.
+_HOST_LOCK = threading.RLock()
+_host_con: duckdb.DuckDBPyConnection | None = None
+
+
+def _host() -> duckdb.DuckDBPyConnection:
+    global _host_con
+    if _host_con is None:
+        _host_con = duckdb.connect(":memory:")
+    return _host_con
+
+
+def _drop_host() -> None:
+    """Close the host, and with it every file still attached to it."""
+    global _host_con
+    host, _host_con = _host_con, None
+    if host is not None:
+        host.close()
+
+
+def _before_fork() -> None:
+    _HOST_LOCK.acquire()  # no session is half-way when the process is copied
+    _drop_host()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_HOST_LOCK.release, after_in_child=_HOST_LOCK.release)
+
+
+def _catalog_alias(path: Path) -> str:
+    return "dagrag_catalog_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+
+
+def _attach(path: Path, alias: str) -> duckdb.DuckDBPyConnection:
+    """A cursor on the host with the catalog at ``path`` attached as ``alias`` and in use."""
+    cur = _host().cursor()
+    try:
+        cur.execute(f"ATTACH '{str(path).replace(chr(39), chr(39) * 2)}' AS {alias}")
+    except BaseException:
+        cur.close()
+        raise
+    try:
+        cur.execute(f"USE {alias}")
+    except BaseException:
+        _detach(cur, alias)
+        raise
+    return cur
+
+
+def _detach(cur: duckdb.DuckDBPyConnection, alias: str) -> None:
+    """End a catalog session: the file detached (its lock released) whatever state the session left."""
+    try:
+        cur.execute("USE memory")
+        cur.execute(f"DETACH {alias}")
+    except duckdb.Error:  # e.g. a transaction left open: closing the host detaches the file all the same
+        _drop_host()
+    finally:
+        cur.close()
+
+
 def _connect_catalog(path: Path) -> duckdb.DuckDBPyConnection:
-    """Open the catalog, retrying with backoff while another program holds DuckDB's lock on it.
+    """Attach the catalog, retrying with backoff while another program holds DuckDB's lock on it.
 
     dagrag's own processes never collide here (they queue on the catalog's file lock first); a
     `duckdb` shell or notebook with the file open does, and is given ``CATALOG_OPEN_TIMEOUT_S``.
@@ -163,7 +227,7 @@ def _connect_catalog(path: Path) -> duckdb.DuckDBPyConnection:
     delay = 0.05
     while True:
         try:
-            return duckdb.connect(str(path))
+            return _attach(path, _catalog_alias(path))
         except duckdb.IOException as err:
             if "lock" not in str(err).lower():
                 raise StoreError(f"cannot open the catalog {path}: {err}") from err
@@ -216,12 +280,15 @@ class Store:
                             f"another dagrag process has held {self.root / CATALOG} for {LOCK_TIMEOUT_S:.0f} s; "
                             "wait for it to finish or point artifacts_dir elsewhere") from None
                     time.sleep(0.05)
-            con = _connect_catalog(self.root / CATALOG)
             try:
-                con.execute(_SCHEMA)
-                yield con
+                with _HOST_LOCK:
+                    con = _connect_catalog(self.root / CATALOG)
+                    try:
+                        con.execute(_SCHEMA)
+                        yield con
+                    finally:
+                        _detach(con, _catalog_alias(self.root / CATALOG))
             finally:
-                con.close()
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
     @contextmanager

@@ -316,15 +316,15 @@ def test_catalog_open_retries_while_another_program_holds_it(tmp_path, monkeypat
     release = tmp_path / "release"
     proc = _hold_catalog(tmp_path, release)
     attempts = []
-    connect = store_mod.duckdb.connect
+    attach = store_mod._attach
 
     def counting(*args, **kwargs):
         attempts.append(1)
         if len(attempts) == 2:
             release.touch()  # let the holder go after one refused attempt
-        return connect(*args, **kwargs)
+        return attach(*args, **kwargs)
 
-    monkeypatch.setattr(store_mod.duckdb, "connect", counting)
+    monkeypatch.setattr(store_mod, "_attach", counting)
     monkeypatch.setattr(store_mod, "CATALOG_OPEN_TIMEOUT_S", 60.0)
     store = Store(tmp_path / "art")
     store.event("r", "s", "fp", "ds", "cached", rows=1, rows_computed=0, seconds=0.0, peak_rss_mb=0.0)

@@ -356,3 +356,62 @@ def test_a_catalog_with_columns_added_by_a_newer_version_still_takes_every_recor
     assert store.lookup("st", "fp1") == refs
     for table in ("stage_events", "runs", "metrics"):  # a row each, its new column empty
         assert store.query(f"SELECT count(*) AS n FROM {table}")["n"].iloc[0] == 1
+
+
+# ----------------------------------------------------------------------------- catalog sessions: attach, detach
+
+_OPEN_FOR_WRITING = """
+import sys
+import duckdb
+con = duckdb.connect(sys.argv[1])  # read-write: refused while any process still has the file attached
+print(con.execute("SELECT count(*) FROM stage_events").fetchone()[0])
+con.close()
+"""
+
+
+def _open_elsewhere(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _OPEN_FOR_WRITING, str(path)], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_each_catalog_session_lets_the_file_go_even_when_it_fails_inside_a_transaction(tmp_path):
+    """Sessions attach the catalog to a DuckDB that lives as long as the thread; the file's lock must not."""
+    store = Store(tmp_path)
+    store.event("r", "s", "fp", "ds", "cached", rows=1, rows_computed=0, seconds=0.0, peak_rss_mb=0.0)
+    out = _open_elsewhere(tmp_path / store_mod.CATALOG)
+    assert out.returncode == 0 and out.stdout.strip() == "1", out.stderr[-2000:]
+    with pytest.raises(RuntimeError, match="mid-session"):
+        with store.catalog() as con:
+            con.execute("BEGIN TRANSACTION")
+            con.execute("INSERT INTO stage_events (run_id, status) VALUES ('r2', 'cached')")
+            raise RuntimeError("mid-session")
+    out = _open_elsewhere(tmp_path / store_mod.CATALOG)
+    assert out.returncode == 0 and out.stdout.strip() == "1", out.stderr[-2000:]  # rolled back, and let go
+    store.event("r3", "s", "fp", "ds", "cached", rows=1, rows_computed=0, seconds=0.0, peak_rss_mb=0.0)
+    assert store.events("r3")["status"].tolist() == ["cached"]  # the next session works (on a new host if need be)
+
+
+def test_threads_and_a_forked_child_use_catalogs_side_by_side(tmp_path):
+    """Concurrent sessions from threads on two catalogs, then a child after fork() (which must not use the host
+    it was copied with: DuckDB crashes freeing it there)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    stores = [Store(tmp_path / "a"), Store(tmp_path / "b")]
+
+    def log(i: int) -> None:
+        stores[i % 2].event(f"r{i % 2}", "s", f"fp{i}", "ds", "cached", rows=1, rows_computed=0, seconds=0.0,
+                            peak_rss_mb=0.0)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(log, range(40)))
+    assert [len(s.events(f"r{i}")) for i, s in enumerate(stores)] == [20, 20]
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's host must not be used across fork()
+        try:
+            log(0)
+            os._exit(0 if len(stores[0].events("r0")) == 21 else 3)
+        except BaseException:
+            os._exit(4)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert len(stores[0].events("r0")) == 21
