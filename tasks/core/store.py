@@ -382,10 +382,11 @@ class Store:
     # -- stage records -----------------------------------------------------------
     def lookup(self, stage: str, fp: str) -> dict[str, ArtifactRef] | None:
         """Outputs of a finished stage with this fingerprint, if all its files still exist."""
-        rows = self.query("SELECT name, path, rows FROM stages WHERE stage = ? AND fp = ?", [stage, fp])
-        if rows.empty or not all(Path(p).exists() for p in rows["path"]):
+        with self.catalog() as con:  # plain tuples: a pandas frame per lookup cost more than the query
+            rows = con.execute("SELECT name, path, rows FROM stages WHERE stage = ? AND fp = ?", [stage, fp]).fetchall()
+        if not rows or not all(Path(path).exists() for _, path, _ in rows):
             return None
-        return {r.name: ArtifactRef(r.name, r.path, fp, int(r.rows)) for r in rows.itertuples()}
+        return {name: ArtifactRef(name, path, fp, int(n)) for name, path, n in rows}
 
     def versions(self, stage: str, name: str, dataset: str, params: Any) -> list[tuple[str, str, dict[str, str]]]:
         """Stored ``(fp, path, input_fps)`` of output ``name`` of ``stage`` for ``dataset`` made with these
