@@ -52,7 +52,7 @@ def main(cfg: DictConfig) -> None:
     """Hydra entry point: compose one config per method, preflight them all, run, print the last line."""
     from hydra.core.hydra_config import HydraConfig
 
-    from flows.api_server import ensure_api
+    from flows.api_server import ensure_api, flow_run_settings
     from flows.pipeline import print_last_line, spacy_without_torch
     from flows.preflight import USER_ERRORS, fail, preflight, verbose
 
@@ -71,7 +71,8 @@ def main(cfg: DictConfig) -> None:
     ensure_api()
     spacy_without_torch(plain.get("ner") or {})
     try:
-        result = compare_flow(configs, hc.runtime.output_dir, report_cfg)
+        with flow_run_settings():
+            result = compare_flow(configs, hc.runtime.output_dir, report_cfg)
     except USER_ERRORS as err:
         fail(err, verbose(cfg))
     print_last_line("compare", result)

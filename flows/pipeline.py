@@ -152,7 +152,7 @@ def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any) -> dict[str, An
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from flows.api_server import ensure_api, stop_api
+    from flows.api_server import ensure_api, flow_run_settings, stop_api
     from flows.config import load_config, with_runner
     from flows.preflight import (
         USER_ERRORS,
@@ -177,7 +177,8 @@ def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any) -> dict[str, An
     from flows.observe import observed, tags_for
 
     try:
-        with tags(*tags_for(plain)):  # run names, tags and the UI's artifacts (flows.observe)
+        # run names, tags and the UI's artifacts (flows.observe); no heartbeats on a temporary server (flows.api_server)
+        with tags(*tags_for(plain)), flow_run_settings():
             result = observed(with_runner(flow_fn, plain), plain)(plain, *args)
     except USER_ERRORS as err:  # found while running (e.g. the LLM endpoint went away): the run is recorded
         fail(err, verbose(cfg))

@@ -204,12 +204,14 @@ def sweep_section(runs: pd.DataFrame, sweep: str, objective: str, metric: str, o
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: ``report.*`` picks the runs, ``artifacts_dir`` the catalog."""
-    from flows.api_server import ensure_api
+    from flows.api_server import ensure_api, flow_run_settings
     from flows.pipeline import print_last_line
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     ensure_api()
-    print_last_line("report", report_flow(plain))
+    with flow_run_settings():
+        result = report_flow(plain)
+    print_last_line("report", result)
 
 
 if __name__ == "__main__":

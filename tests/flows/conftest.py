@@ -23,8 +23,12 @@ def prefect_isolated():
     os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = os.path.join(home, "results")
     from prefect.testing.utilities import prefect_test_harness
 
+    from prefect.settings import temporary_settings
+
     try:
-        with prefect_test_harness(server_startup_timeout=120):
+        # a temporary server, as a command's own: its flow runs send no heartbeats (flows.api_server.flow_run_settings)
+        with prefect_test_harness(server_startup_timeout=120), \
+                temporary_settings(updates={"flows.heartbeat_frequency": None}):
             yield
     finally:
         shutil.rmtree(home, ignore_errors=True)  # its database and results: ~6 MB per session otherwise left in /tmp

@@ -341,3 +341,27 @@ def test_early_server_is_launched_before_prefect_loads_and_stopped_if_a_profile_
         assert lines == ["URL", "http://127.0.0.1:9/api", "STOPPED"]
     else:
         assert lines[:1] == ["URL"] and lines[1].startswith("http://127.0.0.1:") and lines[2] == "RUNNING"
+
+
+def test_flow_runs_on_a_command_s_own_temporary_server_send_no_heartbeats(monkeypatch):
+    """That server stops with the command, so nothing could watch heartbeats; Prefect's heartbeat thread sleeps
+    in 1-s steps that every flow run waits out when it ends. On an API named elsewhere Prefect's setting stands."""
+    from prefect import flow
+    from prefect.settings import get_current_settings, temporary_settings
+
+    import flows.api_server as api
+
+    seen = []
+
+    @flow
+    def probe() -> None:
+        seen.append(get_current_settings().flows.heartbeat_frequency)
+
+    with temporary_settings(updates={"flows.heartbeat_frequency": 180}):  # Prefect's default (this session: None)
+        monkeypatch.setattr(api, "_server", object())  # as after ensure_api() launched one
+        with api.flow_run_settings():
+            probe()
+        monkeypatch.setattr(api, "_server", None)  # PREFECT_API_URL, a profile's API, or the test harness's
+        with api.flow_run_settings():
+            probe()
+    assert seen == [None, 180]
