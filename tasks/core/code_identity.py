@@ -174,14 +174,14 @@ def _class_source(cls: type) -> str:
     lines = linecache.getlines(path, module.__dict__ if module else None)
     if not lines:
         raise OSError(f"cannot read {path}")
-    start = _class_lines("".join(lines), path).get(cls.__qualname__)
+    start = _class_lines("".join(lines)).get(cls.__qualname__)
     if start is None:
         raise OSError(f"could not find class definition {cls.__qualname__} in {path}")
     return "".join(inspect.getblock(lines[start:]))
 
 
 @functools.lru_cache(maxsize=256)
-def _class_lines(text: str, path: str) -> dict[str, int]:
+def _class_lines(text: str) -> dict[str, int]:
     """``{qualname: 0-based first line}`` of every class in one file (the first definition of each name wins)."""
     found: dict[str, int] = {}
 

@@ -194,7 +194,8 @@ def _attach(path: Path, alias: str) -> duckdb.DuckDBPyConnection:
     """A cursor on the host with the catalog at ``path`` attached as ``alias`` and in use."""
     cur = _host().cursor()
     try:
-        cur.execute(f"ATTACH '{str(path).replace(chr(39), chr(39) * 2)}' AS {alias}")
+        quoted = str(path).replace("'", "''")
+        cur.execute(f"ATTACH '{quoted}' AS {alias}")
     except BaseException:
         cur.close()
         raise
@@ -217,7 +218,7 @@ def _detach(cur: duckdb.DuckDBPyConnection, alias: str) -> None:
         cur.close()
 
 
-def _connect_catalog(path: Path) -> duckdb.DuckDBPyConnection:
+def _connect_catalog(path: Path, alias: str) -> duckdb.DuckDBPyConnection:
     """Attach the catalog, retrying with backoff while another program holds DuckDB's lock on it.
 
     dagrag's own processes never collide here (they queue on the catalog's file lock first); a
@@ -227,7 +228,7 @@ def _connect_catalog(path: Path) -> duckdb.DuckDBPyConnection:
     delay = 0.05
     while True:
         try:
-            return _attach(path, _catalog_alias(path))
+            return _attach(path, alias)
         except duckdb.IOException as err:
             if "lock" not in str(err).lower():
                 raise StoreError(f"cannot open the catalog {path}: {err}") from err
@@ -263,6 +264,8 @@ class Store:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock_path = self.root / ".catalog.lock"
+        self._catalog_path = self.root / CATALOG
+        self._catalog_alias = _catalog_alias(self._catalog_path)  # its name while attached to the host
 
     # -- catalog ---------------------------------------------------------------
     @contextmanager
@@ -282,12 +285,12 @@ class Store:
                     time.sleep(0.05)
             try:
                 with _HOST_LOCK:
-                    con = _connect_catalog(self.root / CATALOG)
+                    con = _connect_catalog(self._catalog_path, self._catalog_alias)
                     try:
                         con.execute(_SCHEMA)
                         yield con
                     finally:
-                        _detach(con, _catalog_alias(self.root / CATALOG))
+                        _detach(con, self._catalog_alias)
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 

@@ -21,9 +21,8 @@ def prefect_isolated():
     home = tempfile.mkdtemp(prefix="dagrag-prefect-")
     os.environ["PREFECT_HOME"] = home
     os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = os.path.join(home, "results")
-    from prefect.testing.utilities import prefect_test_harness
-
     from prefect.settings import temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
 
     try:
         # a temporary server, as a command's own: its flow runs send no heartbeats (flows.api_server.flow_run_settings)

@@ -10,8 +10,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from types import FunctionType
 from pathlib import Path
+from types import FunctionType
 
 import pytest
 
@@ -236,14 +236,16 @@ def test_every_project_function_and_class_reads_the_source_inspect_reads():
     import tasks.core.code_identity as ci
 
     objects: list = []
+    seen: set[int] = set()
     for info in pkgutil.walk_packages(tasks.__path__, "tasks."):
         module = importlib.import_module(info.name)
         todo = [v for v in vars(module).values() if getattr(v, "__module__", None) == module.__name__]
         while todo:
             obj = todo.pop()
             obj = getattr(obj, "__func__", obj)
-            if not isinstance(obj, (type, FunctionType)) or any(o is obj for o in objects):
+            if not isinstance(obj, (type, FunctionType)) or id(obj) in seen:
                 continue
+            seen.add(id(obj))
             objects.append(obj)
             if isinstance(obj, type):
                 todo += [v for v in vars(obj).values() if getattr(getattr(v, "__func__", v), "__module__", None)
