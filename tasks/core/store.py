@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import threading
 import time
 import uuid
@@ -42,6 +43,8 @@ import pyarrow.parquet as pq
 
 CATALOG = "catalog.duckdb"
 LOCKS = "_locks"
+# files that are written once (temp file + rename) and never changed: a copy of the store may hard-link them
+LINKABLE_SUFFIXES = frozenset({".parquet", ".npy", ".bin", ".tar"})
 LOCK_TIMEOUT_S = 120.0
 # DuckDB's own file lock on the catalog can be held by a program outside dagrag's file lock (a
 # `duckdb` shell, a notebook): opening it is retried with backoff for this long before giving up.
@@ -269,8 +272,8 @@ class Store:
 
     # -- catalog ---------------------------------------------------------------
     @contextmanager
-    def catalog(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A short-lived catalog connection, held under an exclusive file lock."""
+    def _catalog_lock(self) -> Iterator[None]:
+        """Hold the catalog's exclusive file lock (every catalog session and every copy of the store takes it)."""
         with open(self._lock_path, "a+") as fh:
             deadline = time.monotonic() + LOCK_TIMEOUT_S
             while True:
@@ -284,15 +287,83 @@ class Store:
                             "wait for it to finish or point artifacts_dir elsewhere") from None
                     time.sleep(0.05)
             try:
-                with _HOST_LOCK:
-                    con = _connect_catalog(self._catalog_path, self._catalog_alias)
-                    try:
-                        con.execute(_SCHEMA)
-                        yield con
-                    finally:
-                        _detach(con, self._catalog_alias)
+                yield
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
+
+    @contextmanager
+    def catalog(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A short-lived catalog connection, held under an exclusive file lock."""
+        with self._catalog_lock(), _HOST_LOCK:
+            con = _connect_catalog(self._catalog_path, self._catalog_alias)
+            try:
+                con.execute(_SCHEMA)
+                yield con
+            finally:
+                _detach(con, self._catalog_alias)
+
+    def copy_to(self, dst: str | os.PathLike) -> "Store":
+        """A copy of this store at ``dst`` (which must not exist) whose catalog names the copy's own files.
+
+        Artifact files are never changed after their atomic rename into place, so the copy hard-links them
+        (a copy of a whole index costs almost no time or disk; a plain copy where links are impossible);
+        anything written in place (DuckDB files: the catalog, an LLM cache) is copied. Taken under the
+        catalog's lock, so no stage is recorded half-way; assembled beside ``dst`` and renamed into place, and
+        removed again if its catalog cannot be rewritten, so a failed copy leaves no store behind. Every absolute path under this store's root that the catalog
+        holds (stage outputs, run manifests, metrics) is rewritten to the copy's, and the artifact views are
+        made again over the copy's files.
+        """
+        dst = Path(dst).resolve()
+        if dst.exists():
+            raise StoreError(f"cannot copy the store to {dst}: it exists")
+        if dst.is_relative_to(self.root):
+            raise StoreError(f"cannot copy the store {self.root} into itself ({dst})")
+        tmp = dst.with_name(f".{dst.name}.copy-{uuid.uuid4().hex[:8]}")
+        try:
+            with self._catalog_lock():
+                for src in sorted(self.root.rglob("*")):
+                    rel = src.relative_to(self.root)
+                    if rel.parts[0] == LOCKS or rel.name == self._lock_path.name or src.is_dir():
+                        continue
+                    target = tmp / rel
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    if src.suffix in LINKABLE_SUFFIXES:
+                        try:
+                            os.link(src, target)
+                            continue
+                        except OSError:  # another file system, or links not allowed
+                            pass
+                    shutil.copy2(src, target)
+            tmp.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, dst)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        copy = Store(dst)
+        try:  # after the rename: a view is checked against the file it reads
+            copy._rebase_catalog(str(self.root), str(dst))
+        except BaseException:
+            shutil.rmtree(dst, ignore_errors=True)
+            raise
+        return copy
+
+    def _rebase_catalog(self, old_root: str, new_root: str) -> None:
+        """Rewrite ``old_root`` to ``new_root`` at the start of every path the catalog holds; views made again."""
+        with self.catalog() as con:
+            tables = con.execute("SELECT table_name FROM information_schema.tables WHERE table_catalog = "
+                                 "current_database() AND table_type = 'BASE TABLE'").fetchall()
+            for (table,) in tables:
+                cols = con.execute("SELECT column_name FROM information_schema.columns WHERE table_catalog = "
+                                   "current_database() AND table_name = ? AND data_type IN ('VARCHAR', 'JSON')",
+                                   [table]).fetchall()
+                for (col,) in cols:  # the root as a path prefix (followed by /), or a whole value
+                    con.execute(f'UPDATE "{table}" SET "{col}" = replace(replace("{col}"::VARCHAR, ?, ?), ?, ?) '
+                                f'WHERE contains("{col}"::VARCHAR, ?)',
+                                [old_root + "/", new_root + "/", f'"{old_root}"', f'"{new_root}"', old_root])
+                    con.execute(f'UPDATE "{table}" SET "{col}" = ? WHERE "{col}"::VARCHAR = ?', [new_root, old_root])
+            latest = con.execute("SELECT name, path FROM stages WHERE path LIKE '%.parquet' ORDER BY rowid").fetchall()
+            self._refresh_views(con, {name: ArtifactRef(name, path, "", 0) for name, path in latest
+                                      if Path(path).exists()})
 
     @contextmanager
     def stage_lock(self, stage: str, fp: str, *, on_wait: Callable[[int | None], None] | None = None,

@@ -415,3 +415,66 @@ def test_threads_and_a_forked_child_use_catalogs_side_by_side(tmp_path):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert len(stores[0].events("r0")) == 21
+
+
+# ----------------------------------------------------------------------------- copies of a store
+
+def _stored(root: Path) -> tuple[Store, dict[str, ArtifactRef]]:
+    """A store holding one stage (a table and a blob), a row cache, a run manifest and a metrics row naming it."""
+    ctx = RunContext(str(root), "ds", "run1")
+    refs = run_stage(ctx, "s", "code", {"p": 1}, {"in": "f0"}, lambda: ({"out": _frame([1, 2]), "blob": b"ab"}, 2),
+                     ext={"blob": "bin"})
+    ctx.store.row_cache("embed", "fp0", "key").append(pd.DataFrame({"key": ["k1"], "v": [1.0]}))
+    ctx.store.record_run("run1", "index", {"artifacts_dir": str(ctx.store.root), "out": refs["out"].path})
+    ctx.store.record_metrics("run1", "index", "m", "ds", {"artifacts": {"out": refs["out"].path}})
+    return ctx.store, refs
+
+
+def test_a_copy_links_the_files_and_its_catalog_names_its_own(tmp_path):
+    src, refs = _stored(tmp_path / "src")
+    copy = src.copy_to(tmp_path / "dst")
+    moved = copy.lookup("s", refs["out"].fp)
+    assert moved["out"].path == str(tmp_path / "dst" / Path(refs["out"].path).relative_to(src.root))
+    assert os.stat(moved["out"].path).st_ino == os.stat(refs["out"].path).st_ino  # hard-linked, not copied
+    assert os.stat(copy.root / "catalog.duckdb").st_ino != os.stat(src.root / "catalog.duckdb").st_ino
+    manifest = json.loads(copy.query("SELECT manifest FROM runs")["manifest"].iloc[0])
+    assert manifest == {"artifacts_dir": str(copy.root), "out": moved["out"].path}
+    metrics = json.loads(copy.query("SELECT metrics FROM metrics")["metrics"].iloc[0])
+    assert metrics["artifacts"]["out"] == moved["out"].path
+    assert copy.row_cache("embed", "fp0", "key").keys() == {"k1"}
+    assert copy.query("SELECT x FROM out ORDER BY x")["x"].tolist() == [1, 2]  # the view reads the copy's file
+    assert not list(tmp_path.glob(".dst.copy-*"))
+
+
+def test_work_in_a_copy_leaves_the_original_as_it_was(tmp_path):
+    src, refs = _stored(tmp_path / "src")
+    before = src.query("SELECT stage, fp, path FROM stages ORDER BY stage, name")
+    copy = src.copy_to(tmp_path / "dst")
+    ctx = RunContext(str(copy.root), "ds", "run2")
+    run_stage(ctx, "s", "code", {"p": 1}, {"in": "f0"}, lambda: ({"out": _frame([7]), "blob": b"z"}, 1),
+              ext={"blob": "bin"})  # the same fingerprint, cached in the copy
+    run_stage(ctx, "t", "code", {}, {}, lambda: ({"out": _frame([9])}, 1))  # a new stage, only in the copy
+    copy.row_cache("embed", "fp0", "key").append(pd.DataFrame({"key": ["k2"], "v": [2.0]}))
+    assert src.query("SELECT stage, fp, path FROM stages ORDER BY stage, name").equals(before)
+    assert src.row_cache("embed", "fp0", "key").keys() == {"k1"}
+    assert Store.read(refs["out"])["x"].tolist() == [1, 2]
+    import shutil
+    shutil.rmtree(src.root)  # the copy stands alone
+    assert Store.read(copy.lookup("s", refs["out"].fp)["out"])["x"].tolist() == [1, 2]
+
+
+def test_a_copy_refuses_an_existing_target_and_a_failed_one_leaves_nothing(tmp_path, monkeypatch):
+    src, _ = _stored(tmp_path / "src")
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(StoreError, match="exists"):
+        src.copy_to(tmp_path / "taken")
+    with pytest.raises(StoreError, match="into itself"):
+        src.copy_to(src.root / "inner")
+
+    def broken(self, old, new):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(Store, "_rebase_catalog", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        src.copy_to(tmp_path / "dst")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src", "taken"]
