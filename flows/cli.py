@@ -17,13 +17,14 @@ COMMANDS = {
     "benchmark": ("flows.benchmark", "latency per query at several batch sizes, memory, per-part split"),
     "compare": ("flows.compare", "every method on one dataset (shared stages computed once), then the report"),
     "scale": ("flows.scale", "the scale table: every method at several sample sizes (index s, memory, ms/query, disk)"),
+    "growth": ("flows.growth", "what an update costs against a full build: a held-out share added back, every method"),
     "report": ("flows.report", "results table and figures from the catalog → artifacts/reports/<name>/report.md"),
     "schedule": ("flows.schedule", "serve index/evaluate as Prefect deployments on cron schedules (conf/schedule.yaml)"),
 }
 
 # commands whose run needs Prefect's API: their temporary server is launched before their own start-up
-# (scale: one server that each cell's benchmark process inherits, instead of one started per cell)
-NEEDS_API = {"evaluate", "index", "update", "benchmark", "compare", "scale", "report"}
+# (scale, growth: one server that each child process inherits, instead of one started per child)
+NEEDS_API = {"evaluate", "index", "update", "benchmark", "compare", "scale", "growth", "report"}
 NO_RUN_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "--shell-completion", "-sc"}
 
 USAGE = "usage: dagrag COMMAND [overrides] [hydra flags]\n\ncommands:\n" + "\n".join(

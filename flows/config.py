@@ -87,6 +87,18 @@ class ScaleParams:
 
 
 @dataclass(frozen=True)
+class GrowthParams:
+    """``growth/``: what ``flows.growth`` holds out of the dataset, for which methods, and how often it updates."""
+
+    fraction: float = 0.05  # share of the documents held out of the base corpus and added by the update
+    seed: int = 17  # which documents: a seeded sample of the sorted document ids (corpus order plays no part)
+    methods: tuple[str, ...] = ("dense", "bm25", "hybrid", "zoomrag", "linearrag", "erarag", "serag", "archrag")
+    repeats: int = 3  # updates per method, each on a fresh copy of the base index; the table gives medians
+    timeout_s: int = 0  # a build's or an update's process is stopped after this many seconds (0: no limit)
+    name: str = "growth"  # <artifacts_dir>/growth/<name>/ (corpora, base index) and reports/<name>/growth.md
+
+
+@dataclass(frozen=True)
 class ReportParams:
     """``report/``: which runs ``flows.report`` reads from the catalog, and where it writes."""
 
@@ -160,6 +172,9 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
         ScaleParams: {"sizes": "[20, inf)", "methods": ("dense", "bm25", "hybrid", "zoomrag", "linearrag", "erarag",
                                                          "serag", "archrag"),
                       "batch_sizes": count, "n_questions": count, "timeout_s": count0},
+        GrowthParams: {"fraction": "(0, 1)", "methods": ("dense", "bm25", "hybrid", "zoomrag", "linearrag", "erarag",
+                                                          "serag", "archrag"),
+                       "repeats": count, "timeout_s": count0, "seed": count0},
         ReportParams: {"metric": ("recall@2", "recall@5", "recall@10", "evidence_recall@2", "evidence_recall@5",
                                   "evidence_recall@10", "context_recall", "em", "f1")},
         EvalParams: {"dev_fraction": "[0, 1)", "split_seed": count0, "objective": (
@@ -371,6 +386,7 @@ class Config:
     report: ReportParams = ReportParams()
     compare: CompareParams = CompareParams()
     scale: ScaleParams = ScaleParams()
+    growth: GrowthParams = GrowthParams()
 
 
 def load_config(cfg: Mapping[str, Any]) -> Config:
@@ -407,4 +423,5 @@ def load_config(cfg: Mapping[str, Any]) -> Config:
         report=build(ReportParams, "report", cfg.get("report", {})),
         compare=build(CompareParams, "compare", cfg.get("compare", {})),
         scale=build(ScaleParams, "scale", cfg.get("scale", {})),
+        growth=build(GrowthParams, "growth", cfg.get("growth", {})),
     )

@@ -136,6 +136,29 @@ def stage_counts(split: pd.DataFrame) -> dict[str, Any]:
             "rows_computed": split.groupby("stage", sort=False)["rows_computed"].sum().astype(int).to_dict()}
 
 
+def run_child(module: str, argv: list[str], prefix: str, timeout_s: int) -> tuple[dict[str, Any] | None, str]:
+    """Run ``python -m module argv`` from the repository root, tied to this process (it dies with it); (its
+    ``prefix: {json}`` last line, "") or (None, why it failed: its exit status and last line, or the timeout)."""
+    from flows.api_server import tied_popen
+
+    proc = tied_popen([sys.executable, "-m", module, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                      text=True, cwd=Path(__file__).resolve().parents[1])
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s or None)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return None, f"stopped after {timeout_s} s"
+    except BaseException:  # interrupted: the child goes with this call
+        proc.kill()
+        raise
+    last = [ln for ln in stdout.splitlines() if ln.startswith(f"{prefix}: ")]
+    if proc.returncode != 0 or not last:
+        tail = (stderr or stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+        return None, f"failed (exit {proc.returncode}): {tail[0][:200]}"
+    return json.loads(last[-1][len(prefix) + 2:]), ""
+
+
 def print_last_line(prefix: str, payload: dict[str, Any]) -> None:
     """Print ``prefix: {json}`` as the process's very last line (Prefect's shutdown chatter silenced)."""
     logging.getLogger("prefect").setLevel(logging.WARNING)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from flows.config import ScaleParams
+from flows.pipeline import run_child
 from tasks.core.store import Store
 
 
@@ -69,16 +69,7 @@ def cell_row(size: int, method: str, bench: dict[str, Any], store: Store) -> dic
 
 def run_cell(argv: list[str], timeout_s: int) -> tuple[dict[str, Any] | None, str]:
     """Run one ``flows.benchmark`` process; (its ``benchmark:`` payload, "") or (None, why it failed)."""
-    try:
-        out = subprocess.run([sys.executable, "-m", "flows.benchmark", *argv], capture_output=True, text=True,
-                             timeout=timeout_s or None, cwd=Path(__file__).resolve().parents[1])
-    except subprocess.TimeoutExpired:
-        return None, f"stopped after {timeout_s} s"
-    last = [ln for ln in out.stdout.splitlines() if ln.startswith("benchmark: ")]
-    if out.returncode != 0 or not last:
-        tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or [f"exit {out.returncode}"]
-        return None, f"failed (exit {out.returncode}): {tail[0][:200]}"
-    return json.loads(last[-1][len("benchmark: "):]), ""
+    return run_child("flows.benchmark", argv, "benchmark", timeout_s)
 
 
 def markdown(rows: list[dict[str, Any]], batch_sizes: list[int]) -> str:

@@ -282,7 +282,7 @@ def test_readme_command_runs(cmd: Command, tmp_path, prefect_home):
     assert (tmp_path / "artifacts" / "catalog.duckdb").exists()
 
 
-@pytest.mark.parametrize("sub", ["evaluate", "index", "update", "benchmark", "compare", "report"])
+@pytest.mark.parametrize("sub", ["evaluate", "index", "update", "benchmark", "compare", "growth", "report"])
 def test_every_subcommand_dispatches(sub):
     """`dagrag SUB --cfg job` reaches the command's Hydra entry point (it prints the config, runs nothing)."""
     out = subprocess.run([*dagrag_argv(), sub, "--cfg", "job", "method=bm25"], capture_output=True, text=True,
