@@ -51,6 +51,7 @@ def test_a_row_takes_medians_and_compares_with_the_build_scaled_to_the_full_corp
     assert "| m | 36.0 / 45.0 | 40.0 / 50.0 | 3.0 / 8.0 | 5.0 | 7.5 / 16.0 | embed 2.0 s" in table
     assert "| m | 36.0 / – | 40.0 / – | 3.0 / 8.0 | 5.0 | 7.5 / – |" in table
     assert stage_note([]) == ""
+    assert stage_note(stages[:1], summaries=(3, 9)) == "3 of 9 summaries made anew; embed 2.0 s (10/100)"
 
 
 def test_growth_builds_once_updates_fresh_copies_and_records_rows(tmp_path):
@@ -74,6 +75,8 @@ def test_growth_builds_once_updates_fresh_copies_and_records_rows(tmp_path):
     # EraRAG's update embeds the 6 new passages only (a per-row stage), then updates its graph (Alg. 3); every
     # repeat starts from a fresh copy of the base index, so each one computes them again
     assert "embed" in rows["erarag"]["update_stages"] and "(6/60)" in rows["erarag"]["update_stages"]
+    assert rows["erarag"]["update_stages"].split(" of ")[0].isdigit() and "summaries made anew" in \
+        rows["erarag"]["update_stages"] and "summaries" not in rows["bm25"]["update_stages"]
     assert all(s > 0.05 for s in rows["erarag"]["runs_stage_s"])
     root = tmp_path / "growth" / "growth"
     assert not (root / "update").exists()  # each update's copy is removed
