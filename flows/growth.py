@@ -27,7 +27,6 @@ The table goes to ``<artifacts_dir>/reports/<name>/growth.md`` and each row to t
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -45,7 +44,6 @@ from flows.pipeline import run_child
 from flows.scale import index_footprint
 from tasks.core.ingest import dataset_label, load_dataset, question_records
 from tasks.core.store import Store
-
 
 
 def passed_on(override: str) -> bool:
@@ -66,14 +64,6 @@ def holdout_ids(doc_ids: list[str], fraction: float, seed: int) -> set[str]:
     return {ids[i] for i in picked}
 
 
-def _write_json(path: Path, payload: Any) -> None:
-    """Write JSON atomically (temp file + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, ensure_ascii=False))
-    os.replace(tmp, path)
-
-
 def write_corpora(conf: Config, root: Path, params: GrowthParams) -> dict[str, Any]:
     """The base and full corpora of ``conf.dataset`` in HippoRAG format under ``root/data``; what was written."""
     docs, _, _, _ = load_dataset(conf.dataset, conf.data_dir)
@@ -86,8 +76,8 @@ def write_corpora(conf: Config, root: Path, params: GrowthParams) -> dict[str, A
     keep = ~docs["doc_id"].isin(held).to_numpy()
     questions = question_records(conf.dataset, conf.data_dir)
     for part, rows in (("base", [r for r, k in zip(records, keep) if k]), ("full", records)):
-        _write_json(root / "data" / part / label / "corpus.json", rows)
-        _write_json(root / "data" / part / label / "questions.json", questions)
+        for name, payload in (("corpus.json", rows), ("questions.json", questions)):
+            Store.write_bytes(json.dumps(payload, ensure_ascii=False).encode(), root / "data" / part / label / name)
     return {"label": label, "base_dir": str(root / "data" / "base"), "full_dir": str(root / "data" / "full"),
             "n_base": int(keep.sum()), "n_full": len(docs), "n_added": len(held)}
 
@@ -118,7 +108,7 @@ def measure_update(base: Store, copy_dir: Path, argv: list[str], timeout_s: int)
         stage_s = float(stages["seconds"].sum())
         summaries = (payload.get("segments_resummarized"), payload.get("segments_total"))  # EraRAG, ArchRAG
         return {"wall_s": wall, "stage_s": stage_s, "fixed_s": wall - stage_s, "stages": stages.to_dict("records"),
-                "added_docs": payload.get("added_docs"), "summaries": None if None in summaries else summaries}
+                "summaries": None if None in summaries else summaries}
     finally:
         shutil.rmtree(copy_dir, ignore_errors=True)
 
@@ -156,7 +146,8 @@ def growth_row(method: str, corpora: dict[str, Any], build_s: float, build_wall:
                 "pct_of_build_stages": round(100 * median["stage_s"] / full_build, 1) if full_build else None,
                 "pct_of_build_wall": None if full_wall is None else round(100 * median["wall_s"] / full_wall, 1),
                 "update_stages": stage_note(typical["stages"], summaries=typical.get("summaries")),
-                "runs_stage_s": [round(u["stage_s"], 2) for u in ok], "runs_wall_s": [round(u["wall_s"], 2) for u in ok],
+                "runs_stage_s": [round(u["stage_s"], 2) for u in ok],
+                "runs_wall_s": [round(u["wall_s"], 2) for u in ok],
                 "failed_runs": len(updates) - len(ok)})
     return row
 
@@ -175,7 +166,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     head = ["method", "build stages / wall s", "full build stages / wall s (est.)", "update stages / wall s",
             "update fixed s", "% of build, stages / wall", "what the update computed"]
     pairs = [("build_stage_s", "build_wall_s"), ("full_build_stage_s", "full_build_wall_s"),
-             ("update_stage_s", "update_wall_s"), ("update_fixed_s", None), ("pct_of_build_stages", "pct_of_build_wall")]
+             ("update_stage_s", "update_wall_s"), ("update_fixed_s", None),
+             ("pct_of_build_stages", "pct_of_build_wall")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if r.get("error"):
@@ -196,7 +188,8 @@ def growth(conf: Config, overrides: list[str], corpora: dict[str, Any]) -> dict[
     params, root = conf.growth, growth_root(conf)
     print(json.dumps({"growth_corpora": corpora}), flush=True)
     main = Store(conf.artifacts_dir)
-    rows = []
+    table_path = main.root / "reports" / params.name / "growth.md"
+    rows: list[dict[str, Any]] = []
     for method in params.methods:
         t0 = time.perf_counter()
         base = Store(root / "base" / method)  # a store of its own: the build pays every stage it uses
@@ -218,20 +211,9 @@ def growth(conf: Config, overrides: list[str], corpora: dict[str, Any]) -> dict[
         row["wall_seconds"] = round(time.perf_counter() - t0, 1)
         print(json.dumps({"growth_row": row}), flush=True)
         rows.append(row)
-        table = write_table(Path(conf.artifacts_dir) / "reports" / params.name / "growth.md", rows)  # after each row
-    print(table, flush=True)
-    return {"table": str(Path(conf.artifacts_dir) / "reports" / params.name / "growth.md"), "corpora": corpora,
-            "rows": rows}
-
-
-def write_table(path: Path, rows: list[dict[str, Any]]) -> str:
-    """The Markdown table of ``rows``, written atomically to ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table = markdown(rows)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(table)
-    os.replace(tmp, path)
-    return table
+        Store.write_bytes(markdown(rows).encode(), table_path)  # after each row: a long run shows what it has
+    print(markdown(rows), flush=True)
+    return {"table": str(table_path), "corpora": corpora, "rows": rows}
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

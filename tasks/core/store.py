@@ -309,9 +309,9 @@ class Store:
         (a copy of a whole index costs almost no time or disk; a plain copy where links are impossible);
         anything written in place (DuckDB files: the catalog, an LLM cache) is copied. Taken under the
         catalog's lock, so no stage is recorded half-way; assembled beside ``dst`` and renamed into place, and
-        removed again if its catalog cannot be rewritten, so a failed copy leaves no store behind. Every absolute path under this store's root that the catalog
-        holds (stage outputs, run manifests, metrics) is rewritten to the copy's, and the artifact views are
-        made again over the copy's files.
+        removed again if its catalog cannot be rewritten, so a failed copy leaves no store behind. Every
+        absolute path under this store's root that the catalog holds (stage outputs, run manifests, metrics)
+        is rewritten to the copy's, and the artifact views are made again over the copy's files.
         """
         dst = Path(dst).resolve()
         if dst.exists():
