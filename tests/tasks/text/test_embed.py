@@ -1,11 +1,17 @@
 """Embedding: batches in length order give each text the embedding a single encoder call gives it, in input
-order, and a bar shows progress at any size once the run lasts longer than the bar's delay."""
+order, and a bar shows progress at any size once the run lasts longer than the bar's delay. The embed stage's
+identity is what its values depend on: settings that only batch the work or serve the questions keep it."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
+import pandas as pd
 
 from tasks.core import progress
-from tasks.text.embed import EmbedderParams, encode
+from tasks.core.stage import RunContext
+from tasks.core.store import ArtifactRef, short_hash
+from tasks.text.embed import EmbedderParams, embed, encode, load_embeddings
 from tasks.text.encoder import load_encoder
 
 TEXTS = ["Paris is the capital of France.", "Ok.", "The Louvre, in Paris, is the world's most-visited museum.",
@@ -29,3 +35,27 @@ def test_a_small_embedding_run_shows_progress(capsys, monkeypatch):
     assert "embed:" in capsys.readouterr().err
     encode(TEXTS, params, query=True)  # online questions: never a bar
     assert "embed" not in capsys.readouterr().err
+
+
+def _table(ctx: RunContext) -> ArtifactRef:
+    docs = pd.DataFrame({"doc_id": [f"d{i}" for i in range(len(TEXTS))], "title": [f"T{i}" for i in range(len(TEXTS))],
+                         "text": TEXTS})
+    fp = short_hash(docs["doc_id"].tolist())
+    path = ctx.store.path_for(ctx.dataset, "ingest", "documents", fp)
+    return ArtifactRef("documents", str(path), fp, ctx.store.write_parquet(docs, path))
+
+
+def test_batching_and_query_settings_keep_the_stored_embeddings(ctx):
+    table, base = _table(ctx), EmbedderParams(batch_size=2)
+    first = embed.fn(ctx, table, "doc_id", base)["embeddings"]
+    for same in (replace(base, batch_size=16), replace(base, query_batch_size=4, query_runtime="torch")):
+        again = embed.fn(RunContext(ctx.artifacts_dir, "ds", "run2"), table, "doc_id", same)["embeddings"]
+        assert again.fp == first.fp  # cached: nothing downstream of the embeddings runs again
+    shorter = embed.fn(ctx, table, "doc_id", replace(base, max_seq_length=4))["embeddings"]
+    templated = embed.fn(ctx, table, "doc_id", base, use_template=True)["embeddings"]
+    assert len({first.fp, shorter.fp, templated.fp}) == 3
+    emb = {ref.fp: load_embeddings(ref, "doc_id")[1] for ref in (first, shorter, templated)}
+    np.testing.assert_allclose(emb[first.fp], encode(TEXTS, base), atol=1e-5)
+    assert not np.allclose(emb[first.fp], emb[templated.fp], atol=1e-3)  # "T0\nParis ..." is another text
+    statuses = ctx.store.query("SELECT status FROM stage_events WHERE stage = 'embed' ORDER BY created_at")
+    assert statuses["status"].tolist() == ["computed", "cached", "cached", "computed", "computed"]
