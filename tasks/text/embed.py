@@ -41,8 +41,9 @@ class EmbedderParams:
     """Which encoder, how texts are batched, and how a passage becomes text."""
 
     model: str = PACKAGED_MODEL
-    # stored texts per encoder call: small batches stay in cache (2Wiki passages 16 against 24 ms each at 64,
-    # sentences 4.3 against 5.0, entity texts 10.3 against 12.5; issue #17). No stored value depends on it.
+    # stored texts per encoder call: small batches stay in cache (2Wiki passages 16 against 24 ms each at 64 in
+    # alternating rounds, a whole 2Wiki build of every method 0.89x the time; issue #17). No stored value
+    # depends on it; only entity names (~5 tokens) are slower at 16.
     batch_size: int = 16
     max_seq_length: int = 256
     doc_template: str = "{title}\n{text}"
