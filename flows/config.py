@@ -67,11 +67,15 @@ class EvalParams:
     objective: str = "recall@5"    # the dev-split metric a sweep maximises (the command's return value)
 
 
+# every method flows.methods.METHODS runs, in the order compare, scale and growth take them
+METHOD_NAMES = ("dense", "bm25", "hybrid", "zoomrag", "linearrag", "erarag", "serag", "archrag")
+
+
 @dataclass(frozen=True)
 class CompareParams:
     """``compare/``: the methods ``flows.compare`` evaluates, one after another, on one dataset."""
 
-    methods: tuple[str, ...] = ("dense", "bm25", "hybrid", "zoomrag", "linearrag", "erarag", "serag", "archrag")
+    methods: tuple[str, ...] = METHOD_NAMES
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,7 @@ class ScaleParams:
     """``scale/``: the corpus sizes and methods ``flows.scale`` benchmarks, and the batch sizes it times."""
 
     sizes: tuple[int, ...] = (1000, 10000, 100000)
-    methods: tuple[str, ...] = ("dense", "bm25", "hybrid", "zoomrag", "linearrag", "erarag", "serag", "archrag")
+    methods: tuple[str, ...] = METHOD_NAMES
     batch_sizes: tuple[int, ...] = (1, 256)
     n_questions: int = 256
     timeout_s: int = 0  # a cell's process is stopped after this many seconds (0: no limit)
@@ -92,7 +96,7 @@ class GrowthParams:
 
     fraction: float = 0.05  # share of the documents held out of the base corpus and added by the update
     seed: int = 17  # which documents: a seeded sample of the sorted document ids (corpus order plays no part)
-    methods: tuple[str, ...] = ("dense", "bm25", "hybrid", "zoomrag", "linearrag", "erarag", "serag", "archrag")
+    methods: tuple[str, ...] = METHOD_NAMES
     repeats: int = 3  # updates per method, each on a fresh copy of the base index; the table gives medians
     timeout_s: int = 0  # a build's or an update's process is stopped after this many seconds (0: no limit)
     name: str = "growth"  # <artifacts_dir>/growth/<name>/ (corpora, base index) and reports/<name>/growth.md
@@ -168,12 +172,10 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
                     "max_retries": count0, "backoff_base_s": count0, "backoff_max_s": count0, "concurrency": count},
         RunnerParams: {"kind": ("thread", "dask"), "max_workers": count, "partition_rows": count0,
                        "n_workers": count, "threads_per_worker": count},
-        CompareParams: {"methods": ("dense", "bm25", "hybrid", "zoomrag", "linearrag", "erarag", "serag", "archrag")},
-        ScaleParams: {"sizes": "[20, inf)", "methods": ("dense", "bm25", "hybrid", "zoomrag", "linearrag", "erarag",
-                                                         "serag", "archrag"),
+        CompareParams: {"methods": METHOD_NAMES},
+        ScaleParams: {"sizes": "[20, inf)", "methods": METHOD_NAMES,
                       "batch_sizes": count, "n_questions": count, "timeout_s": count0},
-        GrowthParams: {"fraction": "(0, 1)", "methods": ("dense", "bm25", "hybrid", "zoomrag", "linearrag", "erarag",
-                                                          "serag", "archrag"),
+        GrowthParams: {"fraction": "(0, 1)", "methods": METHOD_NAMES,
                        "repeats": count, "timeout_s": count0, "seed": count0},
         ReportParams: {"metric": ("recall@2", "recall@5", "recall@10", "evidence_recall@2", "evidence_recall@5",
                                   "evidence_recall@10", "context_recall", "em", "f1")},

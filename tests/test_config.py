@@ -206,3 +206,10 @@ def test_lowercase_name_weight_is_part_of_the_title_walk(method):
         load_config(_compose([f"method={method}", "method.lowercase_name_weight=0.1"]))
     conf = load_config(_compose([f"method={method}", "experiment=beyond_paper", "method.lowercase_name_weight=0.1"]))
     assert conf.method.title_walk and conf.method.lowercase_name_weight == 0.1
+
+
+def test_the_method_list_of_compare_scale_and_growth_is_every_method():
+    from flows.config import METHOD_NAMES
+    from flows.methods import METHODS
+
+    assert sorted(METHOD_NAMES) == sorted(METHODS)
