@@ -102,6 +102,22 @@ def test_stored_embeddings_through_onnx_runtime_equal_torch() -> None:
     np.testing.assert_allclose(onnx, torch, atol=1e-5)
 
 
+def test_export_traces_plain_attention_and_gives_the_model_its_own_back() -> None:
+    import onnx
+
+    from tasks.text.encoder import load_encoder
+    from tasks.text.onnx_encoder import _export
+
+    p = EmbedderParams()
+    enc = load_encoder(p.model, p.max_seq_length, "cpu")
+    model = enc[0].auto_model
+    before = model.config._attn_implementation
+    blob, _ = _export(model, enc.tokenizer)
+    assert model.config._attn_implementation == before  # the shared eager encoder is left as it was
+    ops = {n.op_type for n in onnx.load_from_string(blob).graph.node}
+    assert {"Softmax", "MatMul"} <= ops and "IsNaN" not in ops  # not the fused kernel's per-score guards
+
+
 def test_int8_encoder_is_close_but_not_equal_and_is_a_separate_cache() -> None:
     from tasks.text.embed import encode_stored
 
