@@ -17,10 +17,22 @@ _NOT_AN_END = re.compile(
     r"Apr|Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec|approx|ca|c)\.|\b[A-Z]\.|\b(?:[A-Za-z]\.){2,})$")
 
 
+# how far back from a boundary _NOT_AN_END needs to look: its longest fixed word ("approx.") and the character
+# before it for \b. A longer run of initials ("U.S.A.") also ends in two of them, which the window holds.
+_END_WINDOW = 16
+
+
 def sentence_spans(text: str) -> list[tuple[int, int]]:
-    """Rule-based sentence split as (start, end) character spans; abbreviations and initials stay inside."""
-    cuts = [m.end() for m in _BOUNDARY.finditer(text)]
-    starts = [0] + [c for c in cuts if not _NOT_AN_END.search(text[:c].rstrip())]
+    """Rule-based sentence split as (start, end) character spans; abbreviations and initials stay inside.
+
+    Each boundary looks at most ``_END_WINDOW`` characters back (a word boundary still sees the character
+    before the window), so a text costs time linear in its length; testing whole prefixes was quadratic.
+    """
+    starts = [0]
+    for m in _BOUNDARY.finditer(text):
+        end = m.start() + len(m.group().rstrip())  # the piece before the cut, without the cut's whitespace
+        if not _NOT_AN_END.search(text, max(0, end - _END_WINDOW), end):
+            starts.append(m.end())
     ends = starts[1:] + [len(text)]
     spans = []
     for a, b in zip(starts, ends):

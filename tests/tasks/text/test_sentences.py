@@ -38,3 +38,32 @@ def test_sentence_spans_index_the_text():
     assert [text[a:b] for a, b in spans] == split_sentences(text)
     assert split_sentences(text) == ["Mr. Lee left.", "He came back!", "Then, at 5 p.m., he slept."]
     assert all(a < b for a, b in spans) and all(b <= c for (_, b), (c, _) in zip(spans, spans[1:]))
+
+
+def _whole_prefix_spans(text: str) -> list[tuple[int, int]]:
+    """The rule as first written: every cut tested against the whole text before it (quadratic)."""
+    from tasks.text.sentences import _BOUNDARY, _NOT_AN_END
+
+    cuts = [m.end() for m in _BOUNDARY.finditer(text)]
+    starts = [0] + [c for c in cuts if not _NOT_AN_END.search(text[:c].rstrip())]
+    spans = []
+    for a, b in zip(starts, starts[1:] + [len(text)]):
+        piece = text[a:b]
+        lead, trail = len(piece) - len(piece.lstrip()), len(piece.rstrip())
+        if trail > lead:
+            spans.append((a + lead, a + trail))
+    return spans
+
+
+def test_looking_back_a_window_splits_exactly_like_testing_the_whole_prefix():
+    import random
+
+    # words that end a sentence, words that only look like it, and words whose \b context lies before the window
+    words = ["Dr.", "dr.", "J.", "j.", "U.S.A.", "A.B.C.D.E.F.G.H.I.J.K.", "approx.", "xapprox.", "Sept.", "Sept",
+             "ABS.", "zU.S.", "end.", "Yes!", "Is?", '"Go."', "(x.)", "3.14", "1990.", "etc.", "p.m.", "Mt.", "No.",
+             "Word", "word", "2001", "'Quote", "[Br]", "…", "Étude.", "é."]
+    rng = random.Random(0)
+    for _ in range(3000):
+        gaps = [" ", " ", "  ", "\n", "\t ", ""]
+        text = "".join(rng.choice(words) + rng.choice(gaps) for _ in range(rng.randint(0, 25)))
+        assert sentence_spans(text) == _whole_prefix_spans(text), text
