@@ -43,6 +43,33 @@ def test_sub_batches_by_token_count_give_each_text_its_own_embedding() -> None:
         replace(enc, tokenize=left_padded).encode(["a", "a much longer text than the other"], 2)
 
 
+def test_stored_texts_are_batched_by_token_count_not_by_characters(monkeypatch) -> None:
+    from tasks.core.resources import cpu_threads
+    from tasks.text import embed
+    from tasks.text.onnx_encoder import load_onnx_encoder
+
+    p = EmbedderParams(batch_size=4)
+    enc = load_onnx_encoder(p.model, p.max_seq_length, cpu_threads(), p.precision)
+    # long in characters but few tokens, and short in characters but many word pieces
+    texts = ["the cat sat on the mat and the dog sat on the log " * 3, "1234567890 0987654321 1357924680 24681357",
+             "Zygomorphic xylophonists' quokkas", "a b c d e f g h i j k l m n o p q r s t u v w x y z " * 2,
+             "Polish-Russian War (1605–1618)", "x", "Who is the mother of the director of film The Clock Keeper?",
+             "Xhosa–Zulu glottochronology", "the the the the the the the the the the the the", "1, 2, 3"]
+    shapes: list[tuple[int, int]] = []
+
+    class Recording:
+        def run(self, names, feed):
+            shapes.append(feed["input_ids"].shape)
+            return enc.session.run(names, feed)
+
+    monkeypatch.setattr(embed, "load_onnx_encoder", lambda *a, **k: replace(enc, session=Recording()))
+    got = embed.encode_onnx(texts, p)
+    lengths = np.sort(enc.tokenize(texts)["attention_mask"].sum(axis=1))[::-1]
+    fewest = sum(int(lengths[i]) * len(lengths[i:i + 4]) for i in range(0, len(texts), 4))
+    assert sum(b * w for b, w in shapes) == fewest and max(b for b, _ in shapes) == 4
+    np.testing.assert_allclose(got, np.stack([enc.encode([t], 1)[0] for t in texts]), atol=1e-6)
+
+
 def _encode_beside_in_child(texts: list[str], expected: np.ndarray) -> None:
     from tasks.text.embed import encode_queries_beside
 
