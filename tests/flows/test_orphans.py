@@ -192,8 +192,8 @@ def test_ensure_api_starts_nothing_when_an_api_is_configured():
 
 
 def _run_watching_children(argv: list[str], env: dict[str, str]):
-    """Run a command to its end, recording every descendant it has meanwhile and which of them are uvicorn
-    servers: (process, (stdout, stderr), {pid: process}, {server pids})."""
+    """Run a command to its end, recording every descendant it has meanwhile and which of its children are
+    uvicorn servers: (process, (stdout, stderr), {pid: process}, {server pids})."""
     import tempfile
 
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:  # files: a full pipe would block
@@ -203,7 +203,9 @@ def _run_watching_children(argv: list[str], env: dict[str, str]):
             try:
                 for p in me.children(recursive=True):
                     seen.setdefault(p.pid, p)
-                    if "uvicorn" in p.cmdline():
+                    # the command's own children only: the server runs `file` (platform.architecture), and that
+                    # child shows the server's command line until its exec (seen as a second server under load)
+                    if p.ppid() == proc.pid and "uvicorn" in p.cmdline():
                         servers.add(p.pid)
             except psutil.Error:
                 pass
