@@ -58,7 +58,8 @@ def main(cfg: DictConfig) -> None:
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     hc = HydraConfig.get()
-    overrides = [o for o in hc.overrides.task if not o.split("=", 1)[0].lstrip("+~").startswith(("compare.", "report."))]
+    own = ("compare.", "report.")  # this command's own groups; every other override goes to each method's run
+    overrides = [o for o in hc.overrides.task if not o.split("=", 1)[0].lstrip("+~").startswith(own)]
     try:
         methods = list(load_config(plain).compare.methods)
         configs = method_configs(methods, overrides)

@@ -186,7 +186,8 @@ def sweep_section(runs: pd.DataFrame, sweep: str, objective: str, metric: str, o
              f"Objective: {objective} on the dev split (a seeded {best.get('dev_fraction', '')} share of the "
              "questions); the results table shows the best trial on the held-out test split.", "",
              f"Best trial: {best.get('sweep_trial', '')} ({', '.join(f'{p}={best[p]}' for p in swept)}), "
-             f"dev {objective} {best[dev_metric]:.2f}, test {objective} {best.get(f'test/{objective}', float('nan')):.2f}.",
+             f"dev {objective} {best[dev_metric]:.2f}, "
+             f"test {objective} {best.get(f'test/{objective}', float('nan')):.2f}.",
              "", rep.markdown_table(table.reset_index(drop=True), digits=3), ""]
     if swept:
         note = rep.caption(trials["commit"].fillna("").tolist(), trials["dataset_hash"].fillna("").tolist(),
