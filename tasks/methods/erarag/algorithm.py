@@ -448,16 +448,23 @@ def whitespace_tokens(texts: Sequence[str]) -> np.ndarray:
 
 
 def _flat_topk(query_emb: np.ndarray, emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Exact inner-product top-k with faiss IndexFlatIP, padded to k with (-inf, -1)."""
+    """Exact inner-product top-k (faiss.knn: IndexFlatIP's search, without copying ``emb`` into an index),
+    padded to k with (-inf, -1)."""
     q = np.ascontiguousarray(query_emb, dtype=np.float32).reshape(len(query_emb), -1)
     scores = np.full((len(q), k), -np.inf, dtype=np.float32)
     idx = np.full((len(q), k), -1, dtype=np.int64)
     kk = min(k, len(emb))
     if kk > 0 and len(q):
-        index = faiss.IndexFlatIP(q.shape[1])
-        index.add(np.ascontiguousarray(emb, dtype=np.float32))
-        scores[:, :kk], idx[:, :kk] = index.search(q, kk)
+        x = np.ascontiguousarray(emb, dtype=np.float32)  # a view when it is already float32 and contiguous
+        scores[:, :kk], idx[:, :kk] = faiss.knn(q, x, kk, metric=faiss.METRIC_INNER_PRODUCT)
     return scores, idx
+
+
+def _rows(emb: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``emb[rows]``, as a view when the rows are one increasing run (leaves are stored before summaries)."""
+    if rows.size and rows[-1] - rows[0] == rows.size - 1:  # sorted and unique (np.flatnonzero): a run
+        return emb[rows[0]:rows[-1] + 1]
+    return emb[rows]
 
 
 def _budget_prefix(scores: np.ndarray, idx: np.ndarray, node_tokens: np.ndarray,
@@ -484,8 +491,8 @@ def biased_search(query_emb: np.ndarray, node_emb: np.ndarray, node_tokens: np.n
     take_d = min(int(params.detail_proportion * k + 0.5), len(leaf))
     take_s = min(k - take_d, len(summ))
     take_d = min(k - take_s, len(leaf))  # fill a summary shortfall with leaves
-    sd, idd = _flat_topk(query_emb, node_emb[leaf], take_d)
-    ss, ids = _flat_topk(query_emb, node_emb[summ], take_s)
+    sd, idd = _flat_topk(query_emb, _rows(node_emb, leaf), take_d)
+    ss, ids = _flat_topk(query_emb, _rows(node_emb, summ), take_s)
     scores = np.concatenate([sd, ss], axis=1)
     idx = np.concatenate([leaf[idd] if take_d else idd, summ[ids] if take_s else ids], axis=1)
     order = np.argsort(-scores, axis=1, kind="stable")

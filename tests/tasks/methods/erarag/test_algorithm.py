@@ -332,6 +332,32 @@ def test_collapsed_search_matches_brute_force(nodes):
     assert np.allclose(res.scores, np.take_along_axis(queries @ emb.T, brute, 1), atol=1e-5)
 
 
+def test_flat_topk_is_an_index_search_without_the_index(nodes):
+    """faiss.knn on the array returns what an IndexFlatIP over a copy of it returns, bit for bit (both
+    batch paths: one query takes faiss's sequential scan, many take its BLAS one)."""
+    import faiss
+
+    from tasks.methods.erarag.algorithm import _flat_topk
+    queries, emb, _, _ = nodes
+    index = faiss.IndexFlatIP(emb.shape[1])
+    index.add(emb)
+    for q in (queries[:1], queries, np.repeat(queries, 3, axis=0)):
+        for k in (1, 15, 600, 700):
+            got_s, got_i = _flat_topk(q, emb, k)
+            ref_s, ref_i = index.search(q, min(k, len(emb)))
+            assert np.array_equal(got_i[:, :ref_i.shape[1]], ref_i) and np.array_equal(got_s[:, :ref_s.shape[1]], ref_s)
+            assert (got_i[:, ref_i.shape[1]:] == -1).all() and np.isneginf(got_s[:, ref_s.shape[1]:]).all()
+
+
+def test_rows_is_a_view_for_a_run_and_a_copy_otherwise():
+    from tasks.methods.erarag.algorithm import _rows
+    emb = np.arange(40, dtype=np.float32).reshape(10, 4)
+    run, gaps = np.arange(3, 8), np.array([1, 2, 5])
+    assert np.array_equal(_rows(emb, run), emb[run]) and np.shares_memory(_rows(emb, run), emb)
+    assert np.array_equal(_rows(emb, gaps), emb[gaps]) and not np.shares_memory(_rows(emb, gaps), emb)
+    assert _rows(emb, np.zeros(0, np.int64)).shape == (0, 4)
+
+
 def test_token_budget_is_a_prefix_that_fits(nodes):
     queries, emb, tokens, layer = nodes
     params = replace(P, top_k=15, token_budget=500)
