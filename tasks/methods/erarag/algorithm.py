@@ -447,7 +447,7 @@ def whitespace_tokens(texts: Sequence[str]) -> np.ndarray:
     return np.array([len(t.split()) for t in texts], dtype=np.int64)
 
 
-def _flat_topk(query_emb: np.ndarray, emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def flat_topk(query_emb: np.ndarray, emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Exact inner-product top-k (faiss.knn: IndexFlatIP's search, without copying ``emb`` into an index),
     padded to k with (-inf, -1)."""
     q = np.ascontiguousarray(query_emb, dtype=np.float32).reshape(len(query_emb), -1)
@@ -478,7 +478,7 @@ def _budget_prefix(scores: np.ndarray, idx: np.ndarray, node_tokens: np.ndarray,
 def collapsed_search(query_emb: np.ndarray, node_emb: np.ndarray, node_tokens: np.ndarray,
                      node_layer: np.ndarray, params: EraRAGParams) -> SearchResult:
     """Collapsed-graph search: one flat IP index over all layers, top-k under budget T, EraRAG Alg. 2."""
-    scores, idx = _flat_topk(query_emb, node_emb, params.top_k)
+    scores, idx = flat_topk(query_emb, node_emb, params.top_k)
     return _budget_prefix(scores, idx, node_tokens, params.token_budget)
 
 
@@ -491,8 +491,8 @@ def biased_search(query_emb: np.ndarray, node_emb: np.ndarray, node_tokens: np.n
     take_d = min(int(params.detail_proportion * k + 0.5), len(leaf))
     take_s = min(k - take_d, len(summ))
     take_d = min(k - take_s, len(leaf))  # fill a summary shortfall with leaves
-    sd, idd = _flat_topk(query_emb, _rows(node_emb, leaf), take_d)
-    ss, ids = _flat_topk(query_emb, _rows(node_emb, summ), take_s)
+    sd, idd = flat_topk(query_emb, _rows(node_emb, leaf), take_d)
+    ss, ids = flat_topk(query_emb, _rows(node_emb, summ), take_s)
     scores = np.concatenate([sd, ss], axis=1)
     idx = np.concatenate([leaf[idd] if take_d else idd, summ[ids] if take_s else ids], axis=1)
     order = np.argsort(-scores, axis=1, kind="stable")

@@ -4,7 +4,6 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-import faiss
 import numpy as np
 import pandas as pd
 
@@ -44,8 +43,6 @@ class EraRetriever:
         leaf = self.layer == 0
         self.leaf_doc[leaf] = doc_pos.reindex(nodes.loc[leaf, "doc_id"]).fillna(-1).to_numpy(dtype=np.int64)
         self._descendants(nodes)
-        self.index = faiss.IndexFlatIP(self.emb.shape[1])
-        self.index.add(self.emb)
         q = Store.read(data["questions"], ["qid", "question"])
         self.qids_of: dict[str, list[str]] = q.groupby("question", sort=False)["qid"].agg(list).to_dict()
         self.gold = Store.read(data["gold"])
@@ -102,7 +99,7 @@ class EraRetriever:
         ranked: list[Optional[dict]] = [None] * len(questions)
         todo = np.arange(len(questions))
         while len(todo):
-            scores, idx = self.index.search(q[todo], m)
+            scores, idx = erarag.flat_topk(q[todo], self.emb, m)  # the stored array; no index copy of it
             again = []
             for row, i in enumerate(todo):
                 first = sel.indices[i][sel.indices[i] >= 0]

@@ -337,15 +337,16 @@ def test_flat_topk_is_an_index_search_without_the_index(nodes):
     batch paths: one query takes faiss's sequential scan, many take its BLAS one)."""
     import faiss
 
-    from tasks.methods.erarag.algorithm import _flat_topk
+    from tasks.methods.erarag.algorithm import flat_topk
     queries, emb, _, _ = nodes
     index = faiss.IndexFlatIP(emb.shape[1])
     index.add(emb)
     for q in (queries[:1], queries, np.repeat(queries, 3, axis=0)):
         for k in (1, 15, 600, 700):
-            got_s, got_i = _flat_topk(q, emb, k)
+            got_s, got_i = flat_topk(q, emb, k)
             ref_s, ref_i = index.search(q, min(k, len(emb)))
-            assert np.array_equal(got_i[:, :ref_i.shape[1]], ref_i) and np.array_equal(got_s[:, :ref_s.shape[1]], ref_s)
+            assert np.array_equal(got_i[:, :ref_i.shape[1]], ref_i)
+            assert np.array_equal(got_s[:, :ref_s.shape[1]], ref_s)
             assert (got_i[:, ref_i.shape[1]:] == -1).all() and np.isneginf(got_s[:, ref_s.shape[1]:]).all()
 
 
