@@ -144,23 +144,31 @@ def sampled_row_stats(emb: np.ndarray, sample: int, transform: Transform | None 
 
     With ``sample >= n`` every column is used, and the figures are the exact row statistics of
     :func:`mean_std_mask` (the diagonal left out when ``zero_diagonal``). Time n·sample·d, memory block_rows·sample.
+    The sums of x and x² are kept in float64 and a row's own column is subtracted from them, so no block is
+    copied or masked (NaN-aware reductions took 7 of this function's 12 s at 100k; issue #17).
     """
     n = emb.shape[0]
     cols = np.arange(n) if sample >= n else np.sort(np.random.default_rng(seed).choice(n, sample, replace=False))
     base = np.ascontiguousarray(emb[cols])
-    mean, std = np.zeros(n, dtype=emb.dtype), np.zeros(n, dtype=emb.dtype)
+    own_at = np.minimum(np.searchsorted(cols, np.arange(n)), cols.size - 1)  # where row i's own column would be
+    own = zero_diagonal & (cols[own_at] == np.arange(n)) if cols.size else np.zeros(n, dtype=bool)
+    s1, s2 = np.zeros(n), np.zeros(n)
     for start in range(0, n, block_rows):
         block = emb[start : start + block_rows] @ base.T
         if transform is not None:
             block = transform(block, out=block) if isinstance(transform, np.ufunc) else transform(block)
-        if zero_diagonal:  # a row's own column, where the sample holds it
-            r, c = np.nonzero(np.arange(start, start + block.shape[0])[:, None] == cols[None, :])
-            block[r, c] = np.nan
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # a one-column sample of itself: no statistics
-            mean[start : start + block.shape[0]] = np.nanmean(block, axis=1)
-            std[start : start + block.shape[0]] = np.nanstd(block, axis=1)
-    return mean, std
+        stop = start + block.shape[0]
+        s1[start:stop] = block.sum(axis=1, dtype=np.float64)
+        s2[start:stop] = np.einsum("ij,ij->i", block, block, dtype=np.float64)
+        r = np.flatnonzero(own[start:stop])  # a row's own column, where the sample holds it: out of the sums
+        diag = block[r, own_at[start + r]].astype(np.float64)
+        s1[start + r] -= diag
+        s2[start + r] -= diag * diag
+    count = cols.size - own.astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):  # a one-column sample of itself: no statistics (NaN)
+        mean = s1 / count
+        var = np.maximum(s2 / count - mean * mean, 0.0)
+    return mean.astype(emb.dtype), np.sqrt(var).astype(emb.dtype)
 
 
 def ivf_index(base: np.ndarray, nlist: int = 0, nprobe: int = 16, seed: int = 0) -> faiss.Index:
