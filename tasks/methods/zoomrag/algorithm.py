@@ -68,8 +68,8 @@ class ZoomParams:
     doc_doc_stats_sample: int = 8192  # with a cap: the row mean/std from this many sampled columns (exact below)
     doc_doc_search: str = "auto"  # with a cap: exact (faiss.knn, time ~ n²) | ivf (approximate) | auto (see below)
     doc_doc_exact_max: int = 50_000  # doc_doc_search=auto: exact search up to this many documents, ivf above
-    ivf_nlist: int = 0  # doc_doc_search=ivf: k-means cells (0: 4*sqrt(n))
-    ivf_nprobe: int = 16  # doc_doc_search=ivf: cells searched per document
+    ivf_nlist: int = 0  # doc_doc_search=ivf: k-means cells (0: sqrt(n))
+    ivf_nprobe: int = 8  # doc_doc_search=ivf: cells searched per document
     rescale: Rescale = "nonzero_mean"
     use_entities: bool = True
     use_query_entity: bool = True
@@ -119,8 +119,8 @@ DOC_DOC_SEARCHES = ("exact", "ivf", "auto")
 
 def doc_doc_search_for(n_docs: int, search: str = "auto", exact_max: int = 50_000) -> str:
     """The neighbour search the doc-doc block uses: ``search`` itself, or for ``auto`` exact search up to
-    ``exact_max`` documents and the inverted file above (exact search costs n² time: 70 s at 100k here, the
-    inverted file 30 s)."""
+    ``exact_max`` documents and the inverted file above (exact search costs n² time: 70–137 s at 100k here,
+    the inverted file 23–29 s)."""
     if search not in DOC_DOC_SEARCHES:
         raise ValueError(f"doc_doc_search must be one of {DOC_DOC_SEARCHES}, got {search!r}")
     if search != "auto":
@@ -130,7 +130,7 @@ def doc_doc_search_for(n_docs: int, search: str = "auto", exact_max: int = 50_00
 
 def doc_doc_block(doc_emb: np.ndarray, k_std: float = 3.0, block_rows: int = 1024, max_neighbors: int = 0,
                   stats_sample: int = 8192, search: str = "exact", ivf_nlist: int = 0,
-                  ivf_nprobe: int = 16) -> sp.csr_array:
+                  ivf_nprobe: int = 8) -> sp.csr_array:
     """A_doc->doc(i1, i2) = exp(cos(p_i1, p_i2)), no diagonal, kept above row mean + k*std (ZoomRAG eq. 2, §3.1).
 
     ``max_neighbors > 0`` (beyond the paper): also within the row's ``max_neighbors`` best, found by faiss, with
