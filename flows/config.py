@@ -137,6 +137,7 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
     that tie fields together (``segment_min <= segment_avg``) stay in the classes' ``__post_init__``.
     """
     from tasks.core.ingest import HippoRAGParams, SampleParams, UserCorpusParams
+    from tasks.graph.knn import SEARCHES
     from tasks.llm.params import PROVIDERS, LLMParams
     from tasks.methods.archrag import algorithm as arch_alg
     from tasks.methods.archrag import kg as arch_kg
@@ -194,7 +195,7 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
                      "walk_dtype": ("float32", "float64"), "walk_node_order": ("locality", "stored"), "walk_sparse_max": prob,
                      "chunk_iterations": count,
                      "doc_doc_max_neighbors": count0, "doc_doc_stats_sample": count,
-                     "doc_doc_search": ("exact", "ivf", "auto"), "doc_doc_exact_max": count, "ivf_nlist": count0, "ivf_nprobe": count,
+                     "doc_doc_search": SEARCHES, "doc_doc_exact_max": count, "ivf_nlist": count0, "ivf_nprobe": count,
                      "title_edge_weight": count0, "title_name_weight": count0, "query_entity_weight": count0,
                      "lowercase_name_weight": count0,
                      "relation_gate_temperature": count0},
@@ -220,12 +221,14 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
         SeRAGParams: {"top_k": count, "lambda_sem": prob, "lambda_log": prob, "k_sem": count, "sigma_dist": pos,
                       "dist_window": count0, "max_entity_chunks": count, "gamma_c": prob, "gamma_f": prob,
                       "k_coarse": count, "tau": "[-1, inf)", "entity_sim": ("embedding", "exact"),
-                      "chunk_unit": CHUNK_UNITS, "self_query_max_tokens": count, "batch_size": count},
+                      "chunk_unit": CHUNK_UNITS, "self_query_max_tokens": count, "batch_size": count,
+                      "knn_search": SEARCHES, "knn_exact_max": count, "ivf_nlist": count0, "ivf_nprobe": count},
         arch.ArchParams: {
             "top_k": count, "chunk_unit": CHUNK_UNITS, "window_tokens": count, "overlap_tokens": count0,
             "k_scale": count0, "percentile": prob, "edge_weight": arch_alg.EDGE_WEIGHTS,
             "clustering": arch_alg.CLUSTERINGS, "max_cluster_size": count, "resolution": pos,
             "min_clusters": count, "max_level": count0, "summariser": arch.SUMMARISERS,
+            "knn_search": SEARCHES, "knn_exact_max": count, "ivf_nlist": count0, "ivf_nprobe": count,
             "summary_tokens": count, "report_input_tokens": count, "report_max_tokens": count, "hnsw_m": count,
             "ef_construction": count, "ef_search": count, "k_per_layer": count0,
             "relation_scope": arch.RELATION_SCOPES, "max_relations": count0,

@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 import scipy.sparse as sp
 
-from tasks.graph.knn import knn_graph
+from tasks.graph.knn import knn_graph, search_for
 
 EDGE_WEIGHTS = ("cos", "one_minus_cos")
 CLUSTERINGS = ("leiden", "spectral")
@@ -43,8 +43,14 @@ class ClusterParams:
     min_clusters: int = 10  # code (index.sh): a level with fewer communities is discarded and the loop stops
     max_level: int = 6  # code (index.sh): community levels at most
     seed: int = 0
+    # beyond the paper (issue #17): line 3's kNN search, exact (time ~ n²) or an inverted file
+    knn_search: str = "auto"  # exact | ivf | auto: exact up to knn_exact_max nodes in a layer, ivf above
+    knn_exact_max: int = 50_000
+    ivf_nlist: int = 0  # k-means cells (0: sqrt(n))
+    ivf_nprobe: int = 8  # cells searched per node
 
     def __post_init__(self) -> None:
+        search_for(0, self.knn_search)  # validates the name
         if self.edge_weight not in EDGE_WEIGHTS:
             raise ValueError(f"edge_weight must be one of {EDGE_WEIGHTS}, got {self.edge_weight!r}")
         if self.clustering not in CLUSTERINGS:
@@ -81,12 +87,14 @@ def knn_k(pattern: sp.csr_array, k_scale: float) -> int:
     return int(int(linked.mean()) * k_scale) if linked.size else 0
 
 
-def knn_augment(pattern: sp.csr_array, emb: np.ndarray, k_scale: float, percentile: float) -> sp.csr_array:
+def knn_augment(pattern: sp.csr_array, emb: np.ndarray, k_scale: float, percentile: float, search: str = "exact",
+                exact_max: int = 50_000, ivf_nlist: int = 0, ivf_nprobe: int = 8) -> sp.csr_array:
     """Alg. 1 line 3 (App. B.2 kNN): the original edges plus, per node, its K most similar nodes whose
     cosine is above the ``percentile`` of the original edges' cosines (union-symmetrised, shared kNN graph).
 
     Returns the augmented edge set as a 0/1 pattern. With no original edge there is no threshold and no K:
-    nothing is added (our choice; the code would fail on the empty percentile).
+    nothing is added (our choice; the code would fail on the empty percentile). ``search`` (beyond the paper):
+    exact, ivf (approximate lists) or auto (exact up to ``exact_max`` nodes).
     """
     cos = edge_cosines(pattern, emb).data
     k = knn_k(pattern, k_scale)
@@ -94,7 +102,9 @@ def knn_augment(pattern: sp.csr_array, emb: np.ndarray, k_scale: float, percenti
         return _ones(pattern)
     threshold = float(np.percentile(cos, 100.0 * percentile))
     added = knn_graph(np.ascontiguousarray(emb, dtype=np.float32), k=min(k, emb.shape[0] - 1),
-                      min_similarity=threshold, symmetrise="union")
+                      min_similarity=threshold, symmetrise="union",
+                      search=search_for(emb.shape[0], search, exact_max),  # type: ignore[arg-type]
+                      ivf_nlist=ivf_nlist, ivf_nprobe=ivf_nprobe)
     return _ones(_ones(pattern) + _ones(added))
 
 
@@ -190,7 +200,8 @@ def community_graph(relations: sp.csr_array, labels: np.ndarray) -> sp.csr_array
 
 def layer_weights(relations: sp.csr_array, emb: np.ndarray, params: ClusterParams) -> sp.csr_array:
     """Alg. 1 lines 3–5 for one layer: the graph the clustering sees."""
-    pattern = knn_augment(relations, emb, params.k_scale, params.percentile) if params.augment else relations
+    pattern = knn_augment(relations, emb, params.k_scale, params.percentile, params.knn_search, params.knn_exact_max,
+                          params.ivf_nlist, params.ivf_nprobe) if params.augment else relations
     if not params.attribute_weights:  # structural weights: relation counts; an added kNN edge weighs 1
         added = _ones(pattern) - _ones(relations)
         added.eliminate_zeros()

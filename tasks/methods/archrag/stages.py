@@ -67,6 +67,10 @@ class ArchParams:
     min_clusters: int = 10
     max_level: int = 6
     seed: int = 0
+    knn_search: str = "auto"  # beyond the paper: line 3's kNN, exact | ivf | auto (exact up to knn_exact_max nodes)
+    knn_exact_max: int = 50_000
+    ivf_nlist: int = 0  # knn_search=ivf: k-means cells (0: sqrt(n))
+    ivf_nprobe: int = 8  # knn_search=ivf: cells searched per node
     # community summaries (Alg. 1 line 7)
     summariser: str = "auto"  # auto: llm when an LLM is configured, else extractive (recorded, never silent)
     summary_tokens: int = 100  # extractive: whitespace tokens of a summary

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from tasks.graph.knn import knn_graph, knn_rows, symmetrised
+from tasks.graph.knn import knn_graph, knn_rows, search_for, symmetrised
 from tasks.graph.sparse import log1p_transposed
 from tasks.graph.topk import top_k_rows
 
@@ -30,16 +30,28 @@ class GraphParams:
     dist_window: int = 10  # App. A.3 "within a window of 10": read as |i − j| <= 10 inside one document
     max_entity_chunks: int = 50  # logical-layer cap: an entity in more chunks than this links none (no clique)
     semantic_only: bool = False  # Table 2 ablation: W = W_sem only (no logical / distance layer)
+    # beyond the paper (issue #17): the kNN search of the semantic layer, exact (time ~ n²) or an inverted file
+    knn_search: str = "auto"  # exact | ivf | auto: exact up to knn_exact_max chunks, ivf above
+    knn_exact_max: int = 50_000
+    ivf_nlist: int = 0  # k-means cells (0: sqrt(n))
+    ivf_nprobe: int = 8  # cells searched per chunk
+
+    def __post_init__(self) -> None:
+        search_for(0, self.knn_search)  # validates the name
 
 
 # ---------------------------------------------------------------- §3.1: the three layers
 
 
-def semantic_layer(emb: np.ndarray, k: int) -> sp.csr_array:
+def semantic_layer(emb: np.ndarray, k: int, search: str = "exact", exact_max: int = 50_000, ivf_nlist: int = 0,
+                   ivf_nprobe: int = 8) -> sp.csr_array:
     """Eq. 3 on the kNN-k graph (App. A.3): cosine of unit rows, union-symmetrised (a pair kept by
     either row, larger weight), self excluded; cosines clipped at 0 so W has no negative entries
-    (the SE logs need vol, g > 0; notes §7)."""
-    g = knn_graph(emb, k=min(k, max(emb.shape[0] - 1, 1)), symmetrise="union", zero_diagonal=True)
+    (the SE logs need vol, g > 0; notes §7). ``search`` (beyond the paper): exact, ivf (approximate lists) or
+    auto (exact up to ``exact_max`` rows)."""
+    g = knn_graph(emb, k=min(k, max(emb.shape[0] - 1, 1)), symmetrise="union", zero_diagonal=True,
+                  search=search_for(emb.shape[0], search, exact_max),  # type: ignore[arg-type]
+                  ivf_nlist=ivf_nlist, ivf_nprobe=ivf_nprobe)
     g.data = np.maximum(g.data, 0.0)
     g.eliminate_zeros()
     return g
@@ -112,7 +124,7 @@ def combine(sem: sp.sparray, log: sp.sparray | None, dist: sp.sparray | None, p:
 def multi_perspective_graph(emb: np.ndarray, chunk_entity: sp.sparray, doc: np.ndarray, position: np.ndarray,
                             p: GraphParams) -> tuple[sp.csr_array, dict[str, int]]:
     """§3.1: the unified adjacency W over chunks and the edge count of each layer."""
-    sem = semantic_layer(emb, p.k_sem)
+    sem = semantic_layer(emb, p.k_sem, p.knn_search, p.knn_exact_max, p.ivf_nlist, p.ivf_nprobe)
     if p.semantic_only:
         return combine(sem, None, None, p), {"sem_nnz": int(sem.nnz), "log_nnz": 0, "dist_nnz": 0}
     log = logical_layer(chunk_entity, p.max_entity_chunks)
@@ -361,7 +373,7 @@ def build_layers(ids: np.ndarray, emb: np.ndarray, chunk_entity: sp.sparray, ent
                  doc: np.ndarray, position: np.ndarray, p: GraphParams) -> Layers:
     """The three layers of a full build (eqs. 3–5), as :func:`multi_perspective_graph` computes them."""
     n = emb.shape[0]
-    sem = semantic_layer(emb, p.k_sem)
+    sem = semantic_layer(emb, p.k_sem, p.knn_search, p.knn_exact_max, p.ivf_nlist, p.ivf_nprobe)
     empty = sp.csr_array((n, n), dtype=np.float64)
     log = empty if p.semantic_only else logical_layer(chunk_entity, p.max_entity_chunks)
     dist = empty if p.semantic_only else distance_layer(doc, position, p.sigma_dist, p.dist_window)

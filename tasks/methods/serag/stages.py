@@ -43,6 +43,10 @@ class SeRAGParams(LinkingParams):
     sigma_dist: float = 5.0
     dist_window: int = 10  # App. A.3 "within a window of 10", read as |i − j| <= 10 in one document
     max_entity_chunks: int = 50  # logical-layer cap (our choice; the paper has none)
+    knn_search: str = "auto"  # beyond the paper: the semantic layer's kNN, exact | ivf | auto (exact up to knn_exact_max)
+    knn_exact_max: int = 50_000
+    ivf_nlist: int = 0  # knn_search=ivf: k-means cells (0: sqrt(n))
+    ivf_nprobe: int = 8  # knn_search=ivf: cells searched per chunk
     # Table 5: indexing
     tree_height: int = 2  # K; only 2 is implemented (one community level, notes §4)
     tree_engine: str = "compiled"  # the greedy merge as numba machine code | python (the same merge, interpreted)

@@ -114,20 +114,6 @@ class ChunkZoomResult:
 # ---------------------------------------------------------------- doc-doc block
 
 
-DOC_DOC_SEARCHES = ("exact", "ivf", "auto")
-
-
-def doc_doc_search_for(n_docs: int, search: str = "auto", exact_max: int = 50_000) -> str:
-    """The neighbour search the doc-doc block uses: ``search`` itself, or for ``auto`` exact search up to
-    ``exact_max`` documents and the inverted file above (exact search costs n² time: 70–137 s at 100k here,
-    the inverted file 23–29 s)."""
-    if search not in DOC_DOC_SEARCHES:
-        raise ValueError(f"doc_doc_search must be one of {DOC_DOC_SEARCHES}, got {search!r}")
-    if search != "auto":
-        return search
-    return "exact" if n_docs <= exact_max else "ivf"
-
-
 def doc_doc_block(doc_emb: np.ndarray, k_std: float = 3.0, block_rows: int = 1024, max_neighbors: int = 0,
                   stats_sample: int = 8192, search: str = "exact", ivf_nlist: int = 0,
                   ivf_nprobe: int = 8) -> sp.csr_array:

@@ -15,6 +15,7 @@ from tasks.core.code_identity import code_version
 from tasks.core.resources import cpu_threads
 from tasks.core.stage import RunContext, input_fps, run_stage
 from tasks.core.store import ArtifactRef, Store
+from tasks.graph.knn import search_for
 from tasks.graph.sparse import coo_matrix, to_coo
 from tasks.methods.zoomrag import algorithm as zoom
 from tasks.text.chunk import ChunkParams
@@ -60,7 +61,7 @@ class ZoomRAGParams(zoom.ZoomParams, LinkingParams):
 def doc_doc_graph(ctx: RunContext, doc_embeddings: ArtifactRef, params: ZoomRAGParams) -> dict[str, ArtifactRef]:
     """Stage: A_doc→doc = exp(cos), row-sparsified at mean + k·std (eq. 2), built in row blocks."""
     slice_ = {"k_std": params.k_std}  # the paper's rule; a cap adds what it uses (a paper-rule block keeps its id)
-    search = zoom.doc_doc_search_for(doc_embeddings.rows, params.doc_doc_search, params.doc_doc_exact_max)
+    search = search_for(doc_embeddings.rows, params.doc_doc_search, params.doc_doc_exact_max)
     if params.doc_doc_max_neighbors > 0:  # the search actually used is recorded (auto: exact for a small corpus)
         slice_.update(max_neighbors=params.doc_doc_max_neighbors, stats_sample=params.doc_doc_stats_sample,
                       search=search)

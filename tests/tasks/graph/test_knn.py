@@ -235,6 +235,23 @@ def test_ivf_search_with_every_cell_probed_is_exact_and_with_few_cells_misses_so
     assert (few != again).nnz == 0  # seeded k-means: the same lists every time
 
 
+def test_search_auto_is_exact_up_to_the_limit_and_ivf_above():
+    from tasks.graph.knn import search_for
+
+    assert search_for(50_000, "auto", 50_000) == "exact"
+    assert search_for(50_001, "auto", 50_000) == "ivf"
+    assert search_for(10, "ivf", 50_000) == "ivf" and search_for(10**6, "exact") == "exact"
+    with pytest.raises(ValueError, match="kNN search"):
+        search_for(10, "hnsw")
+
+
+def test_ivf_cells_default_to_the_square_root_of_the_rows():
+    from tasks.graph.knn import ivf_index
+
+    assert ivf_index(unit_rows(np.random.default_rng(15), 3000, 8)).nlist == 54  # int(sqrt(3000))
+    assert ivf_index(unit_rows(np.random.default_rng(15), 400, 8)).nlist == 10  # capped at 39 points a cell
+
+
 def test_ivf_search_needs_a_neighbour_list():
     emb = unit_rows(np.random.default_rng(14), 50, 4)
     with pytest.raises(ValueError, match="needs k"):

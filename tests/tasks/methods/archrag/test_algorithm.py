@@ -93,6 +93,23 @@ def test_knn_augmentation_k_and_threshold():
     assert np.array_equal(knn_augment(sp.csr_array((5, 5)), emb, 1.0, 0.8).toarray(), np.zeros((5, 5)))
 
 
+def test_knn_augmentation_by_inverted_file_is_exact_with_every_cell_probed_and_auto_switches_at_the_limit():
+    rng = np.random.default_rng(5)
+    emb = unit(rng.normal(size=(800, 8))).astype(np.float32)
+    edges = rng.integers(0, 800, size=(1600, 2))
+    pattern = symmetric_pattern(sp.csr_array((np.ones(1600), (edges[:, 0], edges[:, 1])), shape=(800, 800)))
+    exact = knn_augment(pattern, emb, 1.0, 0.5)
+    assert exact.nnz > pattern.nnz + 100  # the kNN lists add edges
+    full = knn_augment(pattern, emb, 1.0, 0.5, "ivf", ivf_nlist=10, ivf_nprobe=10)
+    assert (full != exact).nnz == 0
+    few = knn_augment(pattern, emb, 1.0, 0.5, "ivf", ivf_nlist=10, ivf_nprobe=1)
+    assert few.multiply(exact).sum() < exact.nnz  # approximate: some true neighbours missed
+    assert (knn_augment(pattern, emb, 1.0, 0.5, "auto", exact_max=800) != exact).nnz == 0
+    assert (knn_augment(pattern, emb, 1.0, 0.5, "auto", exact_max=799, ivf_nlist=10, ivf_nprobe=1) != few).nnz == 0
+    with pytest.raises(ValueError, match="kNN search"):
+        ClusterParams(knn_search="hnsw")
+
+
 def test_attribute_weights_cos_clipped_or_one_minus_cos():
     emb = unit(np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.1], [0.8, 0.6]]))
     pattern = symmetric_pattern(sp.csr_array(([1.0, 1.0, 1.0], ([0, 0, 0], [1, 2, 3])), shape=(4, 4)))

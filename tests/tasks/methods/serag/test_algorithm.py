@@ -61,6 +61,20 @@ def test_graph_symmetric_zero_diagonal_nonnegative():
     assert only.nnz <= counts["sem_nnz"]
 
 
+def test_semantic_layer_by_inverted_file_is_exact_with_every_cell_probed_and_auto_switches_at_the_limit():
+    emb = _unit(np.random.default_rng(4), 800)
+    exact = se.semantic_layer(emb, 6)
+    full = se.semantic_layer(emb, 6, "ivf", ivf_nlist=10, ivf_nprobe=10)
+    assert np.array_equal(exact.toarray() != 0, full.toarray() != 0)
+    assert np.abs(exact - full).max() < 1e-5
+    few = se.semantic_layer(emb, 6, "ivf", ivf_nlist=10, ivf_nprobe=1)
+    assert (few != 0).multiply(exact != 0).sum() < exact.nnz  # approximate: some true neighbours missed
+    assert (se.semantic_layer(emb, 6, "auto", exact_max=800) != exact).nnz == 0
+    assert (se.semantic_layer(emb, 6, "auto", exact_max=799, ivf_nlist=10, ivf_nprobe=1) != few).nnz == 0
+    with pytest.raises(ValueError, match="kNN search"):
+        se.GraphParams(knn_search="hnsw")
+
+
 def test_structural_weight_by_hand():
     # path 0-1-2 (unit weights) as one community, 3-4 (weight 2) a second one, 5 isolated singleton
     adj = sp.csr_array(np.array([

@@ -20,7 +20,6 @@ from tasks.methods.zoomrag.algorithm import (
     coupled_walk,
     decoupled_walk,
     doc_doc_block,
-    doc_doc_search_for,
     doc_zoom,
     doc_zoom_coupled,
     gather_chunks,
@@ -114,14 +113,6 @@ def test_capped_doc_doc_block_keeps_the_papers_cells_that_are_among_each_rows_be
     assert np.abs(got - want).max() < 1e-6
     assert (paper != 0).sum(axis=1).max() > cap  # the cap binds somewhere
     assert np.array_equal(doc_doc_block(emb, k_std=1.0, max_neighbors=0).toarray(), paper)
-
-
-def test_doc_doc_search_auto_is_exact_up_to_the_limit_and_ivf_above():
-    assert doc_doc_search_for(50_000, "auto", 50_000) == "exact"
-    assert doc_doc_search_for(50_001, "auto", 50_000) == "ivf"
-    assert doc_doc_search_for(10, "ivf", 50_000) == "ivf" and doc_doc_search_for(10**6, "exact") == "exact"
-    with pytest.raises(ValueError, match="doc_doc_search"):
-        doc_doc_search_for(10, "hnsw")
 
 
 def test_query_doc_block_equals_dense():
