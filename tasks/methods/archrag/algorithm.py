@@ -44,7 +44,7 @@ class ClusterParams:
     max_level: int = 6  # code (index.sh): community levels at most
     seed: int = 0
     # beyond the paper (issue #17): line 3's kNN search, exact (time ~ n²) or an inverted file
-    knn_search: str = "auto"  # exact | ivf | auto: exact up to knn_exact_max nodes in a layer, ivf above
+    knn_search: str = "exact"  # exact | ivf | auto: exact up to knn_exact_max nodes in a layer, ivf above
     knn_exact_max: int = 50_000
     ivf_nlist: int = 0  # k-means cells (0: sqrt(n))
     ivf_nprobe: int = 8  # cells searched per node

@@ -67,7 +67,7 @@ class ArchParams:
     min_clusters: int = 10
     max_level: int = 6
     seed: int = 0
-    knn_search: str = "auto"  # beyond the paper: line 3's kNN, exact | ivf | auto (exact up to knn_exact_max nodes)
+    knn_search: str = "exact"  # line 3's kNN: exact (paper) | ivf | auto (beyond the paper; exact up to knn_exact_max nodes)
     knn_exact_max: int = 50_000
     ivf_nlist: int = 0  # knn_search=ivf: k-means cells (0: sqrt(n))
     ivf_nprobe: int = 8  # knn_search=ivf: cells searched per node
