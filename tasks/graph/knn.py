@@ -15,8 +15,9 @@ every method; its options combine, an entry is kept when it passes *every* test 
 * ``stats_sample``: with ``k`` and ``k_std`` together, each row's k best by faiss and the mean + k_std * std
   statistics from a seeded sample of that many columns (exact when the rows are no more): memory and
   output grow with n·k, not n² (ZoomRAG at scale, issue #17);
-* ``search``: "exact" (faiss.knn, time n²·d) or "ivf" (an inverted-file index of ``ivf_nlist`` k-means
-  cells, ``ivf_nprobe`` searched per row: approximate, time ~ n²·d·nprobe/nlist).
+* ``search``: "exact" (faiss.knn, time n²·d), "ivf" (an inverted-file index of ``ivf_nlist`` k-means
+  cells, ``ivf_nprobe`` searched per row: approximate, time ~ n²·d·nprobe/nlist) or "auto" (exact up to
+  ``exact_max`` rows, ivf above; :func:`search_for`).
 
 Weights are float64 in a ``sp.csr_array``. Pure numpy / scipy.sparse / faiss: no I/O.
 """
@@ -31,7 +32,7 @@ import scipy.sparse as sp
 
 Transform = Callable[[np.ndarray], np.ndarray]
 Symmetrise = Literal["none", "union", "mutual"]
-Search = Literal["exact", "ivf"]
+Search = Literal["exact", "ivf", "auto"]
 
 
 def mean_std_mask(weights: np.ndarray, k_std: float = 3.0) -> np.ndarray:
@@ -82,16 +83,32 @@ def sparsify(similarity: np.ndarray, *, k: int | None = None, min_similarity: fl
     return sp.csr_array((weights[rows, cols].astype(np.float64), (rows, cols)), shape=similarity.shape)
 
 
+SEARCHES = ("exact", "ivf", "auto")
+
+
+def search_for(n_rows: int, search: str = "auto", exact_max: int = 50_000) -> str:
+    """The neighbour search a graph over ``n_rows`` rows uses: ``search`` itself, or for ``auto`` exact search up
+    to ``exact_max`` rows and the inverted file above (beyond the papers: exact search costs n²·d time, at 100k
+    rows 134 s against 19 s for a k = 20 graph here; README Scale)."""
+    if search not in SEARCHES:
+        raise ValueError(f"the kNN search must be one of {SEARCHES}, got {search!r}")
+    if search != "auto":
+        return search
+    return "exact" if n_rows <= exact_max else "ivf"
+
+
 def knn_graph(emb: np.ndarray, *, k: int | None = None, min_similarity: float | None = None,
               k_std: float | None = None, transform: Transform | None = None, symmetrise: Symmetrise = "none",
               zero_diagonal: bool = True, block_rows: int = 1024, stats_sample: int | None = None,
-              search: Search = "exact", ivf_nlist: int = 0, ivf_nprobe: int = 8, seed: int = 0) -> sp.csr_array:
+              search: Search = "exact", exact_max: int = 50_000, ivf_nlist: int = 0, ivf_nprobe: int = 8,
+              seed: int = 0) -> sp.csr_array:
     """Sparse similarity graph over unit rows ``emb`` (n x d), built block_rows rows at a time (module doc).
 
     ZoomRAG's A_doc->doc is ``knn_graph(doc_emb, k_std=3.0, transform=np.exp)`` (eq. 2, §3.1);
     a kNN-k graph is ``knn_graph(emb, k=k, symmetrise="union")``. Peak memory: one block_rows x n block.
     """
     _require_a_test(k, min_similarity, k_std)
+    search = search_for(emb.shape[0], search, exact_max)  # type: ignore[assignment]
     if search == "ivf" and k is None:
         raise ValueError("search='ivf' needs k: an inverted file answers nearest-neighbour lists only")
     if k is not None and (k_std is None or stats_sample is not None):  # each row's best k only: faiss
@@ -169,20 +186,6 @@ def sampled_row_stats(emb: np.ndarray, sample: int, transform: Transform | None 
         mean = s1 / count
         var = np.maximum(s2 / count - mean * mean, 0.0)
     return mean.astype(emb.dtype), np.sqrt(var).astype(emb.dtype)
-
-
-SEARCHES = ("exact", "ivf", "auto")
-
-
-def search_for(n_rows: int, search: str = "auto", exact_max: int = 50_000) -> str:
-    """The neighbour search a graph over ``n_rows`` rows uses: ``search`` itself, or for ``auto`` exact search up
-    to ``exact_max`` rows and the inverted file above (beyond the papers: exact search costs n²·d time, at 100k
-    rows 134 s against 19 s for a k = 20 graph here; README Scale)."""
-    if search not in SEARCHES:
-        raise ValueError(f"the kNN search must be one of {SEARCHES}, got {search!r}")
-    if search != "auto":
-        return search
-    return "exact" if n_rows <= exact_max else "ivf"
 
 
 def ivf_index(base: np.ndarray, nlist: int = 0, nprobe: int = 8, seed: int = 0) -> faiss.Index:

@@ -103,8 +103,8 @@ def knn_augment(pattern: sp.csr_array, emb: np.ndarray, k_scale: float, percenti
     threshold = float(np.percentile(cos, 100.0 * percentile))
     added = knn_graph(np.ascontiguousarray(emb, dtype=np.float32), k=min(k, emb.shape[0] - 1),
                       min_similarity=threshold, symmetrise="union",
-                      search=search_for(emb.shape[0], search, exact_max),  # type: ignore[arg-type]
-                      ivf_nlist=ivf_nlist, ivf_nprobe=ivf_nprobe)
+                      search=search, exact_max=exact_max, ivf_nlist=ivf_nlist,  # type: ignore[arg-type]
+                      ivf_nprobe=ivf_nprobe)
     return _ones(_ones(pattern) + _ones(added))
 
 

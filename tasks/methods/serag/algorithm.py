@@ -50,7 +50,7 @@ def semantic_layer(emb: np.ndarray, k: int, search: str = "exact", exact_max: in
     (the SE logs need vol, g > 0; notes §7). ``search`` (beyond the paper): exact, ivf (approximate lists) or
     auto (exact up to ``exact_max`` rows)."""
     g = knn_graph(emb, k=min(k, max(emb.shape[0] - 1, 1)), symmetrise="union", zero_diagonal=True,
-                  search=search_for(emb.shape[0], search, exact_max),  # type: ignore[arg-type]
+                  search=search, exact_max=exact_max,  # type: ignore[arg-type]
                   ivf_nlist=ivf_nlist, ivf_nprobe=ivf_nprobe)
     g.data = np.maximum(g.data, 0.0)
     g.eliminate_zeros()
