@@ -153,7 +153,7 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
     from tasks.methods.zoomrag.algorithm import ZoomParams
     from tasks.methods.zoomrag.stages import ZoomRAGParams
     from tasks.text.embed import DOC_RUNTIMES, QUERY_RUNTIMES
-    from tasks.text.onnx_encoder import PRECISIONS
+    from tasks.text.onnx_encoder import INT8_KINDS, PRECISIONS
     from tasks.text.gazetteer import LINKINGS, LinkingParams
     from tasks.text.ner import BACKENDS
 
@@ -164,7 +164,8 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
         HippoRAGParams: seed,
         UserCorpusParams: {"kind": ("jsonl", "folder"), **seed},
         EmbedderParams: {"batch_size": count, "max_seq_length": count, "query_batch_size": count,
-                         "query_runtime": QUERY_RUNTIMES, "doc_runtime": DOC_RUNTIMES, "precision": PRECISIONS},
+                         "query_runtime": QUERY_RUNTIMES, "doc_runtime": DOC_RUNTIMES, "precision": PRECISIONS,
+                         "int8_keep_fp32": tuple(INT8_KINDS)},
         NERParams: {"backend": BACKENDS, "batch_size": count, "n_process": count, "min_chars": count0,
                     "max_empty_fraction": prob},
         KGParams: {"builder": arch_kg.BUILDERS, "description_tokens": count, "max_empty_fraction": prob,

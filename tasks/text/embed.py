@@ -30,7 +30,7 @@ from tasks.core.store import (
 )
 from tasks.text.encoder import PACKAGED_MODEL, load_encoder
 from tasks.core.resources import cpu_threads
-from tasks.text.onnx_encoder import PRECISIONS, load_onnx_encoder
+from tasks.text.onnx_encoder import INT8_KINDS, PRECISIONS, load_onnx_encoder
 
 QUERY_RUNTIMES = ("onnxruntime", "torch")
 DOC_RUNTIMES = ("torch", "onnxruntime")
@@ -62,6 +62,8 @@ class EmbedderParams:
     doc_runtime: str = "onnxruntime"
     # fp32 | int8 (beyond the paper, approximate: int8 weights for whatever runs on onnxruntime; issue #17)
     precision: str = "fp32"
+    # with int8: weight products left in fp32, by kind (tasks.text.onnx_encoder.INT8_KINDS; beyond the paper)
+    int8_keep_fp32: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.query_runtime not in QUERY_RUNTIMES:
@@ -70,6 +72,9 @@ class EmbedderParams:
             raise ValueError(f"embedder.doc_runtime must be one of {DOC_RUNTIMES}, got {self.doc_runtime!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"embedder.precision must be one of {PRECISIONS}, got {self.precision!r}")
+        unknown = sorted(set(self.int8_keep_fp32) - set(INT8_KINDS))
+        if unknown:
+            raise ValueError(f"embedder.int8_keep_fp32 takes kinds of {sorted(INT8_KINDS)}, got {unknown}")
         on_onnx = [name for name in ("query_runtime", "doc_runtime") if getattr(self, name) == "onnxruntime"]
         if on_onnx and self.device != "cpu":  # one message naming every setting to change
             raise ValueError(f"ONNX Runtime ({', '.join(f'embedder.{n}' for n in on_onnx)}) runs on the CPU only; "
@@ -83,7 +88,10 @@ class EmbedderParams:
         """What, beyond the model, makes a stored embedding's value: the runtime and precision, when not the default."""
         if self.doc_runtime == "torch":
             return {}
-        return {"runtime": self.doc_runtime, **({"precision": self.precision} if self.precision != "fp32" else {})}
+        out = {"runtime": self.doc_runtime, **({"precision": self.precision} if self.precision != "fp32" else {})}
+        if self.precision == "int8" and self.int8_keep_fp32:
+            out["int8_keep_fp32"] = ",".join(sorted(set(self.int8_keep_fp32)))
+        return out
 
 
 def encode(texts: list[str], params: EmbedderParams, query: bool = False) -> np.ndarray:
@@ -129,7 +137,8 @@ def encode_onnx(texts: list[str], params: EmbedderParams) -> np.ndarray:
     Texts go longest first by characters in groups of :data:`TOKEN_SORT_GROUP`; the encoder tokenises a group once
     and cuts it into batches of ``batch_size`` texts of nearly equal token counts, each padded to its own longest.
     """
-    onnx = load_onnx_encoder(params.model, params.max_seq_length, cpu_threads(), params.precision)
+    onnx = load_onnx_encoder(params.model, params.max_seq_length, cpu_threads(), params.precision,
+                             params.int8_keep_fp32)
     out = np.zeros((len(texts), onnx.dim), dtype=np.float32)
     order = np.argsort([-len(t) for t in texts], kind="stable")
     group = max(TOKEN_SORT_GROUP, params.batch_size)
@@ -145,7 +154,7 @@ def encode_queries(texts: list[str], params: EmbedderParams) -> np.ndarray:
     """Online questions (and other short query-side strings) → embeddings, in small sub-batches."""
     if params.query_runtime == "onnxruntime":  # no texts: a (0, dim) array, without loading torch
         return load_onnx_encoder(params.model, params.max_seq_length, cpu_threads(),
-                                 params.precision).encode(texts, params.query_batch_size)
+                                 params.precision, params.int8_keep_fp32).encode(texts, params.query_batch_size)
     return encode(texts, replace(params, batch_size=params.query_batch_size), query=True)
 
 

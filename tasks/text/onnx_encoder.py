@@ -29,6 +29,7 @@ import io
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -49,6 +50,15 @@ PROBE = ["Who directed the film that won the award in 1994?", "Paris", "the Unit
 MAX_ABS_DIFF = 1e-5  # exported (fp32) vs eager embeddings, unit vectors
 INT8_MIN_COSINE = 0.98  # int8 vs eager embeddings: each probe's cosine at least this (per-channel: ~0.99 here)
 PRECISIONS = ("fp32", "int8")
+# the weight products int8 may leave in fp32 (``embedder.int8_keep_fp32``), by the BERT export's node names
+INT8_KINDS = {
+    "query": r"/attention/self/query/MatMul$",
+    "key": r"/attention/self/key/MatMul$",
+    "value": r"/attention/self/value/MatMul$",
+    "attention_output": r"/attention/output/dense/MatMul$",
+    "ffn_in": r"/intermediate/dense/MatMul$",
+    "ffn_out": r"/layer\.\d+/output/dense/MatMul$",
+}
 
 
 class OnnxExportError(RuntimeError):
@@ -189,11 +199,25 @@ def _trace(model: Any, tokenizer: Any) -> tuple[bytes, tuple[str, ...]]:
     return buf.getvalue(), names
 
 
-def _quantised(blob: bytes) -> bytes:
-    """The ONNX model with its MatMul weights quantised to int8 per output channel (activations: dynamically).
+def int8_excluded(node_names: list[str], keep_fp32: tuple[str, ...]) -> list[str]:
+    """The MatMul nodes of the kinds in ``keep_fp32`` (:data:`INT8_KINDS`); a kind that names none is an error."""
+    out = []
+    for kind in keep_fp32:
+        hits = [n for n in node_names if re.search(INT8_KINDS[kind], n)]
+        if not hits:
+            raise OnnxExportError(f"embedder.int8_keep_fp32 names {kind!r}, but the exported model has no such product "
+                                  f"(its MatMuls: {node_names[:4]}...); leave it out of the list")
+        out += hits
+    return out
+
+
+def _quantised(blob: bytes, keep_fp32: tuple[str, ...] = ()) -> bytes:
+    """The ONNX model with its MatMul weights quantised to int8 per output channel (activations: dynamically),
+    except the products of the kinds in ``keep_fp32``, which stay fp32.
 
     Per-channel scales matter: one scale per tensor puts MiniLM's embeddings at cosine 0.94 of the eager ones.
     """
+    import onnx
     import logging
     import tempfile
     from pathlib import Path
@@ -203,13 +227,15 @@ def _quantised(blob: bytes) -> bytes:
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
         src.write_bytes(blob)
+        names = [n.name for n in onnx.load_from_string(blob).graph.node if n.op_type == "MatMul"]
+        excluded = int8_excluded(names, keep_fp32)
         root, level = logging.getLogger(), logging.getLogger().level
         root.setLevel(logging.ERROR)  # its advice to pre-process the model first goes to the root logger
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 quantize_dynamic(src, dst, weight_type=QuantType.QInt8, per_channel=True,
-                                 op_types_to_quantize=["MatMul"])
+                                 op_types_to_quantize=["MatMul"], nodes_to_exclude=excluded)
         finally:
             root.setLevel(level)
         return dst.read_bytes()
@@ -259,13 +285,14 @@ def _version(package: str) -> str:
         return "-"
 
 
-def export_key(folder: Path, max_seq_length: int, precision: str) -> str:
+def export_key(folder: Path, max_seq_length: int, precision: str, keep_fp32: tuple[str, ...] = ()) -> str:
     """What an exported encoder depends on: the model's files, the exporting libraries, this code, the settings."""
     from tasks.core.code_identity import code_version
 
     files = sorted((str(f.relative_to(folder)), f.stat().st_size, f.stat().st_mtime_ns)
                    for f in folder.rglob("*") if f.is_file())
     ident = {"folder": str(folder.resolve()), "files": files, "max_seq_length": max_seq_length, "precision": precision,
+             **({"keep_fp32": sorted(keep_fp32)} if precision == "int8" and keep_fp32 else {}),
              "versions": [_version(p) for p in ("torch", "transformers", "onnxruntime", "onnx", "tokenizers")],
              "code": code_version(_export, _quantised, fast_tokenizer, OnnxEncoder)}
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:20]
@@ -309,13 +336,18 @@ def _store(entry: Path, blob: bytes, names: tuple[str, ...], dim: int, eager: np
 
 
 @functools.lru_cache(maxsize=4)
-def load_onnx_encoder(model: str, max_seq_length: int, threads: int, precision: str = "fp32") -> OnnxEncoder:
-    """``model``'s transformer on ONNX Runtime (int8: quantised), checked against the eager encoder: from the
+def load_onnx_encoder(model: str, max_seq_length: int, threads: int, precision: str = "fp32",
+                      keep_fp32: tuple[str, ...] = ()) -> OnnxEncoder:
+    """``model``'s transformer on ONNX Runtime (int8: quantised but for the ``keep_fp32`` kinds), checked against the eager encoder: from the
     model cache when an entry exists (see the module docstring), else exported now and stored there."""
     if precision not in PRECISIONS:
         raise ValueError(f"embedder.precision must be one of {PRECISIONS}, got {precision!r}")
+    unknown = sorted(set(keep_fp32) - set(INT8_KINDS))
+    if unknown:
+        raise ValueError(f"embedder.int8_keep_fp32 takes kinds of {sorted(INT8_KINDS)}, got {unknown}")
+    keep_fp32 = tuple(sorted(set(keep_fp32))) if precision == "int8" else ()
     folder, root = Path(model_path(model)), model_cache_root()
-    entry = root / export_key(folder, max_seq_length, precision) if root is not None and folder.is_dir() else None
+    entry = root / export_key(folder, max_seq_length, precision, keep_fp32) if root is not None and folder.is_dir() else None
     if entry is not None:
         with timed(f"loading the ONNX Runtime encoder ({precision}) from the model cache"):
             out = _cached(entry, folder, max_seq_length, threads, model, precision)
@@ -326,7 +358,7 @@ def load_onnx_encoder(model: str, max_seq_length: int, threads: int, precision: 
     with timed(f"exporting {model} to ONNX Runtime ({precision})"):
         blob, names = _export(enc[0].auto_model, enc.tokenizer)
         if precision == "int8":
-            blob = _quantised(blob)
+            blob = _quantised(blob, keep_fp32)
         tokenize = fast_tokenizer(folder, enc.max_seq_length) if folder.is_dir() else None
         out = OnnxEncoder(_session(blob, threads), tokenize or hf_tokenizer(enc.tokenizer, enc.max_seq_length), names,
                           getattr(enc, "get_embedding_dimension", enc.get_sentence_embedding_dimension)())

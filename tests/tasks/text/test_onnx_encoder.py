@@ -160,11 +160,42 @@ def test_int8_encoder_is_close_but_not_equal_and_is_a_separate_cache() -> None:
     assert len(ids) == 3
 
 
+def test_int8_keep_fp32_names_each_kind_of_product_and_keeping_all_is_fp32() -> None:
+    import onnx
+
+    from tasks.text.encoder import load_encoder
+    from tasks.text.onnx_encoder import INT8_KINDS, OnnxExportError, _export, int8_excluded
+    from tasks.text.embed import encode_stored
+
+    p = EmbedderParams()
+    enc = load_encoder(p.model, p.max_seq_length, "cpu")
+    blob, _ = _export(enc[0].auto_model, enc.tokenizer)
+    names = [n.name for n in onnx.load_from_string(blob).graph.node if n.op_type == "MatMul"]
+    layers = enc[0].auto_model.config.num_hidden_layers
+    picked = {kind: int8_excluded(names, (kind,)) for kind in INT8_KINDS}
+    assert all(len(nodes) == layers for nodes in picked.values())  # one weight product of each kind per layer
+    assert len({n for nodes in picked.values() for n in nodes}) == len(INT8_KINDS) * layers  # no overlap
+    assert not any("self/MatMul" in n for nodes in picked.values() for n in nodes)  # attention's own products
+    with pytest.raises(OnnxExportError, match="ffn_out"):
+        int8_excluded(["/encoder/block.0/mlp/MatMul"], ("ffn_out",))
+    # every weight product kept fp32: the int8 path then quantises nothing and gives the fp32 embeddings
+    everything = encode_stored(PASSAGES, EmbedderParams(precision="int8", int8_keep_fp32=tuple(INT8_KINDS)))
+    np.testing.assert_allclose(everything, encode_stored(PASSAGES, EmbedderParams()), atol=1e-6)
+    some = encode_stored(PASSAGES, EmbedderParams(precision="int8", int8_keep_fp32=("ffn_out",)))
+    assert np.abs(some - everything).max() > 1e-4  # the others are quantised
+    ids = {str(EmbedderParams(precision="int8", int8_keep_fp32=k).stored_identity())
+           for k in ((), ("ffn_out",), ("ffn_out", "query"), ("query", "ffn_out", "query"))}
+    assert len(ids) == 3  # the kept kinds are part of a stored row's identity, in any order
+    assert EmbedderParams(int8_keep_fp32=("ffn_out",)).stored_identity() == EmbedderParams().stored_identity()
+
+
 def test_bad_runtime_and_precision_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="doc_runtime"):
         EmbedderParams(doc_runtime="tensorrt")
     with pytest.raises(ValueError, match="precision"):
         EmbedderParams(precision="int4")
+    with pytest.raises(ValueError, match="int8_keep_fp32"):
+        EmbedderParams(precision="int8", int8_keep_fp32=("ffn",))
     with pytest.raises(ValueError, match="set embedder.doc_runtime"):
         EmbedderParams(precision="int8", query_runtime="torch", doc_runtime="torch")
     with pytest.raises(ValueError, match="doc_runtime=torch"):
