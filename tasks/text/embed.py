@@ -43,8 +43,8 @@ class EmbedderParams:
     model: str = PACKAGED_MODEL
     # stored texts per encoder call: small batches stay in cache (2Wiki passages 16 against 24 ms each at 64 in
     # alternating rounds, a whole 2Wiki build of every method 0.89x the time; issue #17; measured while batches
-    # were still cut by characters, so partly less padding). No stored value depends on it; only entity names
-    # (~5 tokens) are slower at 16.
+    # were still cut by characters, so partly less padding). No fp32 stored value depends on it (int8's do: one
+    # activation scale per batch, README); only entity names (~5 tokens) are slower at 16.
     batch_size: int = 16
     max_seq_length: int = 256
     doc_template: str = "{title}\n{text}"
