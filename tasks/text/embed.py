@@ -30,7 +30,7 @@ from tasks.core.store import (
 )
 from tasks.text.encoder import PACKAGED_MODEL, load_encoder
 from tasks.core.resources import cpu_threads
-from tasks.text.onnx_encoder import INT8_KINDS, PRECISIONS, load_onnx_encoder
+from tasks.text.onnx_encoder import PRECISIONS, check_int8_kinds, load_onnx_encoder
 
 QUERY_RUNTIMES = ("onnxruntime", "torch")
 DOC_RUNTIMES = ("torch", "onnxruntime")
@@ -72,9 +72,7 @@ class EmbedderParams:
             raise ValueError(f"embedder.doc_runtime must be one of {DOC_RUNTIMES}, got {self.doc_runtime!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"embedder.precision must be one of {PRECISIONS}, got {self.precision!r}")
-        unknown = sorted(set(self.int8_keep_fp32) - set(INT8_KINDS))
-        if unknown:
-            raise ValueError(f"embedder.int8_keep_fp32 takes kinds of {sorted(INT8_KINDS)}, got {unknown}")
+        check_int8_kinds(self.int8_keep_fp32)
         on_onnx = [name for name in ("query_runtime", "doc_runtime") if getattr(self, name) == "onnxruntime"]
         if on_onnx and self.device != "cpu":  # one message naming every setting to change
             raise ValueError(f"ONNX Runtime ({', '.join(f'embedder.{n}' for n in on_onnx)}) runs on the CPU only; "

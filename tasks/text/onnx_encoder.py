@@ -5,7 +5,9 @@ On this 2-core box ONNX Runtime runs MiniLM on short questions about 1.35x faste
 use it by default (``embedder.query_runtime``); stored embeddings when ``embedder.doc_runtime=onnxruntime``.
 
 ``embedder.precision=int8`` (beyond the paper, approximate) quantises the exported transformer's weights to
-int8 (ONNX Runtime dynamic quantisation); it is checked by cosine to the eager encoder, not to 1e-5.
+int8 (ONNX Runtime dynamic quantisation), but for the kinds of products ``embedder.int8_keep_fp32`` names; it is
+checked by cosine to the eager encoder, not to 1e-5. Its activations get one scale per batch, so an int8
+embedding depends on the texts batched with it (fp32's does not).
 
 The export happens when the first query batch arrives (nothing downloaded), and is checked against
 the PyTorch encoder on probe strings. A model whose pipeline is not transformer → mean pooling →
@@ -15,7 +17,8 @@ normalisation, or whose export does not match, is refused with an error that nam
 The exported model is kept in a model cache (``$DAGRAG_MODEL_CACHE``, default
 ``$XDG_CACHE_HOME/dagrag/models`` or ``~/.cache/dagrag/models``; ``off`` disables it), keyed by the model's
 files (name, size, mtime), the versions of torch, transformers and onnxruntime, this module's code,
-the precision and ``max_seq_length``. Next to it lie the PyTorch encoder's embeddings of the probe strings.
+the precision (with int8's fp32 kinds) and ``max_seq_length``. Next to it lie the PyTorch encoder's embeddings
+of the probe strings.
 A later process loads the file and its tokenizer (the ``tokenizers`` library: no torch import, no export,
 about 2-4 s less per process) and checks the loaded encoder against those stored PyTorch embeddings with
 the same rule as a fresh export; an entry that fails the check or cannot be read is exported again.
@@ -199,14 +202,21 @@ def _trace(model: Any, tokenizer: Any) -> tuple[bytes, tuple[str, ...]]:
     return buf.getvalue(), names
 
 
+def check_int8_kinds(keep_fp32: tuple[str, ...]) -> None:
+    """Refuse a kind of ``embedder.int8_keep_fp32`` that :data:`INT8_KINDS` does not know."""
+    unknown = sorted(set(keep_fp32) - set(INT8_KINDS))
+    if unknown:
+        raise ValueError(f"embedder.int8_keep_fp32 takes kinds of {sorted(INT8_KINDS)}, got {unknown}")
+
+
 def int8_excluded(node_names: list[str], keep_fp32: tuple[str, ...]) -> list[str]:
     """The MatMul nodes of the kinds in ``keep_fp32`` (:data:`INT8_KINDS`); a kind that names none is an error."""
     out = []
     for kind in keep_fp32:
         hits = [n for n in node_names if re.search(INT8_KINDS[kind], n)]
         if not hits:
-            raise OnnxExportError(f"embedder.int8_keep_fp32 names {kind!r}, but the exported model has no such product "
-                                  f"(its MatMuls: {node_names[:4]}...); leave it out of the list")
+            raise OnnxExportError(f"embedder.int8_keep_fp32 names {kind!r}, but the exported model has no such "
+                                  f"product (its MatMuls: {node_names[:4]}...); leave it out of the list")
         out += hits
     return out
 
@@ -338,16 +348,17 @@ def _store(entry: Path, blob: bytes, names: tuple[str, ...], dim: int, eager: np
 @functools.lru_cache(maxsize=4)
 def load_onnx_encoder(model: str, max_seq_length: int, threads: int, precision: str = "fp32",
                       keep_fp32: tuple[str, ...] = ()) -> OnnxEncoder:
-    """``model``'s transformer on ONNX Runtime (int8: quantised but for the ``keep_fp32`` kinds), checked against the eager encoder: from the
-    model cache when an entry exists (see the module docstring), else exported now and stored there."""
+    """``model``'s transformer on ONNX Runtime (int8: quantised but for the ``keep_fp32`` kinds), checked against
+    the eager encoder: from the model cache when an entry exists (see the module docstring), else exported now and
+    stored there."""
     if precision not in PRECISIONS:
         raise ValueError(f"embedder.precision must be one of {PRECISIONS}, got {precision!r}")
-    unknown = sorted(set(keep_fp32) - set(INT8_KINDS))
-    if unknown:
-        raise ValueError(f"embedder.int8_keep_fp32 takes kinds of {sorted(INT8_KINDS)}, got {unknown}")
+    check_int8_kinds(keep_fp32)
     keep_fp32 = tuple(sorted(set(keep_fp32))) if precision == "int8" else ()
     folder, root = Path(model_path(model)), model_cache_root()
-    entry = root / export_key(folder, max_seq_length, precision, keep_fp32) if root is not None and folder.is_dir() else None
+    entry = None
+    if root is not None and folder.is_dir():
+        entry = root / export_key(folder, max_seq_length, precision, keep_fp32)
     if entry is not None:
         with timed(f"loading the ONNX Runtime encoder ({precision}) from the model cache"):
             out = _cached(entry, folder, max_seq_length, threads, model, precision)
