@@ -32,7 +32,6 @@ import scipy.sparse as sp
 
 Transform = Callable[[np.ndarray], np.ndarray]
 Symmetrise = Literal["none", "union", "mutual"]
-Search = Literal["exact", "ivf", "auto"]
 
 
 def mean_std_mask(weights: np.ndarray, k_std: float = 3.0) -> np.ndarray:
@@ -86,12 +85,17 @@ def sparsify(similarity: np.ndarray, *, k: int | None = None, min_similarity: fl
 SEARCHES = ("exact", "ivf", "auto")
 
 
+def check_search(search: str) -> None:
+    """Refuse a neighbour search that is not one of :data:`SEARCHES`."""
+    if search not in SEARCHES:
+        raise ValueError(f"the kNN search must be one of {SEARCHES}, got {search!r}")
+
+
 def search_for(n_rows: int, search: str = "auto", exact_max: int = 50_000) -> str:
     """The neighbour search a graph over ``n_rows`` rows uses: ``search`` itself, or for ``auto`` exact search up
     to ``exact_max`` rows and the inverted file above (beyond the papers: exact search costs n²·d time, at 100k
     rows 134 s against 19 s for a k = 20 graph here; README Scale)."""
-    if search not in SEARCHES:
-        raise ValueError(f"the kNN search must be one of {SEARCHES}, got {search!r}")
+    check_search(search)
     if search != "auto":
         return search
     return "exact" if n_rows <= exact_max else "ivf"
@@ -100,7 +104,7 @@ def search_for(n_rows: int, search: str = "auto", exact_max: int = 50_000) -> st
 def knn_graph(emb: np.ndarray, *, k: int | None = None, min_similarity: float | None = None,
               k_std: float | None = None, transform: Transform | None = None, symmetrise: Symmetrise = "none",
               zero_diagonal: bool = True, block_rows: int = 1024, stats_sample: int | None = None,
-              search: Search = "exact", exact_max: int = 50_000, ivf_nlist: int = 0, ivf_nprobe: int = 8,
+              search: str = "exact", exact_max: int = 50_000, ivf_nlist: int = 0, ivf_nprobe: int = 8,
               seed: int = 0) -> sp.csr_array:
     """Sparse similarity graph over unit rows ``emb`` (n x d), built block_rows rows at a time (module doc).
 
@@ -108,7 +112,7 @@ def knn_graph(emb: np.ndarray, *, k: int | None = None, min_similarity: float | 
     a kNN-k graph is ``knn_graph(emb, k=k, symmetrise="union")``. Peak memory: one block_rows x n block.
     """
     _require_a_test(k, min_similarity, k_std)
-    search = search_for(emb.shape[0], search, exact_max)  # type: ignore[assignment]
+    search = search_for(emb.shape[0], search, exact_max)
     if search == "ivf" and k is None:
         raise ValueError("search='ivf' needs k: an inverted file answers nearest-neighbour lists only")
     if k is not None and (k_std is None or stats_sample is not None):  # each row's best k only: faiss
@@ -196,8 +200,9 @@ def ivf_index(base: np.ndarray, nlist: int = 0, nprobe: int = 8, seed: int = 0) 
     """
     x = np.ascontiguousarray(base, dtype=np.float32)
     n, d = x.shape
-    # sqrt(n) cells, not faiss's usual 4-16·sqrt(n): every row is a query here, so k-means (~ n·nlist) weighs as much as
-    # the search (~ n²·nprobe/nlist); at 100k, sqrt(n)/8 beat 4·sqrt(n)/16 in time and neighbour overlap (README Scale)
+    # sqrt(n) cells, not faiss's usual 4-16·sqrt(n): every row is a query here, so k-means (~ n·nlist) weighs as
+    # much as the search (~ n²·nprobe/nlist); at 100k, sqrt(n)/8 beat 4·sqrt(n)/16 in time and neighbour overlap
+    # (README Scale)
     nlist = max(1, min(nlist or int(np.sqrt(n)), n // 39 or 1))  # faiss wants >= 39 training points per cell
     quantizer = faiss.IndexFlatIP(d)
     index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)

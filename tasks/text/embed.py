@@ -30,7 +30,7 @@ from tasks.core.store import (
 )
 from tasks.text.encoder import PACKAGED_MODEL, load_encoder
 from tasks.core.resources import cpu_threads
-from tasks.text.onnx_encoder import PRECISIONS, check_int8_kinds, load_onnx_encoder
+from tasks.text.onnx_encoder import PRECISIONS, int8_kept, load_onnx_encoder
 
 QUERY_RUNTIMES = ("onnxruntime", "torch")
 DOC_RUNTIMES = ("torch", "onnxruntime")
@@ -72,7 +72,7 @@ class EmbedderParams:
             raise ValueError(f"embedder.doc_runtime must be one of {DOC_RUNTIMES}, got {self.doc_runtime!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"embedder.precision must be one of {PRECISIONS}, got {self.precision!r}")
-        check_int8_kinds(self.int8_keep_fp32)
+        int8_kept(self.precision, self.int8_keep_fp32)  # refuses an unknown kind
         on_onnx = [name for name in ("query_runtime", "doc_runtime") if getattr(self, name) == "onnxruntime"]
         if on_onnx and self.device != "cpu":  # one message naming every setting to change
             raise ValueError(f"ONNX Runtime ({', '.join(f'embedder.{n}' for n in on_onnx)}) runs on the CPU only; "
@@ -87,9 +87,14 @@ class EmbedderParams:
         if self.doc_runtime == "torch":
             return {}
         out = {"runtime": self.doc_runtime, **({"precision": self.precision} if self.precision != "fp32" else {})}
-        if self.precision == "int8" and self.int8_keep_fp32:
-            out["int8_keep_fp32"] = ",".join(sorted(set(self.int8_keep_fp32)))
+        if self.kept_fp32:
+            out["int8_keep_fp32"] = ",".join(self.kept_fp32)
         return out
+
+    @property
+    def kept_fp32(self) -> tuple[str, ...]:
+        """The weight products the encoder keeps fp32, as one tuple whatever the order given (none under fp32)."""
+        return int8_kept(self.precision, self.int8_keep_fp32)
 
 
 def encode(texts: list[str], params: EmbedderParams, query: bool = False) -> np.ndarray:
@@ -135,8 +140,7 @@ def encode_onnx(texts: list[str], params: EmbedderParams) -> np.ndarray:
     Texts go longest first by characters in groups of :data:`TOKEN_SORT_GROUP`; the encoder tokenises a group once
     and cuts it into batches of ``batch_size`` texts of nearly equal token counts, each padded to its own longest.
     """
-    onnx = load_onnx_encoder(params.model, params.max_seq_length, cpu_threads(), params.precision,
-                             params.int8_keep_fp32)
+    onnx = load_onnx_encoder(params.model, params.max_seq_length, cpu_threads(), params.precision, params.kept_fp32)
     out = np.zeros((len(texts), onnx.dim), dtype=np.float32)
     order = np.argsort([-len(t) for t in texts], kind="stable")
     group = max(TOKEN_SORT_GROUP, params.batch_size)
@@ -152,7 +156,7 @@ def encode_queries(texts: list[str], params: EmbedderParams) -> np.ndarray:
     """Online questions (and other short query-side strings) → embeddings, in small sub-batches."""
     if params.query_runtime == "onnxruntime":  # no texts: a (0, dim) array, without loading torch
         return load_onnx_encoder(params.model, params.max_seq_length, cpu_threads(),
-                                 params.precision, params.int8_keep_fp32).encode(texts, params.query_batch_size)
+                                 params.precision, params.kept_fp32).encode(texts, params.query_batch_size)
     return encode(texts, replace(params, batch_size=params.query_batch_size), query=True)
 
 

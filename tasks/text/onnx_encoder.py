@@ -202,11 +202,13 @@ def _trace(model: Any, tokenizer: Any) -> tuple[bytes, tuple[str, ...]]:
     return buf.getvalue(), names
 
 
-def check_int8_kinds(keep_fp32: tuple[str, ...]) -> None:
-    """Refuse a kind of ``embedder.int8_keep_fp32`` that :data:`INT8_KINDS` does not know."""
+def int8_kept(precision: str, keep_fp32: tuple[str, ...]) -> tuple[str, ...]:
+    """The kinds that stay fp32, sorted and each once: ``keep_fp32`` under int8, none under fp32 (all is fp32
+    there). A kind :data:`INT8_KINDS` does not know is refused."""
     unknown = sorted(set(keep_fp32) - set(INT8_KINDS))
     if unknown:
         raise ValueError(f"embedder.int8_keep_fp32 takes kinds of {sorted(INT8_KINDS)}, got {unknown}")
+    return tuple(sorted(set(keep_fp32))) if precision == "int8" else ()
 
 
 def int8_excluded(node_names: list[str], keep_fp32: tuple[str, ...]) -> list[str]:
@@ -227,10 +229,11 @@ def _quantised(blob: bytes, keep_fp32: tuple[str, ...] = ()) -> bytes:
 
     Per-channel scales matter: one scale per tensor puts MiniLM's embeddings at cosine 0.94 of the eager ones.
     """
-    import onnx
     import logging
     import tempfile
     from pathlib import Path
+
+    import onnx
 
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -302,7 +305,7 @@ def export_key(folder: Path, max_seq_length: int, precision: str, keep_fp32: tup
     files = sorted((str(f.relative_to(folder)), f.stat().st_size, f.stat().st_mtime_ns)
                    for f in folder.rglob("*") if f.is_file())
     ident = {"folder": str(folder.resolve()), "files": files, "max_seq_length": max_seq_length, "precision": precision,
-             **({"keep_fp32": sorted(keep_fp32)} if precision == "int8" and keep_fp32 else {}),
+             **({"keep_fp32": list(keep_fp32)} if keep_fp32 else {}),  # as int8_kept gives them
              "versions": [_version(p) for p in ("torch", "transformers", "onnxruntime", "onnx", "tokenizers")],
              "code": code_version(_export, _quantised, fast_tokenizer, OnnxEncoder)}
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:20]
@@ -353,8 +356,7 @@ def load_onnx_encoder(model: str, max_seq_length: int, threads: int, precision: 
     stored there."""
     if precision not in PRECISIONS:
         raise ValueError(f"embedder.precision must be one of {PRECISIONS}, got {precision!r}")
-    check_int8_kinds(keep_fp32)
-    keep_fp32 = tuple(sorted(set(keep_fp32))) if precision == "int8" else ()
+    keep_fp32 = int8_kept(precision, keep_fp32)
     folder, root = Path(model_path(model)), model_cache_root()
     entry = None
     if root is not None and folder.is_dir():

@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 import scipy.sparse as sp
 
-from tasks.graph.knn import knn_graph, search_for
+from tasks.graph.knn import check_search, knn_graph
 
 EDGE_WEIGHTS = ("cos", "one_minus_cos")
 CLUSTERINGS = ("leiden", "spectral")
@@ -50,7 +50,7 @@ class ClusterParams:
     ivf_nprobe: int = 8  # cells searched per node
 
     def __post_init__(self) -> None:
-        search_for(0, self.knn_search)  # validates the name
+        check_search(self.knn_search)
         if self.edge_weight not in EDGE_WEIGHTS:
             raise ValueError(f"edge_weight must be one of {EDGE_WEIGHTS}, got {self.edge_weight!r}")
         if self.clustering not in CLUSTERINGS:
@@ -103,8 +103,7 @@ def knn_augment(pattern: sp.csr_array, emb: np.ndarray, k_scale: float, percenti
     threshold = float(np.percentile(cos, 100.0 * percentile))
     added = knn_graph(np.ascontiguousarray(emb, dtype=np.float32), k=min(k, emb.shape[0] - 1),
                       min_similarity=threshold, symmetrise="union",
-                      search=search, exact_max=exact_max, ivf_nlist=ivf_nlist,  # type: ignore[arg-type]
-                      ivf_nprobe=ivf_nprobe)
+                      search=search, exact_max=exact_max, ivf_nlist=ivf_nlist, ivf_nprobe=ivf_nprobe)
     return _ones(_ones(pattern) + _ones(added))
 
 

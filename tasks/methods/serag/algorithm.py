@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from tasks.graph.knn import knn_graph, knn_rows, search_for, symmetrised
+from tasks.graph.knn import check_search, knn_graph, knn_rows, symmetrised
 from tasks.graph.sparse import log1p_transposed
 from tasks.graph.topk import top_k_rows
 
@@ -37,7 +37,7 @@ class GraphParams:
     ivf_nprobe: int = 8  # cells searched per chunk
 
     def __post_init__(self) -> None:
-        search_for(0, self.knn_search)  # validates the name
+        check_search(self.knn_search)
 
 
 # ---------------------------------------------------------------- §3.1: the three layers
@@ -50,8 +50,7 @@ def semantic_layer(emb: np.ndarray, k: int, search: str = "exact", exact_max: in
     (the SE logs need vol, g > 0; notes §7). ``search`` (beyond the paper): exact, ivf (approximate lists) or
     auto (exact up to ``exact_max`` rows)."""
     g = knn_graph(emb, k=min(k, max(emb.shape[0] - 1, 1)), symmetrise="union", zero_diagonal=True,
-                  search=search, exact_max=exact_max,  # type: ignore[arg-type]
-                  ivf_nlist=ivf_nlist, ivf_nprobe=ivf_nprobe)
+                  search=search, exact_max=exact_max, ivf_nlist=ivf_nlist, ivf_nprobe=ivf_nprobe)
     g.data = np.maximum(g.data, 0.0)
     g.eliminate_zeros()
     return g

@@ -245,7 +245,7 @@ def test_search_auto_is_exact_up_to_the_limit_and_ivf_above():
         search_for(10, "hnsw")
     emb = unit_rows(np.random.default_rng(16), 300, 8)
     with pytest.raises(ValueError, match="kNN search"):  # no silent exact search for a misspelt name
-        knn_graph(emb, k=5, search="hnsw")  # type: ignore[arg-type]
+        knn_graph(emb, k=5, search="hnsw")
     assert (knn_graph(emb, k=5, search="auto", exact_max=300) != knn_graph(emb, k=5)).nnz == 0
     few = knn_graph(emb, k=5, search="ivf", ivf_nlist=7, ivf_nprobe=1)
     assert (few != knn_graph(emb, k=5)).nnz > 0  # one cell of seven searched: not the exact graph
