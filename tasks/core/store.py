@@ -558,12 +558,14 @@ class RowCache:
     def _parts(self) -> list[Path]:
         return sorted(self.folder.glob("part-*.parquet"))
 
+    def _key_columns(self) -> tuple[list[Path], list[pa.Array]]:
+        """Every part and its key column (the key column alone is read: a small share of a part's bytes)."""
+        parts = self._parts()
+        return parts, [pq.ParquetFile(p).read(columns=[self.key]).column(self.key).combine_chunks() for p in parts]
+
     def keys(self) -> set[str]:
         """Keys already computed."""
-        keys: set[str] = set()
-        for p in self._parts():
-            keys.update(pq.read_table(p, columns=[self.key]).column(self.key).to_pylist())
-        return keys
+        return {k for col in self._key_columns()[1] for k in col.to_pylist()}
 
     def missing(self, wanted: list[str]) -> list[str]:
         """The keys of ``wanted`` not computed yet, in order."""
@@ -575,19 +577,27 @@ class RowCache:
         Store.write_parquet(table, self.folder / f"part-{uuid.uuid4().hex}.parquet")
 
     def read(self, keys: list[str]) -> pa.Table:
-        """Rows whose key is in ``keys`` (keys absent from the cache are absent)."""
-        wanted = set(keys)
-        tables = []
-        for p in self._parts():
-            t = pq.read_table(p)
-            # a key computed twice (two racing runs) is taken from the first part holding it
-            mask = pa.compute.is_in(t.column(self.key), value_set=pa.array(sorted(wanted), type=pa.string()))
-            t = t.filter(mask)
-            if t.num_rows:
-                tables.append(t)
-                wanted -= set(t.column(self.key).to_pylist())
-        if not tables:
+        """Rows whose key is in ``keys`` (keys absent from the cache are absent), in part order.
+
+        The key columns are matched in one pass over all parts, and only parts holding a wanted row are read
+        whole: the time grows with the cache's keys plus the rows read, not with parts × wanted keys.
+        """
+        parts, cols = self._key_columns()
+        hit = np.zeros(0, dtype=np.int64)
+        if cols and keys:
+            all_keys = pa.concat_arrays(cols).cast(pa.string())
+            value_set = pa.array(list(set(keys)), type=pa.string())
+            hit = np.flatnonzero(pa.compute.is_in(all_keys, value_set=value_set).to_numpy(zero_copy_only=False))
+        if not hit.size:
             raise StoreError(f"row cache {self.folder} holds none of the requested keys")
+        sizes = [len(c) for c in cols]
+        part_of = np.repeat(np.arange(len(parts)), sizes)[hit]
+        # a key computed twice (two racing runs) is taken from the first part holding it, with all its rows there
+        hit_keys = all_keys.take(pa.array(hit)).to_numpy(zero_copy_only=False)
+        first = pd.Series(part_of).groupby(hit_keys).transform("min").to_numpy()
+        hit, part_of = hit[part_of == first], part_of[part_of == first]
+        starts = np.r_[0, np.cumsum(sizes)]
+        tables = [pq.read_table(parts[i]).take(pa.array(hit[part_of == i] - starts[i])) for i in np.unique(part_of)]
         return pa.concat_tables(tables, promote_options="default")
 
 

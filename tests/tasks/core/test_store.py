@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import tasks.core.store as store_mod
@@ -195,6 +196,37 @@ def test_row_cache_append_read_keys(tmp_path):
     got = store.row_cache("st", "p", "key").read(["a", "b"]).to_pandas()
     assert got["key"].tolist().count("a") == 1
     assert sorted(got.loc[got["key"] == "b", "v"]) in ([2, 3], [20, 30])
+
+
+def _read_part_by_part(cache, keys: list[str]) -> pd.DataFrame:
+    """The row cache's rule stated plainly: parts in order, each key's rows from the first part holding it."""
+    wanted, out = set(keys), []
+    for p in cache._parts():
+        t = pq.read_table(p).to_pandas()
+        t = t[t["key"].isin(wanted)]
+        out.append(t)
+        wanted -= set(t["key"])
+    return pd.concat(out, ignore_index=True)
+
+
+def test_row_cache_read_and_missing_match_the_part_by_part_rule(tmp_path):
+    rng = np.random.default_rng(3)
+    cache = Store(tmp_path).row_cache("st", "p", "key")
+    universe = [f"k{i}" for i in range(60)]
+    for part in range(7):  # keys repeat within a part (several rows of one key) and across parts (re-computed)
+        keys = rng.choice(universe[:50], size=int(rng.integers(1, 30)))
+        cache.append(pd.DataFrame({"key": keys, "v": part * 1000 + np.arange(keys.size)}))
+    for trial in range(20):
+        keys = list(rng.choice(universe, size=int(rng.integers(1, 40))))
+        if not set(keys) & cache.keys():
+            continue
+        got = cache.read(keys).to_pandas()
+        want = _read_part_by_part(cache, keys)
+        assert got["key"].tolist() == want["key"].tolist() and got["v"].tolist() == want["v"].tolist()
+        done = cache.keys()
+        assert cache.missing(keys) == [k for k in keys if k not in done]
+    assert cache.missing([]) == []
+    assert Store(tmp_path).row_cache("st", "empty", "key").missing(["a", "b"]) == ["a", "b"]
 
 
 # ----------------------------------------------------------------------------- a killed run
