@@ -554,6 +554,9 @@ class RowCache:
 
     def __init__(self, folder: Path, key: str) -> None:
         self.folder, self.key = folder, key
+        # each part's key column, read once per instance: a part never changes once written (uuid name, atomic),
+        # so a stage's missing() and read() do not both read every part's keys
+        self._part_keys: dict[Path, pa.Array] = {}
 
     def _parts(self) -> list[Path]:
         return sorted(self.folder.glob("part-*.parquet"))
@@ -561,7 +564,10 @@ class RowCache:
     def _key_columns(self) -> tuple[list[Path], list[pa.Array]]:
         """Every part and its key column (the key column alone is read: a small share of a part's bytes)."""
         parts = self._parts()
-        return parts, [pq.ParquetFile(p).read(columns=[self.key]).column(self.key).combine_chunks() for p in parts]
+        for p in parts:
+            if p not in self._part_keys:
+                self._part_keys[p] = pq.ParquetFile(p).read(columns=[self.key]).column(self.key).combine_chunks()
+        return parts, [self._part_keys[p] for p in parts]
 
     def keys(self) -> set[str]:
         """Keys already computed."""

@@ -225,6 +225,12 @@ def test_row_cache_read_and_missing_match_the_part_by_part_rule(tmp_path):
         assert got["key"].tolist() == want["key"].tolist() and got["v"].tolist() == want["v"].tolist()
         done = cache.keys()
         assert cache.missing(keys) == [k for k in keys if k not in done]
+    # a part appended after this instance read the keys is seen by it (each part's keys are read once)
+    cache.append(pd.DataFrame({"key": ["k55", "k1"], "v": [-1, -2]}))
+    assert cache.missing(["k55", "k59"]) == ["k59"]
+    got = cache.read(["k55", "k1"]).to_pandas()
+    want = _read_part_by_part(cache, ["k55", "k1"])
+    assert got["key"].tolist() == want["key"].tolist() and got["v"].tolist() == want["v"].tolist()
     assert cache.missing([]) == []
     assert Store(tmp_path).row_cache("st", "empty", "key").missing(["a", "b"]) == ["a", "b"]
 
