@@ -4,8 +4,9 @@ For each ``benchmark.batch_sizes`` entry, ``benchmark.n_questions`` questions ar
 of that size (after one warm-up batch); latency per query = batch wall time / batch size, split
 into the parts the method reports (e.g. query NER, query encoding, DocZoom, ChunkZoom). Memory:
 peak RSS of the process, and the peak of Python/numpy allocations during one batch (tracemalloc,
-measured in a separate untimed pass). Results go to the catalog; the last line printed is
-``benchmark: {json}``.
+measured in a separate untimed pass). The process's RSS also holds what any index stage it computed left
+behind; ``stages_computed`` says how many it did (``flows.scale`` builds first, in another process, so that
+its benchmark computes none). Results go to the catalog; the last line printed is ``benchmark: {json}``.
 """
 from __future__ import annotations
 
@@ -23,7 +24,15 @@ from prefect import flow
 
 from flows.config import Config, ConfigError, load_config
 from flows.observe import untagged_tasks
-from flows.pipeline import build_index, format_table, load_retriever, run_command, start_run
+from flows.pipeline import (
+    build_index,
+    format_table,
+    load_retriever,
+    run_command,
+    stage_counts,
+    stage_split,
+    start_run,
+)
 from tasks.core.ingest import parse_questions, read_json_list
 from tasks.core.store import PeakRSS, Store
 
@@ -93,7 +102,8 @@ def benchmark_flow(cfg: dict) -> dict[str, Any]:
             for bs in conf.benchmark.batch_sizes]
     print(format_table(rows, list(rows[0].keys())), flush=True)
     result = {"method": conf.method.name, "dataset": ctx.dataset, "n_documents": data["documents"].rows,
-              "n_questions": len(texts), "index_seconds": round(index_seconds, 3), "rows": rows,
+              "n_questions": len(texts), "index_seconds": round(index_seconds, 3),
+              "stages_computed": stage_counts(stage_split(ctx.store, ctx.run_id))["stages_computed"], "rows": rows,
               **getattr(retriever, "run_stats", dict)(), "run_id": ctx.run_id}
     ctx.store.record_metrics(ctx.run_id, "benchmark", conf.method.name, ctx.dataset, result, manifest["overrides"])
     return result

@@ -1,13 +1,16 @@
 """``python -m flows.scale [scale.sizes=[…]] [scale.methods=[…]] [overrides]``: the scale table.
 
 For every size in ``scale.sizes`` (passages of the generated sample, ``dataset=sample``) and every method in
-``scale.methods``, one ``flows.benchmark`` run in its own process (so its peak memory is its own), all sharing
-one ``artifacts_dir``: a stage two methods share (passage embeddings, NER) is computed once. Each cell of the
+``scale.methods``, one ``flows.index`` process builds what the method's index still lacks, then one
+``flows.benchmark`` process, started fresh, loads the index and times the questions. All cells share one
+``artifacts_dir``: a stage two methods share (passage embeddings, NER) is computed once. Each cell of the
 table is then read back from the catalog:
 
 * index seconds: the compute seconds of every stage the method's index uses, shared ones included (what a
   user building only this method pays), each taken from the run that computed it;
-* peak memory: the largest peak RSS of those stages and of the timed retrieval;
+* index peak memory: the largest peak RSS of those stages, each taken from the run that computed it;
+* query peak memory: the peak RSS of the benchmark process, which computed no stage: what serving the index
+  takes (loading it, the encoder, the timed batches), free of what an index build left in the process;
 * ms/query: the median per-query latency at each of ``scale.batch_sizes``;
 * disk: the bytes of those stages' artifact files.
 
@@ -63,20 +66,32 @@ def cell_row(size: int, method: str, bench: dict[str, Any], store: Store) -> dic
     for r in bench["rows"]:
         row[f"ms_per_query_b{r['batch_size']}"] = r["ms_per_query_p50"]
         query_peak = max(query_peak, r.get("peak_rss_mb") or 0.0)
-    row["peak_rss_mb"] = max(row.pop("index_peak_rss_mb"), query_peak)
+    row["query_peak_rss_mb"] = query_peak
     return row
 
 
 def run_cell(argv: list[str], timeout_s: int) -> tuple[dict[str, Any] | None, str]:
-    """Run one ``flows.benchmark`` process; (its ``benchmark:`` payload, "") or (None, why it failed)."""
-    return run_child("flows.benchmark", argv, "benchmark", timeout_s)
+    """Build the cell's index in one process, then time it in a fresh one, both within ``timeout_s``; (the
+    ``benchmark:`` payload, "") or (None, why it failed, and in which step)."""
+    t0 = time.perf_counter()
+    built, error = run_child("flows.index", argv, "index", timeout_s)
+    if built is None:
+        return None, f"index {error}"
+    left = timeout_s - (time.perf_counter() - t0) if timeout_s else 0
+    if timeout_s and left < 1:
+        return None, f"index took all of the {timeout_s} s"
+    bench, error = run_child("flows.benchmark", argv, "benchmark", max(1, int(left)) if timeout_s else 0)
+    if bench is not None and bench.get("stages_computed"):  # a stage the index run left: its memory is in here
+        return None, f"benchmark computed {bench['stages_computed']} stage(s) the index run had not"
+    return bench, "" if bench is not None else f"benchmark {error}"
 
 
 def markdown(rows: list[dict[str, Any]], batch_sizes: list[int]) -> str:
     """The scale table as Markdown, one line per (size, method)."""
-    cols = ["passages", "method", "index_seconds", "peak_rss_mb", *[f"ms_per_query_b{b}" for b in batch_sizes],
-            "disk_mb"]
-    head = ["passages", "method", "index s", "peak MB", *[f"ms/query @{b}" for b in batch_sizes], "disk MB"]
+    cols = ["passages", "method", "index_seconds", "index_peak_rss_mb", "query_peak_rss_mb",
+            *[f"ms_per_query_b{b}" for b in batch_sizes], "disk_mb"]
+    head = ["passages", "method", "index s", "index peak MB", "query peak MB",
+            *[f"ms/query @{b}" for b in batch_sizes], "disk MB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if r.get("error"):
