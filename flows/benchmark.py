@@ -4,12 +4,15 @@ For each ``benchmark.batch_sizes`` entry, ``benchmark.n_questions`` questions ar
 of that size (after one warm-up batch); latency per query = batch wall time / batch size, split
 into the parts the method reports (e.g. query NER, query encoding, DocZoom, ChunkZoom). Memory:
 peak RSS of the process, and the peak of Python/numpy allocations during one batch (tracemalloc,
-measured in a separate untimed pass). The process's RSS also holds what any index stage it computed left
-behind; ``stages_computed`` says how many it did (``flows.scale`` builds first, in another process, so that
-its benchmark computes none). Results go to the catalog; the last line printed is ``benchmark: {json}``.
+measured in a separate untimed pass). ``process_peak_rss_mb`` is the whole process's high-water mark:
+loading the index included, which can exceed any batch's peak. The process's RSS also holds what any index
+stage it computed left behind; ``stages_computed`` says how many it did (``flows.scale`` builds first, in
+another process, so that its benchmark computes none). Results go to the catalog; the last line printed is
+``benchmark: {json}``.
 """
 from __future__ import annotations
 
+import resource
 import sys
 import time
 import tracemalloc
@@ -104,6 +107,7 @@ def benchmark_flow(cfg: dict) -> dict[str, Any]:
     result = {"method": conf.method.name, "dataset": ctx.dataset, "n_documents": data["documents"].rows,
               "n_questions": len(texts), "index_seconds": round(index_seconds, 3),
               "stages_computed": stage_counts(stage_split(ctx.store, ctx.run_id))["stages_computed"], "rows": rows,
+              "process_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # KiB
               **getattr(retriever, "run_stats", dict)(), "run_id": ctx.run_id}
     ctx.store.record_metrics(ctx.run_id, "benchmark", conf.method.name, ctx.dataset, result, manifest["overrides"])
     return result

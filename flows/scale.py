@@ -9,8 +9,8 @@ table is then read back from the catalog:
 * index seconds: the compute seconds of every stage the method's index uses, shared ones included (what a
   user building only this method pays), each taken from the run that computed it;
 * index peak memory: the largest peak RSS of those stages, each taken from the run that computed it;
-* query peak memory: the peak RSS of the benchmark process, which computed no stage: what serving the index
-  takes (loading it, the encoder, the timed batches), free of what an index build left in the process;
+* query peak memory: the peak RSS of the benchmark process over its whole life, which computed no stage: what
+  serving the index takes (loading it, the encoder, the timed batches), free of what an index build left;
 * ms/query: the median per-query latency at each of ``scale.batch_sizes``;
 * disk: the bytes of those stages' artifact files.
 
@@ -62,11 +62,9 @@ def _bytes(path: Path) -> int:
 def cell_row(size: int, method: str, bench: dict[str, Any], store: Store) -> dict[str, Any]:
     """One row of the table from a benchmark's last line and the catalog."""
     row: dict[str, Any] = {"passages": size, "method": method, **index_footprint(store, bench["run_id"])}
-    query_peak = 0.0
     for r in bench["rows"]:
         row[f"ms_per_query_b{r['batch_size']}"] = r["ms_per_query_p50"]
-        query_peak = max(query_peak, r.get("peak_rss_mb") or 0.0)
-    row["query_peak_rss_mb"] = query_peak
+    row["query_peak_rss_mb"] = bench["process_peak_rss_mb"]
     return row
 
 

@@ -41,6 +41,10 @@ def test_two_methods_at_one_size_give_a_table_and_catalog_rows(tmp_path):
     assert kinds == [("bm25",), ("dense",)]
     # the index was built by an index process: each timed process only loaded it, so its memory is its own
     assert [json.loads(m)["stages_computed"] for (m,) in benches] == [0, 0]
+    for (m,) in benches:  # the process's high-water mark holds every timed batch's peak (and the index's load)
+        bench = json.loads(m)
+        assert bench["process_peak_rss_mb"] >= max(r["peak_rss_mb"] for r in bench["rows"])
+        assert cells[bench["method"]]["query_peak_rss_mb"] == bench["process_peak_rss_mb"]
 
 
 def test_a_cell_that_runs_out_of_time_is_a_row_saying_so(tmp_path):
