@@ -40,6 +40,7 @@ from tasks.core.store import (
     ArtifactRef,
     Store,
     arrow_to_embeddings,
+    embedding_width,
     embeddings_to_arrow,
     fingerprint,
 )
@@ -116,7 +117,7 @@ def leaves_stage(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef) -
 
 def embedding_dim(ref: ArtifactRef) -> int:
     """Width of an ``embeddings`` artifact, read from its Parquet schema."""
-    return pq.read_schema(ref.path).field("emb").type.list_size
+    return embedding_width(pq.read_schema(ref.path).field("emb").type)
 
 
 @task(name="erarag_hyperplanes", cache_policy=NO_CACHE)
@@ -181,7 +182,7 @@ def nodes_table(h: erarag.Hierarchy, doc_of_leaf: dict[str, str]) -> pa.Table:
         "code": pa.array(n["code"].to_numpy(dtype=np.uint64), pa.uint64()),
         "n_children": pa.array(n["n_children"].to_numpy(), pa.int64()),
         "doc_id": pa.array(doc, pa.string()),
-        "emb": embeddings_to_arrow(h.embeddings) if len(n) else pa.array([], pa.list_(pa.float32(), 1)),
+        "emb": embeddings_to_arrow(h.embeddings if len(n) else np.zeros((0, 1), np.float32)),
     })
 
 

@@ -63,9 +63,9 @@ class LinearRetriever:
                 raise RuntimeError("entity embeddings are not aligned with the vocabulary; delete the artifacts")
         else:  # method.query_ner=false: no question string is matched by cosine, so none were computed
             self.entity_emb = np.zeros((len(self.entity_names), 0), np.float32)
-        # writable contiguous copies: torch.from_numpy (see _dot) refuses nothing, warns on read-only arrays
+        # writable and contiguous, as torch.from_numpy (see _dot) wants: load_embeddings' arrays are, so no copy
         self.passage_emb, self.sentence_emb, self.entity_emb = (
-            np.array(x, dtype=np.float32, order="C") for x in (self.passage_emb, self.sentence_emb, self.entity_emb))
+            np.require(x, np.float32, ["C", "W"]) for x in (self.passage_emb, self.sentence_emb, self.entity_emb))
         self.vocab_index = {name: i for i, name in enumerate(self.entity_names.tolist())}  # a dict: O(1) per name
         n_p, n_s, n_e = len(self.doc_ids), len(chunks), len(self.entity_names)
         contain = Store.read(index["contain"])

@@ -23,6 +23,8 @@ from tasks.core.store import (
     Store,
     StoreError,
     arrow_to_embeddings,
+    current_layout,
+    embedding_width,
     embeddings_to_arrow,
     fingerprint,
     text_key,
@@ -166,7 +168,7 @@ def test_fingerprint_changes_with_params_inputs_and_code():
 def test_embeddings_round_trip(tmp_path):
     m = np.random.default_rng(0).standard_normal((7, 5))
     col = embeddings_to_arrow(m)
-    assert col.type.list_size == 5 and len(col) == 7
+    assert col.type == pa.binary(20) and embedding_width(col.type) == 5 and len(col) == 7
     path = tmp_path / "e.parquet"
     Store.write_parquet(pa.table({"id": list("abcdefg"), "v": col}), path)
     back = arrow_to_embeddings(Store.read_arrow(path).column("v"))
@@ -176,6 +178,52 @@ def test_embeddings_round_trip(tmp_path):
     np.testing.assert_array_equal(arrow_to_embeddings(chunked), m.astype(np.float32))
     empty = arrow_to_embeddings(pa.chunked_array([], type=col.type))
     assert empty.shape == (0, 5)
+    # a slice (a chunk that starts at an offset) reads its own rows, into a new writable array
+    part = arrow_to_embeddings(col.slice(2, 4))
+    np.testing.assert_array_equal(part, m[2:6].astype(np.float32))
+    assert part.flags.writeable and part.flags.c_contiguous and part.base is None
+    zero_width = arrow_to_embeddings(embeddings_to_arrow(np.zeros((3, 0))))
+    assert zero_width.shape == (3, 0)
+    with pytest.raises(ValueError, match="2-d"):
+        embeddings_to_arrow(m[0])
+    with pytest.raises(TypeError, match="float32 vectors"):
+        embedding_width(pa.list_(pa.float64(), 5))
+
+
+def legacy_vectors(m: np.ndarray) -> pa.FixedSizeListArray:
+    """The vector layout written before FixedSizeBinary: FixedSizeList<float32>[d]."""
+    m = np.asarray(m, np.float32)
+    return pa.FixedSizeListArray.from_arrays(pa.array(m.reshape(-1)), m.shape[1])
+
+
+def test_vectors_are_stored_flat_and_the_older_list_layout_reads_the_same(tmp_path):
+    m = np.random.default_rng(1).standard_normal((50, 8)).astype(np.float32)
+    new, old = tmp_path / "new.parquet", tmp_path / "old.parquet"
+    Store.write_parquet(pa.table({"id": [str(i) for i in range(50)], "emb": embeddings_to_arrow(m)}), new)
+    pq.write_table(pa.table({"id": [str(i) for i in range(50)], "emb": legacy_vectors(m)}), old)
+    column = pq.ParquetFile(new).metadata.row_group(0).column(1)
+    # fixed-length values, neither compressed nor dictionary-encoded; the id column keeps both
+    assert column.physical_type == "FIXED_LEN_BYTE_ARRAY" and column.compression == "UNCOMPRESSED"
+    assert "PLAIN_DICTIONARY" not in column.encodings and "RLE_DICTIONARY" not in column.encodings
+    assert pq.ParquetFile(new).metadata.row_group(0).column(0).compression == "SNAPPY"
+    for path in (new, old):
+        np.testing.assert_array_equal(arrow_to_embeddings(Store.read_arrow(path).column("emb")), m)
+    assert current_layout(Store.read_arrow(old)).equals(Store.read_arrow(new))
+    assert embedding_width(pq.read_schema(old).field("emb").type) == 8
+
+
+def test_a_row_cache_with_parts_of_both_vector_layouts_reads_as_one(tmp_path):
+    m = np.random.default_rng(2).standard_normal((9, 4)).astype(np.float32)
+    keys = [f"k{i}" for i in range(9)]
+    cache = Store(tmp_path).row_cache("embed", "p", "key")
+    cache.folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"key": keys[:5], "emb": legacy_vectors(m[:5])}), cache.folder / "part-0.parquet")
+    cache.append(pa.table({"key": keys[5:], "emb": embeddings_to_arrow(m[5:])}))
+    got = cache.read(keys)
+    assert got.column("emb").type == pa.binary(16)
+    order = [keys.index(k) for k in got.column("key").to_pylist()]
+    np.testing.assert_array_equal(arrow_to_embeddings(got.column("emb")), m[order])
+    assert sorted(order) == list(range(9))
 
 
 # ----------------------------------------------------------------------------- row caches
