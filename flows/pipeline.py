@@ -18,7 +18,7 @@ from flows.methods import METHODS
 from tasks.core.ingest import content_hash, dataset_label, ingest, raw_sources
 from tasks.core.progress import timed
 from tasks.core.stage import RunContext
-from tasks.core.store import ArtifactRef, Store
+from tasks.core.store import ArtifactRef, Store, release_arrow_memory
 from tasks.llm.params import LLMDryRun
 
 log = logging.getLogger("dagrag")
@@ -100,6 +100,7 @@ def load_retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], 
     t0 = time.perf_counter()
     with timed(f"loading the {conf.method.name} retriever"):
         retriever = METHODS[conf.method.name].retriever(data, index, conf)
+        release_arrow_memory()  # the tables it read are gone: a served index holds only what it keeps
     return retriever, time.perf_counter() - t0
 
 

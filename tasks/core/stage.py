@@ -23,7 +23,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tasks.core.progress import notice_if_slow
-from tasks.core.store import ArtifactRef, PeakRSS, Store, fingerprint, short_hash
+from tasks.core.store import ArtifactRef, PeakRSS, Store, fingerprint, release_arrow_memory, short_hash
 
 log = logging.getLogger("dagrag")
 
@@ -102,6 +102,8 @@ def _compute(ctx: RunContext, store: Store, stage: str, fp: str, params: Any, in
     with PeakRSS() as mem, notice_if_slow("%-14s computing [%s] …", stage, fp):
         outputs, rows_computed = compute()
         refs = _write_outputs(store, ctx.dataset, stage, fp, outputs, ext)
+    del outputs
+    release_arrow_memory()  # the next stage's RSS starts from what is live, not from this stage's tables
     seconds = time.perf_counter() - t0
     store.record(stage, fp, ctx.dataset, refs, input_fps=inputs, params=params_dict(params),
                  rows_computed=rows_computed, seconds=seconds, peak_rss_mb=mem.mb, run_id=ctx.run_id)

@@ -158,6 +158,12 @@ def arrow_to_embeddings(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return out
 
 
+def release_arrow_memory() -> None:
+    """Hand back to the OS the memory Arrow's pool kept after its tables were freed. Its allocator (mimalloc)
+    holds freed pages for reuse: after 450,324 vectors were read, their 690 MB stayed in the process's RSS."""
+    pa.default_memory_pool().release_unused()
+
+
 def current_layout(table: pa.Table) -> pa.Table:
     """``table`` with any vector column in the older FixedSizeList<float32> layout rewritten as FixedSizeBinary
     (the same values), so that parts written before and after the change concatenate."""
