@@ -114,8 +114,9 @@ def text_key(text: str) -> str:
 
 # A vector column is FixedSizeBinary[4d]: each value is one row's d float32s, little-endian. Parquet stores it as
 # flat fixed-length values, which read as a copy. The FixedSizeList<float32>[d] written before is a nested
-# column: Parquet decodes a repetition level per float, so 450,324 × 384 took 5.6 s and 2.9 GB of RSS to read,
-# against 0.9 s and 1.5 GB. Files in the old layout stay readable; `Store.write_parquet` writes the new one.
+# column: Parquet decodes a repetition level per float, so 450,324 × 384 took 5.7-9.9 s and a 3.0 GB high-water
+# mark to read, against 0.5-1.4 s and 1.6 GB. Files in the old layout stay readable; `Store.write_parquet` writes
+# the new one.
 
 def embeddings_to_arrow(matrix: np.ndarray) -> pa.FixedSizeBinaryArray:
     """(n, d) float32 → a FixedSizeBinary[4d] column, one row's float32 bytes (little-endian) per value."""
