@@ -477,13 +477,7 @@ class Store:
             table = pa.Table.from_pandas(table, preserve_index=False)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        # vector columns (FixedSizeBinary) are float bytes: no dictionary, and no compression, which gains
-        # almost nothing on them and costs time both ways; other columns keep the defaults
-        flat = {f.name for f in table.schema if pa.types.is_fixed_size_binary(f.type)}
-        options = {} if not flat else {
-            "use_dictionary": [c for c in table.column_names if c not in flat],
-            "compression": {c: ("none" if c in flat else "snappy") for c in table.column_names}}
-        pq.write_table(table, tmp, **options)
+        pq.write_table(table, tmp)
         os.replace(tmp, path)
         return table.num_rows
 

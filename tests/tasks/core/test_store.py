@@ -199,13 +199,14 @@ def legacy_vectors(m: np.ndarray) -> pa.FixedSizeListArray:
 def test_vectors_are_stored_flat_and_the_older_list_layout_reads_the_same(tmp_path):
     m = np.random.default_rng(1).standard_normal((50, 8)).astype(np.float32)
     new, old = tmp_path / "new.parquet", tmp_path / "old.parquet"
-    Store.write_parquet(pa.table({"id": [str(i) for i in range(50)], "emb": embeddings_to_arrow(m)}), new)
-    pq.write_table(pa.table({"id": [str(i) for i in range(50)], "emb": legacy_vectors(m)}), old)
-    column = pq.ParquetFile(new).metadata.row_group(0).column(1)
-    # fixed-length values, neither compressed nor dictionary-encoded; the id column keeps both
-    assert column.physical_type == "FIXED_LEN_BYTE_ARRAY" and column.compression == "UNCOMPRESSED"
-    assert "PLAIN_DICTIONARY" not in column.encodings and "RLE_DICTIONARY" not in column.encodings
-    assert pq.ParquetFile(new).metadata.row_group(0).column(0).compression == "SNAPPY"
+    tags = pa.array([["x"] * (i % 3) for i in range(50)])  # a nested column beside the vectors
+    Store.write_parquet(pa.table({"id": [str(i) for i in range(50)], "tags": tags, "emb": embeddings_to_arrow(m)}),
+                        new)
+    pq.write_table(pa.table({"id": [str(i) for i in range(50)], "tags": tags, "emb": legacy_vectors(m)}), old)
+    group = pq.ParquetFile(new).metadata.row_group(0)
+    # the vectors are flat fixed-length values (no list levels); every other column is written as any table's is
+    assert group.column(2).path_in_schema == "emb" and group.column(2).physical_type == "FIXED_LEN_BYTE_ARRAY"
+    assert [group.column(i).compression for i in range(2)] == ["SNAPPY", "SNAPPY"]
     for path in (new, old):
         np.testing.assert_array_equal(arrow_to_embeddings(Store.read_arrow(path).column("emb")), m)
     assert current_layout(Store.read_arrow(old)).equals(Store.read_arrow(new))
