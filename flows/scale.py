@@ -78,7 +78,7 @@ def run_cell(argv: list[str], timeout_s: int) -> tuple[dict[str, Any] | None, st
     left = timeout_s - (time.perf_counter() - t0) if timeout_s else 0
     if timeout_s and left < 1:
         return None, f"index took all of the {timeout_s} s"
-    bench, error = run_child("flows.benchmark", argv, "benchmark", max(1, int(left)) if timeout_s else 0)
+    bench, error = run_child("flows.benchmark", argv, "benchmark", int(left))  # 0 when timeout_s is 0: no limit
     if bench is not None and bench.get("stages_computed"):  # a stage the index run left: its memory is in here
         return None, f"benchmark computed {bench['stages_computed']} stage(s) the index run had not"
     return bench, "" if bench is not None else f"benchmark {error}"
