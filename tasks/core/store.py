@@ -23,6 +23,7 @@ import datetime as dt
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -42,6 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 CATALOG = "catalog.duckdb"
+log = logging.getLogger("dagrag")
 LOCKS = "_locks"
 # files that are written once (temp file + rename) and never changed: a copy of the store may hard-link them
 LINKABLE_SUFFIXES = frozenset({".parquet", ".npy", ".bin", ".tar"})
@@ -67,6 +69,7 @@ ALTER TABLE llm_ledger ADD COLUMN IF NOT EXISTS llm_failed BIGINT;
 CREATE TABLE IF NOT EXISTS metrics (
   run_id VARCHAR, kind VARCHAR, method VARCHAR, dataset VARCHAR, created_at TIMESTAMP, metrics JSON);
 ALTER TABLE metrics ADD COLUMN IF NOT EXISTS overrides JSON;
+CREATE TABLE IF NOT EXISTS store_root (root VARCHAR);
 """
 
 
@@ -306,6 +309,14 @@ def _is_at(fd: int, path: Path) -> bool:
         return False
 
 
+def _written_root(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The root a catalog without ``store_root`` was written under: what precedes ``/<dataset>/<stage>/<file>``
+    in its stage rows' paths, if they all agree (None for a catalog with no stage rows, or one they do not)."""
+    roots = {path[:-len(tail)] for dataset, stage, path in con.execute("SELECT dataset, stage, path FROM stages")
+             .fetchall() for tail in [f"/{dataset}/{stage}/{Path(path).name}"] if path.endswith(tail)}
+    return roots.pop() if len(roots) == 1 else None
+
+
 # ----------------------------------------------------------------------------- the store
 
 class Store:
@@ -317,6 +328,7 @@ class Store:
         self._lock_path = self.root / ".catalog.lock"
         self._catalog_path = self.root / CATALOG
         self._catalog_alias = _catalog_alias(self._catalog_path)  # its name while attached to the host
+        self._root_followed = False  # whether this object's first catalog session checked the recorded root
 
     # -- catalog ---------------------------------------------------------------
     @contextmanager
@@ -346,6 +358,9 @@ class Store:
             con = _connect_catalog(self._catalog_path, self._catalog_alias)
             try:
                 con.execute(_SCHEMA)
+                if not self._root_followed:
+                    self._rebase_catalog(con)
+                    self._root_followed = True
                 yield con
             finally:
                 _detach(con, self._catalog_alias)
@@ -389,15 +404,24 @@ class Store:
             raise
         copy = Store(dst)
         try:  # after the rename: a view is checked against the file it reads
-            copy._rebase_catalog(str(self.root), str(dst))
+            with copy.catalog():  # its first session rewrites the catalog for the copy's root
+                pass
         except BaseException:
             shutil.rmtree(dst, ignore_errors=True)
             raise
         return copy
 
-    def _rebase_catalog(self, old_root: str, new_root: str) -> None:
-        """Rewrite ``old_root`` to ``new_root`` at the start of every path the catalog holds; views made again."""
-        with self.catalog() as con:
+    def _rebase_catalog(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Make a catalog written under another root (the folder was moved, or copied by ``cp -r`` or rsync) name
+        the files under this one: every path under the old root that it holds (stage outputs, run manifests,
+        metrics) is rewritten, and the views are made again. Without this, every lookup would miss and a moved
+        index would be built again from scratch. The root is recorded in ``store_root``; a catalog written
+        before that table existed has its root read off its stage rows (``<root>/<dataset>/<stage>/<file>``)."""
+        recorded = con.execute("SELECT root FROM store_root").fetchall()
+        old, new = (recorded[0][0] if recorded else _written_root(con)), str(self.root)
+        if old is not None and old != new:
+            log.info("this store was written at %s and is now at %s (moved or copied): its catalog now names "
+                     "the files here", old, new)
             tables = con.execute("SELECT table_name FROM information_schema.tables WHERE table_catalog = "
                                  "current_database() AND table_type = 'BASE TABLE'").fetchall()
             for (table,) in tables:
@@ -407,11 +431,14 @@ class Store:
                 for (col,) in cols:  # the root as a path prefix (followed by /), or a whole value
                     con.execute(f'UPDATE "{table}" SET "{col}" = replace(replace("{col}"::VARCHAR, ?, ?), ?, ?) '
                                 f'WHERE contains("{col}"::VARCHAR, ?)',
-                                [old_root + "/", new_root + "/", f'"{old_root}"', f'"{new_root}"', old_root])
-                    con.execute(f'UPDATE "{table}" SET "{col}" = ? WHERE "{col}"::VARCHAR = ?', [new_root, old_root])
+                                [old + "/", new + "/", f'"{old}"', f'"{new}"', old])
+                    con.execute(f'UPDATE "{table}" SET "{col}" = ? WHERE "{col}"::VARCHAR = ?', [new, old])
             latest = con.execute("SELECT name, path FROM stages WHERE path LIKE '%.parquet' ORDER BY rowid").fetchall()
             self._refresh_views(con, {name: ArtifactRef(name, path, "", 0) for name, path in latest
                                       if Path(path).exists()})
+        if recorded != [(new,)]:
+            con.execute("DELETE FROM store_root")
+            con.execute("INSERT INTO store_root VALUES (?)", [new])
 
     @contextmanager
     def stage_lock(self, stage: str, fp: str, *, on_wait: Callable[[int | None], None] | None = None,

@@ -550,6 +550,64 @@ def test_work_in_a_copy_leaves_the_original_as_it_was(tmp_path):
     assert Store.read(copy.lookup("s", refs["out"].fp)["out"])["x"].tolist() == [1, 2]
 
 
+def _cached(ctx: RunContext) -> dict[str, ArtifactRef]:
+    """The stage of :func:`_stored` again: it must come from the catalog (a recompute fails the test)."""
+    def recompute():
+        raise AssertionError("the moved store computed a stage it holds")
+    return run_stage(ctx, "s", "code", {"p": 1}, {"in": "f0"}, recompute, ext={"blob": "bin"})
+
+
+def _assert_names_its_own(store: Store, refs: dict[str, ArtifactRef]) -> None:
+    assert refs["out"].path == str(store.root / "ds" / "s" / Path(refs["out"].path).name)
+    assert Store.read(refs["out"])["x"].tolist() == [1, 2]
+    manifest = json.loads(store.query("SELECT manifest FROM runs")["manifest"].iloc[0])
+    assert manifest == {"artifacts_dir": str(store.root), "out": refs["out"].path}
+    metrics = json.loads(store.query("SELECT metrics FROM metrics")["metrics"].iloc[0])
+    assert metrics["artifacts"]["out"] == refs["out"].path
+    assert store.query("SELECT x FROM out ORDER BY x")["x"].tolist() == [1, 2]  # the view reads its own file
+    assert store.query("SELECT root FROM store_root")["root"].tolist() == [str(store.root)]
+
+
+def test_a_moved_store_keeps_its_cache(tmp_path):
+    src, refs = _stored(tmp_path / "src")
+    os.rename(src.root, tmp_path / "moved")  # `mv artifacts elsewhere`
+    ctx = RunContext(str(tmp_path / "moved"), "ds", "run2")
+    moved = _cached(ctx)
+    assert moved["out"].fp == refs["out"].fp
+    _assert_names_its_own(ctx.store, moved)
+    assert ctx.store.row_cache("embed", "fp0", "key").keys() == {"k1"}
+
+
+def test_a_store_copied_by_cp_r_names_its_own_files_and_the_original_is_untouched(tmp_path):
+    import shutil
+    src, refs = _stored(tmp_path / "src")
+    shutil.copytree(src.root, tmp_path / "copy")  # `cp -r`: the catalog file still names the original's files
+    ctx = RunContext(str(tmp_path / "copy"), "ds", "run2")
+    _assert_names_its_own(ctx.store, _cached(ctx))
+    again = Store(src.root)
+    assert again.lookup("s", refs["out"].fp) == {k: v for k, v in refs.items()}
+    _assert_names_its_own(again, refs)
+
+
+def test_a_catalog_from_before_the_recorded_root_is_followed_too(tmp_path):
+    src, refs = _stored(tmp_path / "src")
+    with src.catalog() as con:  # as catalogs were written before `store_root` existed
+        con.execute("DROP TABLE store_root")
+    os.rename(src.root, tmp_path / "moved")
+    ctx = RunContext(str(tmp_path / "moved"), "ds", "run2")
+    _assert_names_its_own(ctx.store, _cached(ctx))
+
+
+def test_a_store_that_did_not_move_is_left_as_it_is(tmp_path):
+    src, refs = _stored(tmp_path / "src")
+    with src.catalog() as con:
+        con.execute("DROP TABLE store_root")
+        before = con.execute("SELECT * FROM stages ORDER BY stage, name").df()
+    again = Store(src.root)
+    assert again.query("SELECT * FROM stages ORDER BY stage, name").equals(before)
+    assert again.query("SELECT root FROM store_root")["root"].tolist() == [str(src.root)]
+
+
 def test_a_copy_refuses_an_existing_target_and_a_failed_one_leaves_nothing(tmp_path, monkeypatch):
     src, _ = _stored(tmp_path / "src")
     (tmp_path / "taken").mkdir()
@@ -558,7 +616,7 @@ def test_a_copy_refuses_an_existing_target_and_a_failed_one_leaves_nothing(tmp_p
     with pytest.raises(StoreError, match="into itself"):
         src.copy_to(src.root / "inner")
 
-    def broken(self, old, new):
+    def broken(self, con):
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(Store, "_rebase_catalog", broken)
