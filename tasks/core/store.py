@@ -414,31 +414,42 @@ class Store:
     def _rebase_catalog(self, con: duckdb.DuckDBPyConnection) -> None:
         """Make a catalog written under another root (the folder was moved, or copied by ``cp -r`` or rsync) name
         the files under this one: every path under the old root that it holds (stage outputs, run manifests,
-        metrics) is rewritten, and the views are made again. Without this, every lookup would miss and a moved
-        index would be built again from scratch. The root is recorded in ``store_root``; a catalog written
+        metrics) is rewritten, and the views are made again, in one transaction. Without this every lookup of a
+        moved store missed, so every stage ran again. The root is recorded in ``store_root``; a catalog written
         before that table existed has its root read off its stage rows (``<root>/<dataset>/<stage>/<file>``)."""
         recorded = con.execute("SELECT root FROM store_root").fetchall()
         old, new = (recorded[0][0] if recorded else _written_root(con)), str(self.root)
-        if old is not None and old != new:
-            log.info("this store was written at %s and is now at %s (moved or copied): its catalog now names "
-                     "the files here", old, new)
-            tables = con.execute("SELECT table_name FROM information_schema.tables WHERE table_catalog = "
-                                 "current_database() AND table_type = 'BASE TABLE'").fetchall()
-            for (table,) in tables:
-                cols = con.execute("SELECT column_name FROM information_schema.columns WHERE table_catalog = "
-                                   "current_database() AND table_name = ? AND data_type IN ('VARCHAR', 'JSON')",
-                                   [table]).fetchall()
-                for (col,) in cols:  # the root as a path prefix (followed by /), or a whole value
-                    con.execute(f'UPDATE "{table}" SET "{col}" = replace(replace("{col}"::VARCHAR, ?, ?), ?, ?) '
-                                f'WHERE contains("{col}"::VARCHAR, ?)',
-                                [old + "/", new + "/", f'"{old}"', f'"{new}"', old])
-                    con.execute(f'UPDATE "{table}" SET "{col}" = ? WHERE "{col}"::VARCHAR = ?', [new, old])
-            latest = con.execute("SELECT name, path FROM stages WHERE path LIKE '%.parquet' ORDER BY rowid").fetchall()
-            self._refresh_views(con, {name: ArtifactRef(name, path, "", 0) for name, path in latest
-                                      if Path(path).exists()})
-        if recorded != [(new,)]:
+        if recorded == [(new,)]:
+            return
+        con.execute("BEGIN TRANSACTION")
+        try:
+            if old is not None and old != new:
+                log.info("this store was written at %s and is now at %s (moved or copied): its catalog now names "
+                         "the files here", old, new)
+                self._rewrite_root(con, old, new)
             con.execute("DELETE FROM store_root")
             con.execute("INSERT INTO store_root VALUES (?)", [new])
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
+    def _rewrite_root(self, con: duckdb.DuckDBPyConnection, old: str, new: str) -> None:
+        """``old`` → ``new`` at the start of every path in every text column of the catalog; views made again."""
+        tables = con.execute("SELECT table_name FROM information_schema.tables WHERE table_catalog = "
+                             "current_database() AND table_type = 'BASE TABLE'").fetchall()
+        for (table,) in tables:
+            cols = con.execute("SELECT column_name FROM information_schema.columns WHERE table_catalog = "
+                               "current_database() AND table_name = ? AND data_type IN ('VARCHAR', 'JSON')",
+                               [table]).fetchall()
+            for (col,) in cols:  # the root as a path prefix (followed by /), or a whole value
+                con.execute(f'UPDATE "{table}" SET "{col}" = replace(replace("{col}"::VARCHAR, ?, ?), ?, ?) '
+                            f'WHERE contains("{col}"::VARCHAR, ?)',
+                            [old + "/", new + "/", f'"{old}"', f'"{new}"', old])
+                con.execute(f'UPDATE "{table}" SET "{col}" = ? WHERE "{col}"::VARCHAR = ?', [new, old])
+        latest = con.execute("SELECT name, path FROM stages WHERE path LIKE '%.parquet' ORDER BY rowid").fetchall()
+        self._refresh_views(con, {name: ArtifactRef(name, path, "", 0) for name, path in latest
+                                  if Path(path).exists()})
 
     @contextmanager
     def stage_lock(self, stage: str, fp: str, *, on_wait: Callable[[int | None], None] | None = None,

@@ -598,6 +598,26 @@ def test_a_catalog_from_before_the_recorded_root_is_followed_too(tmp_path):
     _assert_names_its_own(ctx.store, _cached(ctx))
 
 
+def test_a_rewrite_that_fails_half_way_leaves_the_catalog_as_it_was(tmp_path, monkeypatch):
+    src, refs = _stored(tmp_path / "src")
+    os.rename(src.root, tmp_path / "moved")
+    real = Store._rewrite_root
+
+    def dies_after_rewriting(self, con, old, new):
+        real(self, con, old, new)
+        raise KeyboardInterrupt  # e.g. Ctrl-C once every path was rewritten, before the root was recorded
+
+    monkeypatch.setattr(Store, "_rewrite_root", dies_after_rewriting)
+    with pytest.raises(KeyboardInterrupt):
+        Store(tmp_path / "moved").query("SELECT 1")
+    monkeypatch.undo()
+    with store_mod.duckdb.connect(str(tmp_path / "moved" / "catalog.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT path FROM stages WHERE name = 'out'").fetchone()[0] == refs["out"].path
+        assert con.execute("SELECT root FROM store_root").fetchall() == [(str(src.root),)]
+    ctx = RunContext(str(tmp_path / "moved"), "ds", "run2")
+    _assert_names_its_own(ctx.store, _cached(ctx))
+
+
 def test_a_store_that_did_not_move_is_left_as_it_is(tmp_path):
     src, refs = _stored(tmp_path / "src")
     with src.catalog() as con:
