@@ -42,8 +42,9 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-CATALOG = "catalog.duckdb"
 log = logging.getLogger("dagrag")
+
+CATALOG = "catalog.duckdb"
 LOCKS = "_locks"
 # files that are written once (temp file + rename) and never changed: a copy of the store may hard-link them
 LINKABLE_SUFFIXES = frozenset({".parquet", ".npy", ".bin", ".tar"})
@@ -310,10 +311,11 @@ def _is_at(fd: int, path: Path) -> bool:
 
 
 def _written_root(con: duckdb.DuckDBPyConnection) -> str | None:
-    """The root a catalog without ``store_root`` was written under: what precedes ``/<dataset>/<stage>/<file>``
-    in its stage rows' paths, if they all agree (None for a catalog with no stage rows, or one they do not)."""
-    roots = {path[:-len(tail)] for dataset, stage, path in con.execute("SELECT dataset, stage, path FROM stages")
-             .fetchall() for tail in [f"/{dataset}/{stage}/{Path(path).name}"] if path.endswith(tail)}
+    """The root a catalog without ``store_root`` was written under, read off its stage rows' paths
+    (:meth:`Store.path_for`: ``<root>/<dataset>/<stage>/<file>``) if they all agree; else None."""
+    roots = {str(path.parents[2]) for dataset, stage, path in
+             ((d, s, Path(p)) for d, s, p in con.execute("SELECT dataset, stage, path FROM stages").fetchall())
+             if path.parent.name == stage and path.parent.parent.name == dataset}
     return roots.pop() if len(roots) == 1 else None
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -545,7 +546,6 @@ def test_work_in_a_copy_leaves_the_original_as_it_was(tmp_path):
     assert src.query("SELECT stage, fp, path FROM stages ORDER BY stage, name").equals(before)
     assert src.row_cache("embed", "fp0", "key").keys() == {"k1"}
     assert Store.read(refs["out"])["x"].tolist() == [1, 2]
-    import shutil
     shutil.rmtree(src.root)  # the copy stands alone
     assert Store.read(copy.lookup("s", refs["out"].fp)["out"])["x"].tolist() == [1, 2]
 
@@ -579,13 +579,12 @@ def test_a_moved_store_keeps_its_cache(tmp_path):
 
 
 def test_a_store_copied_by_cp_r_names_its_own_files_and_the_original_is_untouched(tmp_path):
-    import shutil
     src, refs = _stored(tmp_path / "src")
     shutil.copytree(src.root, tmp_path / "copy")  # `cp -r`: the catalog file still names the original's files
     ctx = RunContext(str(tmp_path / "copy"), "ds", "run2")
     _assert_names_its_own(ctx.store, _cached(ctx))
     again = Store(src.root)
-    assert again.lookup("s", refs["out"].fp) == {k: v for k, v in refs.items()}
+    assert again.lookup("s", refs["out"].fp) == refs
     _assert_names_its_own(again, refs)
 
 
