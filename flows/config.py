@@ -152,8 +152,8 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
     from tasks.methods.serag.stages import SeRAGParams
     from tasks.methods.zoomrag.algorithm import ZoomParams
     from tasks.methods.zoomrag.stages import ZoomRAGParams
-    from tasks.text.embed import DOC_RUNTIMES, QUERY_RUNTIMES
-    from tasks.text.onnx_encoder import INT8_KINDS, PRECISIONS
+    from tasks.text.embed import DOC_RUNTIMES, PRECISIONS, QUERY_RUNTIMES
+    from tasks.text.onnx_encoder import INT8_KINDS
     from tasks.text.gazetteer import LINKINGS, LinkingParams
     from tasks.text.ner import BACKENDS
 

@@ -10,6 +10,7 @@ import functools
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -30,10 +31,13 @@ from tasks.core.store import (
 )
 from tasks.text.encoder import PACKAGED_MODEL, load_encoder
 from tasks.core.resources import cpu_threads
-from tasks.text.onnx_encoder import PRECISIONS, int8_kept, load_onnx_encoder
+from tasks.text.onnx_encoder import OnnxEncoder, int8_kept, load_onnx_encoder
 
 QUERY_RUNTIMES = ("onnxruntime", "torch")
 DOC_RUNTIMES = ("torch", "onnxruntime")
+# fp32 | int8 (ONNX Runtime's dynamic quantisation) | bf16 (PyTorch's bfloat16 autocast); the last two beyond
+# the paper and approximate (issue #17; README "Reduced precision")
+PRECISIONS = ("fp32", "int8", "bf16")
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,8 @@ class EmbedderParams:
     # 1e-5; a process that embeds never imports sentence-transformers, 8-11 s here; passages as fast, 256-token
     # texts about 16% slower than torch: issue #17) | torch
     doc_runtime: str = "onnxruntime"
-    # fp32 | int8 (beyond the paper, approximate: int8 weights for whatever runs on onnxruntime; issue #17)
+    # fp32 | int8 (int8 weights for whatever runs on onnxruntime) | bf16 (stored texts on torch in bfloat16;
+    # questions stay fp32); both beyond the paper, approximate (issue #17)
     precision: str = "fp32"
     # with int8: weight products left in fp32, by kind (tasks.text.onnx_encoder.INT8_KINDS; beyond the paper)
     int8_keep_fp32: tuple[str, ...] = ()
@@ -81,11 +86,14 @@ class EmbedderParams:
         if self.precision == "int8" and "onnxruntime" not in (self.query_runtime, self.doc_runtime):
             raise ValueError("embedder.precision=int8 quantises the ONNX Runtime encoder; set embedder.doc_runtime "
                              "or embedder.query_runtime to onnxruntime")
+        if self.precision == "bf16" and self.doc_runtime != "torch":
+            raise ValueError("embedder.precision=bf16 runs the PyTorch encoder in bfloat16 for stored texts; set "
+                             "embedder.doc_runtime=torch")
 
     def stored_identity(self) -> dict[str, str]:
         """What, beyond the model, makes a stored embedding's value: the runtime and precision, when not the default."""
         if self.doc_runtime == "torch":
-            return {}
+            return {"precision": "bf16"} if self.precision == "bf16" else {}
         out = {"runtime": self.doc_runtime, **({"precision": self.precision} if self.precision != "fp32" else {})}
         if self.kept_fp32:
             out["int8_keep_fp32"] = ",".join(self.kept_fp32)
@@ -95,6 +103,11 @@ class EmbedderParams:
     def kept_fp32(self) -> tuple[str, ...]:
         """The weight products the encoder keeps fp32, as one tuple whatever the order given (none under fp32)."""
         return int8_kept(self.precision, self.int8_keep_fp32)
+
+    @property
+    def onnx_precision(self) -> str:
+        """What runs on ONNX Runtime: int8 when asked for, else fp32 (bf16 is the torch runtime's)."""
+        return "int8" if self.precision == "int8" else "fp32"
 
 
 def encode(texts: list[str], params: EmbedderParams, query: bool = False) -> np.ndarray:
@@ -120,13 +133,20 @@ def encode(texts: list[str], params: EmbedderParams, query: bool = False) -> np.
 
 
 def encode_stored(texts: list[str], params: EmbedderParams) -> np.ndarray:
-    """Texts to store (passages, sentences, entity names) → embeddings, by ``embedder.doc_runtime``."""
-    return encode_onnx(texts, params) if params.doc_runtime == "onnxruntime" else encode(texts, params)
+    """Texts to store (passages, sentences, entity names) → embeddings, by ``embedder.doc_runtime`` and
+    ``embedder.precision``."""
+    return _stored_encoder(params)(texts, params)
 
 
 def stored_code(params: EmbedderParams) -> str:
     """The code version of what computes a stored embedding under ``params`` (only that runtime's code)."""
-    return code_version(encode_onnx if params.doc_runtime == "onnxruntime" else encode)
+    return code_version(_stored_encoder(params))
+
+
+def _stored_encoder(params: EmbedderParams) -> Callable[[list[str], EmbedderParams], np.ndarray]:
+    if params.doc_runtime == "onnxruntime":
+        return encode_onnx
+    return encode_bf16 if params.precision == "bf16" else encode
 
 
 # texts tokenised together, then cut into batches by token count. Cut by characters alone, batches of 16 held
@@ -152,11 +172,32 @@ def encode_onnx(texts: list[str], params: EmbedderParams) -> np.ndarray:
     return out
 
 
+def encode_bf16(texts: list[str], params: EmbedderParams) -> np.ndarray:
+    """Stored embeddings from the PyTorch encoder under bfloat16 autocast (``embedder.precision=bf16``), in
+    :func:`encode_onnx`'s token-count batches."""
+    from tasks.text.autocast_encoder import load_bf16_encoder
+
+    return _encode_longest_first(texts, params, load_bf16_encoder(params.model, params.max_seq_length,
+                                                                  params.device))
+
+
+def _encode_longest_first(texts: list[str], params: EmbedderParams, encoder: OnnxEncoder) -> np.ndarray:
+    out = np.zeros((len(texts), encoder.dim), dtype=np.float32)
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    group = max(TOKEN_SORT_GROUP, params.batch_size)
+    with progress_bar(len(texts), "embed", unit="text") as bar:
+        for start in range(0, len(texts), group):
+            idx = order[start:start + group]
+            out[idx] = encoder.encode([texts[i] for i in idx], params.batch_size)
+            bar.update(len(idx))
+    return out
+
+
 def encode_queries(texts: list[str], params: EmbedderParams) -> np.ndarray:
     """Online questions (and other short query-side strings) → embeddings, in small sub-batches."""
     if params.query_runtime == "onnxruntime":  # no texts: a (0, dim) array, without loading torch
         return load_onnx_encoder(params.model, params.max_seq_length, cpu_threads(),
-                                 params.precision, params.kept_fp32).encode(texts, params.query_batch_size)
+                                 params.onnx_precision, params.kept_fp32).encode(texts, params.query_batch_size)
     return encode(texts, replace(params, batch_size=params.query_batch_size), query=True)
 
 

@@ -191,6 +191,46 @@ def test_int8_keep_fp32_names_each_kind_of_product_and_keeping_all_is_fp32() -> 
     assert EmbedderParams(int8_keep_fp32=("ffn_out",)).stored_identity() == EmbedderParams().stored_identity()
 
 
+def test_bf16_stored_embeddings_are_close_to_fp32_and_a_separate_cache() -> None:
+    from tasks.text.embed import encode_bf16, encode_stored, stored_code
+
+    params = EmbedderParams(doc_runtime="torch", precision="bf16")
+    bf16 = encode_stored(PASSAGES, params)
+    fp32 = encode_stored(PASSAGES, EmbedderParams(doc_runtime="torch"))
+    assert bf16.shape == fp32.shape and bf16.dtype == np.float32
+    cosine = (bf16 * fp32).sum(axis=1)
+    assert cosine.min() > 0.999  # close (0.99997 on 2Wiki passages here)
+    assert np.abs(bf16 - fp32).max() > 1e-5  # approximate: the products really ran in bfloat16
+    np.testing.assert_allclose(np.linalg.norm(bf16, axis=1), 1.0, atol=1e-5)
+    # batched by token count like ONNX Runtime's path: one text alone and in any batch give nearly the same
+    alone = np.stack([encode_bf16([t], params)[0] for t in PASSAGES[:6]])
+    assert ((alone * bf16[:6]).sum(axis=1)).min() > 0.9999
+    # its own row cache and code identity; the fp32 runtimes' identities are unchanged
+    ids = {str(p.stored_identity()) for p in (EmbedderParams(doc_runtime="torch"), EmbedderParams(), params)}
+    assert len(ids) == 3 and EmbedderParams(doc_runtime="torch").stored_identity() == {}
+    assert len({stored_code(p) for p in (EmbedderParams(doc_runtime="torch"), EmbedderParams(), params)}) == 3
+
+
+def test_bf16_questions_stay_fp32_on_onnx_runtime() -> None:
+    texts = ["Who wrote Hamlet?", "Which city hosted the 1992 Summer Olympics?"]
+    np.testing.assert_array_equal(encode_queries(texts, EmbedderParams(doc_runtime="torch", precision="bf16")),
+                                  encode_queries(texts, EmbedderParams()))
+
+
+def test_bf16_that_strays_from_fp32_is_refused(monkeypatch) -> None:
+    from tasks.text import autocast_encoder
+    from tasks.text.onnx_encoder import OnnxExportError
+
+    p = EmbedderParams()
+    autocast_encoder.load_bf16_encoder.cache_clear()
+    monkeypatch.setattr(autocast_encoder, "BF16_MIN_COSINE", 1.0 + 1e-6)  # no approximation can pass this
+    try:
+        with pytest.raises(OnnxExportError, match="precision=fp32"):
+            autocast_encoder.load_bf16_encoder(p.model, p.max_seq_length, "cpu")
+    finally:
+        autocast_encoder.load_bf16_encoder.cache_clear()
+
+
 def test_bad_runtime_and_precision_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="doc_runtime"):
         EmbedderParams(doc_runtime="tensorrt")
@@ -200,6 +240,8 @@ def test_bad_runtime_and_precision_settings_are_refused() -> None:
         EmbedderParams(precision="int8", int8_keep_fp32=("ffn",))
     with pytest.raises(ValueError, match="set embedder.doc_runtime"):
         EmbedderParams(precision="int8", query_runtime="torch", doc_runtime="torch")
+    with pytest.raises(ValueError, match="embedder.doc_runtime=torch"):
+        EmbedderParams(precision="bf16", query_runtime="torch")  # stored texts still on onnxruntime
     with pytest.raises(ValueError, match="doc_runtime=torch"):
         EmbedderParams(doc_runtime="onnxruntime", query_runtime="torch", device="cuda")
 
