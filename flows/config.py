@@ -165,7 +165,7 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
         UserCorpusParams: {"kind": ("jsonl", "folder"), **seed},
         EmbedderParams: {"batch_size": count, "max_seq_length": count, "query_batch_size": count,
                          "query_runtime": QUERY_RUNTIMES, "doc_runtime": DOC_RUNTIMES, "precision": PRECISIONS,
-                         "int8_keep_fp32": tuple(INT8_KINDS)},
+                         "int8_keep_fp32": tuple(INT8_KINDS), "bf16_min_tokens": count0},
         NERParams: {"backend": BACKENDS, "batch_size": count, "n_process": count, "min_chars": count0,
                     "max_empty_fraction": prob},
         KGParams: {"builder": arch_kg.BUILDERS, "description_tokens": count, "max_empty_fraction": prob,

@@ -1,5 +1,8 @@
 """Stored embeddings from the PyTorch encoder in bfloat16 (``embedder.precision=bf16``; beyond the paper).
 
+Only texts of ``embedder.bf16_min_tokens`` tokens or more take this path (:func:`tasks.text.embed.encode_bf16`);
+shorter ones, such as entity names, run no faster in bf16 here and keep their fp32 embeddings.
+
 Under ``torch.autocast`` the transformer's weight products run in bfloat16 while layer norms, softmax and the
 pooling stay float32. On a CPU with AVX-512 BF16 (this box's EPYC) a 2Wiki passage takes about 0.75x, and a
 256-token text about 0.65x, the time of the fp32 ONNX Runtime encoder; the embeddings are within cosine
@@ -16,7 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -58,6 +61,28 @@ def cpu_has_bf16() -> bool | None:
     except OSError:
         return None
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+@functools.lru_cache(maxsize=4)
+def _counting_tokenizer(model: str, max_seq_length: int) -> Callable[[list[str]], np.ndarray]:
+    folder = Path(model_path(model))
+    if (folder / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        tok.enable_truncation(max_seq_length)
+        tok.no_padding()
+        return lambda texts: np.array([len(e.ids) for e in tok.encode_batch(texts)], dtype=np.int64)
+    hf = load_encoder(model, max_seq_length, "cpu").tokenizer
+    return lambda texts: np.array([len(ids) for ids in hf(texts, truncation=True, max_length=max_seq_length)
+                                   ["input_ids"]], dtype=np.int64)
+
+
+def token_counts(texts: list[str], model: str, max_seq_length: int) -> np.ndarray:
+    """Each text's token count as the encoder sees it (special tokens included, truncated at ``max_seq_length``)."""
+    if not texts:
+        return np.zeros(0, dtype=np.int64)
+    return _counting_tokenizer(model, max_seq_length)(list(texts))
 
 
 @functools.lru_cache(maxsize=4)

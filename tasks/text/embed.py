@@ -64,11 +64,13 @@ class EmbedderParams:
     # 1e-5; a process that embeds never imports sentence-transformers, 8-11 s here; passages as fast, 256-token
     # texts about 16% slower than torch: issue #17) | torch
     doc_runtime: str = "onnxruntime"
-    # fp32 | int8 (int8 weights for whatever runs on onnxruntime) | bf16 (stored texts on torch in bfloat16;
-    # questions stay fp32); both beyond the paper, approximate (issue #17)
+    # fp32 | int8 (int8 weights for whatever runs on onnxruntime) | bf16 (stored texts of bf16_min_tokens tokens or
+    # more on torch in bfloat16; shorter texts and questions stay fp32); both beyond the paper, approximate (#17)
     precision: str = "fp32"
     # with int8: weight products left in fp32, by kind (tasks.text.onnx_encoder.INT8_KINDS; beyond the paper)
     int8_keep_fp32: tuple[str, ...] = ()
+    # with bf16: stored texts of fewer tokens stay fp32 on doc_runtime, where short texts run faster (README)
+    bf16_min_tokens: int = 48
 
     def __post_init__(self) -> None:
         if self.query_runtime not in QUERY_RUNTIMES:
@@ -86,15 +88,14 @@ class EmbedderParams:
         if self.precision == "int8" and "onnxruntime" not in (self.query_runtime, self.doc_runtime):
             raise ValueError("embedder.precision=int8 quantises the ONNX Runtime encoder; set embedder.doc_runtime "
                              "or embedder.query_runtime to onnxruntime")
-        if self.precision == "bf16" and self.doc_runtime != "torch":
-            raise ValueError("embedder.precision=bf16 runs the PyTorch encoder in bfloat16 for stored texts; set "
-                             "embedder.doc_runtime=torch")
 
     def stored_identity(self) -> dict[str, str]:
         """What, beyond the model, makes a stored embedding's value: the runtime and precision, when not the default."""
+        bf16 = {"precision": "bf16", "bf16_min_tokens": str(self.bf16_min_tokens)} if self.precision == "bf16" else {}
         if self.doc_runtime == "torch":
-            return {"precision": "bf16"} if self.precision == "bf16" else {}
-        out = {"runtime": self.doc_runtime, **({"precision": self.precision} if self.precision != "fp32" else {})}
+            return bf16
+        out = {"runtime": self.doc_runtime, **({"precision": self.precision} if self.precision != "fp32" else {}),
+               **bf16}
         if self.kept_fp32:
             out["int8_keep_fp32"] = ",".join(self.kept_fp32)
         return out
@@ -144,9 +145,9 @@ def stored_code(params: EmbedderParams) -> str:
 
 
 def _stored_encoder(params: EmbedderParams) -> Callable[[list[str], EmbedderParams], np.ndarray]:
-    if params.doc_runtime == "onnxruntime":
-        return encode_onnx
-    return encode_bf16 if params.precision == "bf16" else encode
+    if params.precision == "bf16":
+        return encode_bf16
+    return encode_onnx if params.doc_runtime == "onnxruntime" else encode
 
 
 # texts tokenised together, then cut into batches by token count. Cut by characters alone, batches of 16 held
@@ -173,15 +174,29 @@ def encode_onnx(texts: list[str], params: EmbedderParams) -> np.ndarray:
 
 
 def encode_bf16(texts: list[str], params: EmbedderParams) -> np.ndarray:
-    """Stored embeddings from the PyTorch encoder under bfloat16 autocast (``embedder.precision=bf16``), in
-    :func:`encode_onnx`'s token-count batches."""
-    from tasks.text.autocast_encoder import load_bf16_encoder
+    """Stored embeddings with ``embedder.precision=bf16``: a text of ``bf16_min_tokens`` tokens or more from the
+    PyTorch encoder under bfloat16 autocast, in :func:`encode_onnx`'s token-count batches; a shorter one in fp32
+    from ``embedder.doc_runtime``, the value it has without bf16 (short texts are no faster in bf16 here).
 
-    return _encode_longest_first(texts, params, load_bf16_encoder(params.model, params.max_seq_length,
-                                                                  params.device))
+    Which path a text takes depends on its own token count only, never on the texts beside it.
+    """
+    from tasks.text.autocast_encoder import load_bf16_encoder, token_counts
+
+    fp32 = replace(params, precision="fp32")
+    long = token_counts(texts, params.model, params.max_seq_length) >= params.bf16_min_tokens
+    if not long.any():  # nothing for torch: it is not even imported
+        return _stored_encoder(fp32)(texts, fp32)
+    encoder = load_bf16_encoder(params.model, params.max_seq_length, params.device)
+    out = np.zeros((len(texts), encoder.dim), dtype=np.float32)
+    out[long] = _encode_longest_first([t for t, x in zip(texts, long) if x], params, encoder)
+    if not long.all():
+        out[~long] = _stored_encoder(fp32)([t for t, x in zip(texts, long) if not x], fp32)
+    return out
 
 
 def _encode_longest_first(texts: list[str], params: EmbedderParams, encoder: OnnxEncoder) -> np.ndarray:
+    """:func:`encode_onnx`'s loop over any encoder of its kind (encode_onnx's own code is the identity of every
+    stored fp32 row, so it is left as it is rather than rewritten to call this)."""
     out = np.zeros((len(texts), encoder.dim), dtype=np.float32)
     order = np.argsort([-len(t) for t in texts], kind="stable")
     group = max(TOKEN_SORT_GROUP, params.batch_size)
