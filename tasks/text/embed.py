@@ -36,7 +36,7 @@ from tasks.text.onnx_encoder import OnnxEncoder, int8_kept, load_onnx_encoder
 QUERY_RUNTIMES = ("onnxruntime", "torch")
 DOC_RUNTIMES = ("torch", "onnxruntime")
 # fp32 | int8 (ONNX Runtime's dynamic quantisation) | bf16 (PyTorch's bfloat16 autocast); the last two beyond
-# the paper and approximate (issue #17; README "Reduced precision")
+# the paper and approximate (issue #17; README, "int8" and "bfloat16 stored embeddings" under Commands)
 PRECISIONS = ("fp32", "int8", "bf16")
 
 
@@ -69,7 +69,8 @@ class EmbedderParams:
     precision: str = "fp32"
     # with int8: weight products left in fp32, by kind (tasks.text.onnx_encoder.INT8_KINDS; beyond the paper)
     int8_keep_fp32: tuple[str, ...] = ()
-    # with bf16: stored texts of fewer tokens stay fp32 on doc_runtime, where short texts run faster (README)
+    # with bf16: stored texts of fewer tokens stay fp32 on doc_runtime (names ran no faster in bf16, and a stage
+    # of short texts then loads no torch; README)
     bf16_min_tokens: int = 48
 
     def __post_init__(self) -> None:
@@ -176,7 +177,7 @@ def encode_onnx(texts: list[str], params: EmbedderParams) -> np.ndarray:
 def encode_bf16(texts: list[str], params: EmbedderParams) -> np.ndarray:
     """Stored embeddings with ``embedder.precision=bf16``: a text of ``bf16_min_tokens`` tokens or more from the
     PyTorch encoder under bfloat16 autocast, in :func:`encode_onnx`'s token-count batches; a shorter one in fp32
-    from ``embedder.doc_runtime``, the value it has without bf16 (short texts are no faster in bf16 here).
+    from ``embedder.doc_runtime``, the value it has without bf16 (entity names ran no faster in bf16 here).
 
     Which path a text takes depends on its own token count only, never on the texts beside it.
     """
