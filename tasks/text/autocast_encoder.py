@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from tasks.text.onnx_encoder import (
     PROBE,
     OnnxEncoder,
     OnnxExportError,
+    Tokenize,
     _check_pipeline,
     fast_tokenizer,
     hf_tokenizer,
@@ -63,26 +64,23 @@ def cpu_has_bf16() -> bool | None:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-@functools.lru_cache(maxsize=4)
-def _counting_tokenizer(model: str, max_seq_length: int) -> Callable[[list[str]], np.ndarray]:
-    folder = Path(model_path(model))
-    if (folder / "tokenizer.json").is_file():
-        from tokenizers import Tokenizer
+COUNT_CHUNK = 1024  # texts tokenised at a time to count their tokens (each chunk padded to its longest)
 
-        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        tok.enable_truncation(max_seq_length)
-        tok.no_padding()
-        return lambda texts: np.array([len(e.ids) for e in tok.encode_batch(texts)], dtype=np.int64)
-    hf = load_encoder(model, max_seq_length, "cpu").tokenizer
-    return lambda texts: np.array([len(ids) for ids in hf(texts, truncation=True, max_length=max_seq_length)
-                                   ["input_ids"]], dtype=np.int64)
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(model: str, max_seq_length: int) -> Tokenize:
+    """The tokenizer the fp32 ONNX Runtime path uses: ``tokenizer.json`` through ``tokenizers``, else the model's own."""
+    folder = Path(model_path(model))
+    fast = fast_tokenizer(folder, max_seq_length) if folder.is_dir() else None
+    return fast or hf_tokenizer(load_encoder(model, max_seq_length, "cpu").tokenizer, max_seq_length)
 
 
 def token_counts(texts: list[str], model: str, max_seq_length: int) -> np.ndarray:
     """Each text's token count as the encoder sees it (special tokens included, truncated at ``max_seq_length``)."""
-    if not texts:
-        return np.zeros(0, dtype=np.int64)
-    return _counting_tokenizer(model, max_seq_length)(list(texts))
+    tokenize = _tokenizer(model, max_seq_length)
+    chunks = [tokenize(list(texts[i:i + COUNT_CHUNK]))["attention_mask"].sum(axis=1)
+              for i in range(0, len(texts), COUNT_CHUNK)]
+    return np.concatenate([np.zeros(0, dtype=np.int64), *chunks])
 
 
 @functools.lru_cache(maxsize=4)
@@ -96,9 +94,7 @@ def load_bf16_encoder(model: str, max_seq_length: int, device: str) -> OnnxEncod
     if device == "cpu" and cpu_has_bf16() is False:
         log.warning("this CPU has no native bfloat16 products (avx512_bf16, amx_bf16): embedder.precision=bf16 "
                     "computes the same values, more slowly than fp32")
-    folder = Path(model_path(model))
-    tokenize = (fast_tokenizer(folder, enc.max_seq_length) if folder.is_dir() else None) \
-        or hf_tokenizer(enc.tokenizer, enc.max_seq_length)
+    tokenize = _tokenizer(model, max_seq_length)
     names = tuple(n for n in ("input_ids", "attention_mask", "token_type_ids") if n in tokenize(PROBE[:1]))
     dim = getattr(enc, "get_embedding_dimension", enc.get_sentence_embedding_dimension)()
     out = OnnxEncoder(AutocastSession(enc[0].auto_model, device), tokenize, names, dim)
