@@ -271,6 +271,28 @@ def test_bf16_that_strays_from_fp32_is_refused(monkeypatch) -> None:
         autocast_encoder.load_bf16_encoder.cache_clear()
 
 
+@pytest.mark.parametrize("user, spin_count", [(None, "0"), ("ACTIVE", "30000000000")])
+def test_bf16_imports_torch_with_passive_openmp_workers_unless_the_user_set_them(user, spin_count) -> None:
+    """torch's libgomp reads OMP_WAIT_POLICY once, when it loads; OMP_DISPLAY_ENV=VERBOSE makes it print what it
+    read (GOMP_SPINCOUNT: 300000 when unset, 0 passive, 3e10 active). The variable is put back afterwards."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import os, sys\n"
+              "from tasks.text.autocast_encoder import _passive_openmp\n"
+              "assert 'torch' not in sys.modules\n"
+              "with _passive_openmp():\n"
+              "    import torch\n"
+              "print(os.environ.get('OMP_WAIT_POLICY'))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}
+    env.update(OMP_DISPLAY_ENV="VERBOSE", **({"OMP_WAIT_POLICY": user} if user else {}))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"GOMP_SPINCOUNT = '{spin_count}'" in done.stderr
+    assert done.stdout.strip() == str(user)  # unset again, or the user's own value
+
+
 def test_bad_runtime_and_precision_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="doc_runtime"):
         EmbedderParams(doc_runtime="tensorrt")
