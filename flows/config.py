@@ -147,7 +147,7 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
     from tasks.methods.dense import DenseParams
     from tasks.methods.erarag import stages as era
     from tasks.methods.hybrid.retriever import HybridParams
-    from tasks.methods.erarag.algorithm import EraRAGParams
+    from tasks.methods.erarag.algorithm import UPDATE_SEGMENTING, EraRAGParams
     from tasks.methods.linearrag.algorithm import PASSAGE_RESETS, LinearRAGParams
     from tasks.methods.serag.stages import SeRAGParams
     from tasks.methods.zoomrag.algorithm import ZoomParams
@@ -215,7 +215,8 @@ def field_limits() -> dict[type, dict[str, str | tuple]]:
                         "query_lowercase_weight": count0, "cover_named_min_seed": count0},
         EraRAGParams: {"n_hyperplanes": "[1, 64]", "segment_min": "[2, inf)", "segment_avg": "[2, inf)",
                        "segment_max": "[2, inf)", "max_layers": count0, "stop_nodes": count,
-                       "summary_tokens": count, "top_k": count, "token_budget": count, "detail_proportion": prob},
+                       "summary_tokens": count, "top_k": count, "token_budget": count, "detail_proportion": prob,
+                       "update_segmenting": UPDATE_SEGMENTING},
         era.EraParams: {"window_tokens": count, "overlap_tokens": count0,
                         "summariser": era.SUMMARISERS, "extractive_rank": ("lead", "centroid"),
                         "recall_view": era.VIEWS},

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from flows.evaluate import evaluate_flow
+from flows.index import index_flow
 from flows.update import update_flow
 from tasks.core.sample import generate_sample
 from tasks.core.store import Store
@@ -60,9 +61,11 @@ def _nodes(out: dict) -> pd.DataFrame:
 
 
 def test_update_grow_shrink_regrow(shared, tmp_path):
+    """``update_segmenting=rebuild``: every update equals a full build of the same corpus."""
     records, _ = generate_sample(60, 10, 0)  # the passages of SMALL: embeddings come from the row cache
     corpus = tmp_path / "corpus.jsonl"
-    cfg = make_config(shared, "method=erarag", "dataset=jsonl", f"dataset.path={corpus}")
+    cfg = make_config(shared, "method=erarag", "dataset=jsonl", f"dataset.path={corpus}",
+                      "method.update_segmenting=rebuild")
     _write(corpus, records[:57])
     base = update_flow(cfg)  # no stored hierarchy yet: a full build
     assert base["mode"] == "build" and base["added_docs"] == 57
@@ -100,6 +103,52 @@ def test_update_grow_shrink_regrow(shared, tmp_path):
 
     cached = update_flow(cfg)  # nothing changed: nothing recomputed
     assert cached["mode"] == "cached" and cached["segments_resummarized"] == 0 and cached["added_docs"] == 0
+
+
+def _hierarchy_inputs(store: Store, nodes_path: str) -> dict:
+    return json.loads(store.query("SELECT input_fps FROM stages WHERE stage = 'erarag_hierarchy' AND path = ?",
+                                  [nodes_path])["input_fps"].iloc[0])
+
+
+def _hierarchy_status(store: Store, run_id: str) -> str:
+    ev = store.events(run_id)
+    return ev.loc[ev["stage"] == "erarag_hierarchy", "status"].iloc[0]
+
+
+def test_local_update_keeps_segments_and_is_what_index_uses(tmp_path):
+    """The default, Alg. 3: the stored segments are kept, the result names its base, and a later
+    index (or evaluate) of the same corpus uses it; ``rebuild`` gives the build-equal graph beside it."""
+    records, _ = generate_sample(60, 10, 0)
+    corpus = tmp_path / "corpus.jsonl"
+    cfg = make_config(tmp_path, "method=erarag", "dataset=jsonl", f"dataset.path={corpus}")
+    _write(corpus, records[:58])
+    base = update_flow(cfg)
+    assert base["mode"] == "build"
+    _write(corpus, records)
+    grown = update_flow(cfg)
+    assert grown["mode"] == "update" and grown["added_docs"] == 2
+    store = Store(tmp_path / "artifacts")
+    assert _hierarchy_inputs(store, grown["artifacts"]["nodes"])["base"] == \
+        store.query("SELECT fp FROM stages WHERE path = ?", [base["artifacts"]["nodes"]])["fp"].iloc[0]
+    assert read_meta(grown["artifacts"]["meta"])["update_segmenting"] == "local"
+    old, new = _nodes(base), _nodes(grown)
+    parent = new.set_index("node_id")["parent_id"]
+    added = set(new.loc[new["layer"] == 0, "node_id"]) - set(old["node_id"])
+    touched = set(parent[list(added)])
+    kept = 0
+    for seg in set(old.loc[old["layer"] == 1, "node_id"]):  # a segment no new passage joined is kept
+        members = list(old.loc[old["parent_id"] == seg, "node_id"])
+        if not touched & set(parent[members]):
+            assert seg in set(new["node_id"])
+            kept += 1
+    assert kept >= 1
+    indexed = index_flow(cfg)  # flows.index of the same corpus uses the update as it is
+    assert _hierarchy_status(store, indexed["run_id"]) == "cached"
+    assert indexed["artifacts"]["nodes"] == grown["artifacts"]["nodes"]
+    assert update_flow(cfg)["mode"] == "cached"
+    rebuilt = update_flow(make_config(tmp_path, "method=erarag", "dataset=jsonl", f"dataset.path={corpus}",
+                                      "method.update_segmenting=rebuild"))
+    assert rebuilt["mode"] == "update" and "base" not in _hierarchy_inputs(store, rebuilt["artifacts"]["nodes"])
 
 
 def test_update_of_other_methods_is_index(tmp_path):

@@ -24,9 +24,8 @@ the prose around them, not copied):
   up. A bucket larger than S_max is split into consecutive runs of its items in id order
   ("sub-buckets B_i^(1), B_i^(2)"). A leftover that reaches the root is absorbed into
   the last segment(s) emitted. The segmentation is therefore a function of the *set* of
-  (code, id) pairs and of each subtree's contents only, which is what makes insertion
-  local (a new item disturbs segments on its bucket's root path) and makes an
-  incremental update equal to a full rebuild of the same final set.
+  (code, id) pairs and of each subtree's contents only: a new item disturbs only segments
+  on its bucket's root path, and a ``rebuild`` update equals a full build of the same set.
 * Sizes: every segment lies in [S_min, S_max] whenever the layer size N is feasible,
   i.e. some k has k*S_min <= N <= k*S_max. Otherwise (N < S_min, or e.g. N in 13..15
   for 8/12) the layer is cut into the k = max(1, round(N / S_avg)) balanced parts.
@@ -43,8 +42,15 @@ the prose around them, not copied):
   new node is hashed with the stored hyperplanes at the next layer and the procedure
   repeats upwards. Here node ids are content hashes of the child id set (a Merkle id),
   so "segment unchanged" == "parent id already exists", and unchanged nodes keep their
-  id, text, embedding and code. The layer's partition is recomputed (pure, O(N log N),
-  no LLM); only segments whose membership changed are summarised.
+  id, text, embedding and code. ``update_segmenting`` picks how a layer is cut again:
+  ``local`` (the paper's Alg. 3, default) keeps the stored segments; a new node joins the
+  segment of the stored node sharing its longest code prefix (its own bucket, or the
+  Hamming-adjacent one when its bucket is new, lines 2 and 6-7), and only a segment pushed
+  past S_max or under S_min is merged with its code-order neighbour and cut again (lines
+  4-7). The result depends on the graph it grew from. ``rebuild`` (beyond the paper)
+  recomputes each layer's partition as a build does (pure, O(N log N), no LLM), so an
+  update equals a full build of the same leaves, at the price of re-cutting every pool a
+  new item falls in (about 8% more first-layer summaries at 5% growth, see the README).
 * Deletion (``delete``) is our extension: leaves are removed and the same selective
   pass re-summarises only the segments whose membership changed, and their ancestors.
   ``replace_leaves`` does a deletion and an insertion in one such pass (a corpus edit).
@@ -72,6 +78,9 @@ import pandas as pd
 from tasks.llm.summarize import Summarise, SummaryRequest
 
 
+UPDATE_SEGMENTING = ("local", "rebuild")
+
+
 @dataclass(frozen=True)
 class EraRAGParams:
     """EraRAG settings (Alg. 1-3); size bounds are Exp-4's c_hat +- delta = 10 +- 2."""
@@ -88,6 +97,7 @@ class EraRAGParams:
     token_budget: int = 2000
     biased: bool = False
     detail_proportion: float = 0.5
+    update_segmenting: str = "local"  # local: Alg. 3 (stored segments kept) | rebuild: re-cut as a build would
 
     def __post_init__(self) -> None:
         if not 1 <= self.n_hyperplanes <= 64:
@@ -98,6 +108,8 @@ class EraRAGParams:
             raise ValueError("stop_nodes must be >= 1")
         if not 0.0 <= self.detail_proportion <= 1.0:
             raise ValueError("detail_proportion must be in [0, 1]")
+        if self.update_segmenting not in UPDATE_SEGMENTING:
+            raise ValueError(f"update_segmenting must be one of {UPDATE_SEGMENTING}, got {self.update_segmenting!r}")
 
     @property
     def stop_size(self) -> int:
@@ -191,6 +203,85 @@ def lsh_segments(codes: np.ndarray, ids: Sequence, params: EraRAGParams) -> list
     return _absorb_leftover(out, rest, params)
 
 
+def _nearest_kept(codes: np.ndarray, kept: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """For each ``new`` position, the ``kept`` position (kept is in code order) sharing the longest code
+    prefix: its own bucket if it has one, else the trie-adjacent (Hamming-closest) bucket; ties to the lower."""
+    p = np.searchsorted(codes[kept], codes[new])
+    lo = kept[np.maximum(p - 1, 0)]
+    hi = kept[np.minimum(p, len(kept) - 1)]
+    return np.where((codes[new] ^ codes[hi]) < (codes[new] ^ codes[lo]), hi, lo)
+
+
+def _repair_sizes(groups: list[np.ndarray], changed: list[bool], codes: np.ndarray, ids: np.ndarray,
+                  params: EraRAGParams) -> list[np.ndarray]:
+    """Alg. 3 lines 4-7: a segment outside [S_min, S_max] is merged with an adjacent segment in code order,
+    the previous one if only it changes anyway (``changed``), else the next ones (the previous ones at the
+    end), until the pool can be cut within bounds, then cut; every other segment stays as it is."""
+    out: list[np.ndarray] = []
+    out_changed: list[bool] = []
+    i = 0
+    while i < len(groups):
+        pool = groups[i]
+        i += 1
+        if params.segment_min <= len(pool) <= params.segment_max:
+            out.append(pool), out_changed.append(changed[i - 1])
+            continue
+        if out and out_changed[-1] and not (i < len(groups) and changed[i]):
+            pool = np.concatenate([out.pop(), pool])
+            out_changed.pop()
+        while not feasible_size(len(pool), params) and i < len(groups):
+            pool, i = np.concatenate([pool, groups[i]]), i + 1
+        while not feasible_size(len(pool), params) and out:
+            pool = np.concatenate([out.pop(), pool])
+            out_changed.pop()
+        pool = pool[np.lexsort((ids[pool], codes[pool]))]
+        if feasible_size(len(pool), params):
+            cut = cut_pool(pool, params)[0]
+        else:  # the whole layer is infeasible: the documented exception of lsh_segments
+            cut = np.array_split(pool, max(1, int(len(pool) / params.segment_avg + 0.5)))
+        out.extend(cut), out_changed.extend([True] * len(cut))
+    return out
+
+
+def local_segments(codes: np.ndarray, ids: Sequence, segment: np.ndarray, params: EraRAGParams,
+                   stored_size: Optional[Sequence[int]] = None) -> list[np.ndarray]:
+    """Selective re-segmenting of one layer, EraRAG Alg. 3 lines 2-8: the stored segments are kept.
+
+    ``segment[i]`` is item i's stored segment (any int label), or -1 for an item new to this layer. A new
+    item joins the segment of its nearest kept item by code prefix (its bucket, or the Hamming-adjacent
+    one for a new bucket, lines 2 and 6-7); a segment left over S_max or under S_min is merged with a
+    neighbour in code order and cut again (lines 4-7), preferring a neighbour that changes anyway: one
+    that gained an item, or lost one (``stored_size[label]``, the stored segment's size, when given).
+    Every other segment keeps exactly its members, so only segments that gained, lost or were re-cut
+    change. Returns position arrays, each item once, in code order; with no kept item it is
+    :func:`lsh_segments`.
+    """
+    codes = np.asarray(codes, dtype=np.uint64)
+    ids = np.asarray(ids)
+    segment = np.asarray(segment, dtype=np.int64).copy()
+    if len(codes) == 0:
+        return []
+    order = np.lexsort((ids, codes))
+    kept = order[segment[order] >= 0]
+    if len(kept) == 0:
+        return lsh_segments(codes, ids, params)
+    new = np.flatnonzero(segment < 0)
+    labels_kept, n_kept = np.unique(segment[kept], return_counts=True)
+    if len(new):
+        segment[new] = segment[_nearest_kept(codes, kept, new)]
+    labels, inv = np.unique(segment[order], return_inverse=True)  # the same labels as labels_kept
+    grouped = np.argsort(inv, kind="stable")  # by segment, code order inside
+    sizes = np.bincount(inv, minlength=len(labels))
+    members = np.split(order[grouped], np.cumsum(sizes)[:-1])
+    changed = sizes != n_kept
+    if stored_size is not None:
+        changed |= n_kept != np.asarray(stored_size, dtype=np.int64)[labels_kept]
+    first = np.full(len(labels), len(order))
+    np.minimum.at(first, inv, np.arange(len(order)))
+    seq = np.argsort(first, kind="stable")
+    return _repair_sizes([members[g] for g in seq], changed[seq].tolist(), codes, ids, params)
+
+
 # ---------------------------------------------------------------- hierarchy (Alg. 1, Alg. 3)
 
 
@@ -273,9 +364,18 @@ class _Known:
 
 
 def _segment_layer(cur: _Layer, layer: int, known: _Known, summarise: Summarise, planes: np.ndarray,
-                   params: EraRAGParams) -> tuple[np.ndarray, _Layer, int]:
-    """Segment a layer; summarise only segments with no existing node, Alg. 1 l. 4-13 / Alg. 3 l. 3-13."""
-    segs = [s[np.argsort(cur.ids[s], kind="stable")] for s in lsh_segments(cur.codes, cur.ids, params)]
+                   params: EraRAGParams, stored: Optional[dict[str, str]] = None) -> tuple[np.ndarray, _Layer, int]:
+    """Segment a layer; summarise only segments with no existing node, Alg. 1 l. 4-13 / Alg. 3 l. 3-13.
+
+    ``stored`` (child id -> parent id of the previous graph's layer): keep those segments (Alg. 3,
+    :func:`local_segments`); None: cut the layer as a build does (:func:`lsh_segments`)."""
+    if stored is None:
+        cut = lsh_segments(cur.codes, cur.ids, params)
+    else:
+        labels, parents = pd.factorize(pd.Series(cur.ids, dtype=object).map(stored))  # -1: new to this layer
+        size = pd.Series(list(stored.values()), dtype=object).value_counts()
+        cut = local_segments(cur.codes, cur.ids, labels, params, size.reindex(parents).to_numpy(np.int64))
+    segs = [s[np.argsort(cur.ids[s], kind="stable")] for s in cut]
     pids = [node_id(layer, cur.ids[s]) for s in segs]
     parent_of = np.empty(len(cur.ids), dtype=object)
     for s, pid in zip(segs, pids):
@@ -334,14 +434,28 @@ def _report(old: Optional[Hierarchy], new: Hierarchy, calls: list[int]) -> Updat
 
 def _grow(leaves: _Layer, old: Optional[Hierarchy], summarise: Summarise, planes: np.ndarray,
           params: EraRAGParams) -> tuple[Hierarchy, UpdateReport]:
-    """Build layers upward from the leaves, reusing each node of ``old`` whose segment is unchanged."""
+    """Build layers upward from the leaves, reusing each node of ``old`` whose segment is unchanged.
+
+    With ``update_segmenting="local"`` each layer that ``old`` had keeps its stored segments (Alg. 3); a
+    layer above them is cut afresh (Alg. 3 line 14). With "rebuild" every layer is cut as a build cuts it,
+    so the result equals a build of the same leaves."""
     known = _Known.of(old)
+    stored = _stored_parents(old) if old is not None and params.update_segmenting == "local" else []
     layers, parents, calls = [leaves], [], []
     while len(layers) - 1 < params.max_layers and len(layers[-1].ids) > params.stop_size:
-        parent_of, nxt, n_calls = _segment_layer(layers[-1], len(layers), known, summarise, planes, params)
+        below = len(layers) - 1
+        parent_of, nxt, n_calls = _segment_layer(layers[-1], len(layers), known, summarise, planes, params,
+                                                 stored[below] if below < len(stored) else None)
         parents.append(parent_of), layers.append(nxt), calls.append(n_calls)
     h = _assemble(layers, parents)
     return h, _report(old, h, calls)
+
+
+def _stored_parents(h: Hierarchy) -> list[dict[str, str]]:
+    """Per layer below the top of ``h``: child id -> parent id (its stored segments)."""
+    n = h.nodes
+    linked = n[n["parent_id"].notna()]
+    return [dict(zip(g["node_id"], g["parent_id"])) for _, g in linked.groupby("layer", sort=True)]
 
 
 def _leaf_layer(ids: Sequence, emb: np.ndarray, planes: np.ndarray,
@@ -415,8 +529,9 @@ def replace_leaves(h: Hierarchy, removed_ids: Sequence, new_ids: Sequence, new_e
                    new_texts: Optional[Sequence[str]] = None) -> tuple[Hierarchy, UpdateReport]:
     """``delete`` then ``insert`` in one selective pass: a segment touched by both is summarised once.
 
-    Equal to ``insert(delete(h, removed), new)`` in structure (both equal a rebuild of the final
-    leaf set), but each affected segment of the final graph costs one summarise call.
+    With ``update_segmenting="rebuild"`` equal to ``insert(delete(h, removed), new)`` in structure (both
+    equal a rebuild of the final leaf set); each affected segment of the final graph costs one summarise
+    call. With ``local`` the stored segments lose the removed leaves and gain the new ones in one pass.
     """
     old = _stored_leaves(h)
     keep = _kept(old.ids, removed_ids)

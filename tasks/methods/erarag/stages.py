@@ -11,11 +11,13 @@ The algorithms live in :mod:`tasks.methods.erarag.algorithm`; this module stores
   of each leaf) and a one-row ``meta`` table: which summariser made the summaries (``extractive`` or
   ``llm``, never switched silently), whether the graph was built (Alg. 1) or updated (Alg. 3) and
   from which stored graph, and the per-layer count of re-summarised segments.
-* An update computes the hierarchy of the current corpus under the same fingerprint a full build
-  would have, starting from the latest stored hierarchy of the same dataset and config slice (same
-  hyperplanes, chunking, embedder, structure, summariser and code version). Old files are never
-  touched, the new ones are written atomically and the catalog row comes last, so a crash leaves
-  the previous hierarchy as it was.
+* An update starts from the latest stored hierarchy of the same dataset and config slice (same
+  hyperplanes, chunking, embedder, structure, summariser and code version). With
+  ``update_segmenting=local`` (Alg. 3, the default) it keeps that hierarchy's segments, so the result
+  depends on it and is stored with the base's fingerprint among its inputs; with ``rebuild`` every
+  layer is cut as a build cuts it and the result is stored under a full build's fingerprint. Old files
+  are never touched, the new ones are written atomically and the catalog row comes last, so a crash
+  leaves the previous hierarchy as it was.
 """
 from __future__ import annotations
 
@@ -226,12 +228,23 @@ class Base:
     nodes_path: str
 
 
-def find_base(store: Store, dataset: str, slice_: dict, planes_fp: str, current_fp: str) -> Optional[Base]:
-    """Latest stored hierarchy of ``dataset`` with the same config slice and hyperplanes whose files exist."""
-    for fp, path, inputs in store.versions(HIERARCHY, "nodes", dataset, slice_):
-        if fp != current_fp and inputs.get("planes") == planes_fp:
-            return Base(fp, path)
-    return None
+def find_base(store: Store, dataset: str, slice_: dict, planes_fp: str, inputs: dict[str, str],
+              reuse_updates: bool) -> tuple[Optional[dict[str, str]], Optional[Base]]:
+    """(the inputs of a stored hierarchy of exactly these leaves, or None; the latest other stored hierarchy
+    of ``dataset`` with the same config slice and hyperplanes whose files exist, or None).
+
+    A local update (Alg. 3) is stored with its base's fingerprint among its inputs; it counts as this
+    corpus's hierarchy only with ``reuse_updates`` (``update_segmenting=local``), since under ``rebuild``
+    a hierarchy must equal a build."""
+    same, base = None, None
+    for fp, path, inp in store.versions(HIERARCHY, "nodes", dataset, slice_):
+        if inp.get("planes") != planes_fp:
+            continue
+        if {k: v for k, v in inp.items() if k != "base"} == inputs and (reuse_updates or "base" not in inp):
+            same = same or inp
+        else:
+            base = base or Base(fp, path)
+    return same, base
 
 
 def _compute_hierarchy(ctx: RunContext, leaves: ArtifactRef, leaf_embeddings: ArtifactRef, planes: ArtifactRef,
@@ -268,7 +281,8 @@ def _compute_hierarchy(ctx: RunContext, leaves: ArtifactRef, leaf_embeddings: Ar
         removed = sorted(old_ids - now)
         h, report = erarag.replace_leaves(old, removed, ids[add], emb[add], summarise, P, params,
                                           [t for t, a in zip(texts, add) if a])
-        meta.update(mode="update", base_fp=base.fp, added_leaves=int(add.sum()), removed_leaves=len(removed),
+        meta.update(mode="update", base_fp=base.fp, update_segmenting=params.update_segmenting,
+                    added_leaves=int(add.sum()), removed_leaves=len(removed),
                     added_docs=len(new_docs - old_docs), removed_docs=len(old_docs - new_docs))
     if estimate is not None:
         raise LLMDryRun(SUMMARY_STAGE, estimate)
@@ -290,19 +304,28 @@ def hierarchy_stage(ctx: RunContext, leaves: ArtifactRef, leaf_embeddings: Artif
                     params: EraParams, llm: LLMParams, embedder: EmbedderParams,
                     incremental: bool = False) -> dict[str, ArtifactRef]:
     """Stage: the EraRAG graph of the current leaves. ``incremental`` (``flows.update``) starts from the
-    latest stored graph with the same slice; the fingerprint is that of a full build either way."""
+    latest stored graph with the same slice. With ``update_segmenting=rebuild`` the result is stored under
+    a full build's fingerprint; with ``local`` (Alg. 3) it keeps the base's segments, so its inputs also
+    name the base, and a later index or evaluate of the same corpus uses it as it is."""
     kind = params.resolved_summariser(llm)
     code = hierarchy_code()
     slice_ = {**hierarchy_slice(params, kind, llm, embedder), "code": code}  # a base must come from this code
     inputs = input_fps(leaves=leaves, embeddings=leaf_embeddings, planes=planes)
+    local = params.update_segmenting == "local"
+    base = None
+    if incremental or local:
+        same, base = find_base(ctx.store, ctx.dataset, slice_, planes.fp, inputs, reuse_updates=local)
+        if same is not None:  # this corpus's hierarchy is stored (a build or an earlier update): cached
+            inputs, base = same, None
+        elif not incremental:  # flows.index of a corpus not stored yet: a full build (Alg. 1)
+            base = None
+        elif base is None:
+            log.info("erarag update: no stored hierarchy of %s with this config; building from scratch",
+                     ctx.dataset)
+        elif local:
+            inputs = {**inputs, "base": base.fp}
 
     def compute() -> tuple[dict[str, pa.Table | pd.DataFrame], int]:
-        base = None
-        if incremental:
-            base = find_base(ctx.store, ctx.dataset, slice_, planes.fp, fingerprint(HIERARCHY, code, slice_, inputs))
-            if base is None:
-                log.info("erarag update: no stored hierarchy of %s with this config; building from scratch",
-                         ctx.dataset)
         return _compute_hierarchy(ctx, leaves, leaf_embeddings, planes, params, kind, llm, embedder, base)
 
     return run_stage(ctx, HIERARCHY, code, slice_, inputs, compute)

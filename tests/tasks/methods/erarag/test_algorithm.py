@@ -24,6 +24,7 @@ from tasks.methods.erarag.algorithm import (
     hyperplanes,
     insert,
     lsh_codes,
+    local_segments,
     lsh_segments,
     replace_leaves,
     search,
@@ -32,6 +33,7 @@ from tasks.methods.erarag.algorithm import (
 from tasks.text.sentences import split_sentences
 
 P = EraRAGParams()
+R = EraRAGParams(update_segmenting="rebuild")  # updates re-cut every layer: equal to a build
 
 
 # ---------------------------------------------------------------- fixtures / helpers
@@ -209,7 +211,7 @@ def test_insert_last_tenth_equals_full_build(data):
     ids, x, planes, full = data
     cut = int(0.9 * len(ids))
     base = build_hierarchy(ids[:cut], x[:cut], fake_summarise, planes, P)
-    grown, report = insert(base, ids[cut:], x[cut:], fake_summarise, planes, P)
+    grown, report = insert(base, ids[cut:], x[cut:], fake_summarise, planes, R)
     assert same_graph(grown, full)
     rows = report.layers.set_index("layer")
     assert rows.loc[0, "nodes_added"] == len(ids) - cut and rows.loc[0, "nodes_removed"] == 0
@@ -239,7 +241,7 @@ def test_insert_random_tenth(data):
     perm = np.random.default_rng(5).permutation(len(ids))
     cut = int(0.9 * len(ids))
     base = build_hierarchy(ids[perm[:cut]], x[perm[:cut]], fake_summarise, planes, P)
-    grown, report = insert(base, ids[perm[cut:]], x[perm[cut:]], fake_summarise, planes, P)
+    grown, report = insert(base, ids[perm[cut:]], x[perm[cut:]], fake_summarise, planes, R)
     assert same_graph(grown, full)
     leaves = grown.nodes[grown.nodes["layer"] == 0]
     direct = leaves.loc[leaves["node_id"].isin(set(ids[perm[cut:]])), "parent_id"].nunique()
@@ -256,7 +258,7 @@ def test_single_insert_is_local(data):
     for i in rng.choice(len(ids), 10, replace=False):
         keep = np.arange(len(ids)) != i
         base = build_hierarchy(ids[keep], x[keep], fake_summarise, planes, P)
-        grown, report = insert(base, [ids[i]], x[[i]], fake_summarise, planes, P)
+        grown, report = insert(base, [ids[i]], x[[i]], fake_summarise, planes, R)
         assert same_graph(grown, full)
         per_layer = report.layers["segments_resummarised"].to_numpy()[1:]
         assert per_layer[0] <= P.n_hyperplanes + 3  # own segment + <= 1 per trie level + root
@@ -266,12 +268,12 @@ def test_single_insert_is_local(data):
 def test_delete_then_reinsert_is_identity(data):
     ids, x, planes, full = data
     removed = np.random.default_rng(11).choice(len(ids), 150, replace=False)
-    shrunk, report = delete(full, ids[removed], fake_summarise, planes, P)
+    shrunk, report = delete(full, ids[removed], fake_summarise, planes, R)
     check_structure(shrunk, P)
     assert int(report.layers.loc[0, "nodes_removed"]) == 150
     keep = np.setdiff1d(np.arange(len(ids)), removed)
     assert same_graph(shrunk, build_hierarchy(ids[keep], x[keep], fake_summarise, planes, P))
-    back, _ = insert(shrunk, ids[removed], x[removed], fake_summarise, planes, P)
+    back, _ = insert(shrunk, ids[removed], x[removed], fake_summarise, planes, R)
     assert same_graph(back, full)
 
 
@@ -283,15 +285,15 @@ def test_replace_leaves_is_one_pass_of_delete_and_insert(data):
     removed = rng.choice(start, 60, replace=False)
     added = np.setdiff1d(np.arange(len(ids)), start)
     final = np.concatenate([np.setdiff1d(start, removed), added])
-    edited, report = replace_leaves(base, ids[removed], ids[added], x[added], fake_summarise, planes, P)
+    edited, report = replace_leaves(base, ids[removed], ids[added], x[added], fake_summarise, planes, R)
     rebuilt, build_report = build(ids[final], x[final], fake_summarise, planes, P)
     assert same_graph(edited, rebuilt) and build_report.resummarised == build_report.segments_total
-    two_pass = delete(base, ids[removed], fake_summarise, planes, P)[1].resummarised + \
-        insert(delete(base, ids[removed], fake_summarise, planes, P)[0], ids[added], x[added], fake_summarise,
-               planes, P)[1].resummarised
+    two_pass = delete(base, ids[removed], fake_summarise, planes, R)[1].resummarised + \
+        insert(delete(base, ids[removed], fake_summarise, planes, R)[0], ids[added], x[added], fake_summarise,
+               planes, R)[1].resummarised
     assert 0 < report.resummarised <= two_pass and report.resummarised < report.segments_total
     assert report.layers.loc[0, "nodes_added"] == 200 and report.layers.loc[0, "nodes_removed"] == 60
-    same, none = replace_leaves(base, [], [], np.zeros((0, x.shape[1])), fake_summarise, planes, P)
+    same, none = replace_leaves(base, [], [], np.zeros((0, x.shape[1])), fake_summarise, planes, R)
     assert same_graph(same, base) and none.resummarised == 0
 
 
@@ -307,6 +309,93 @@ def test_update_errors_and_edge_cases(data):
     assert same_graph(again, full)
     small = build_hierarchy(ids[:5], x[:5], fake_summarise, planes, P)
     assert small.n_layers == 1 and small.nodes["parent_id"].isna().all()
+
+
+# ---------------------------------------------------------------- local updates (Alg. 3, the default)
+
+
+@settings(max_examples=150, deadline=None)
+@given(layer_and_params(), st.integers(0, 40))
+def test_local_segments_keep_stored_segments(case, n_new):
+    """Alg. 3 lines 2-8: a new item joins the segment of a kept item sharing its longest code prefix; every
+    stored segment that gained nothing and stays in bounds keeps exactly its members; bounds hold."""
+    codes, ids, params, rng = case
+    n_new = min(n_new, len(codes))
+    old = np.arange(len(codes) - n_new)
+    stored = lsh_segments(codes[old], ids[old], params)
+    label = np.full(len(codes), -1)
+    for j, s in enumerate(stored):
+        label[old[s]] = j
+    segs = local_segments(codes, ids, label, params)
+    assert sorted(np.concatenate(segs).tolist() if segs else []) == list(range(len(codes)))
+    if feasible_size(len(codes), params) and len(old):
+        sizes = [len(s) for s in segs]
+        assert min(sizes) >= params.segment_min and max(sizes) <= params.segment_max
+    after = as_sets(ids, segs)
+    new = frozenset(ids[len(old):].tolist())
+    kept = {frozenset(ids[old[s]].tolist()) for s in stored}
+    if all(g - new in kept for g in after) and len(old):  # no segment was re-cut
+        assert {g - new for g in after} == kept  # every stored segment survives, grown by new items only
+        prefix = lambda a, b: params.n_hyperplanes - (int(a) ^ int(b)).bit_length()  # noqa: E731
+        home = {i: g for g in after for i in g}
+        for i in range(len(old), len(codes)):  # it joined a segment holding its longest-prefix kept item
+            best = max(prefix(codes[i], codes[j]) for j in old)
+            assert any(prefix(codes[i], codes[j]) == best for j in home[ids[i]] if j < len(old))
+
+
+def test_local_single_insert_changes_one_segment_per_layer(data):
+    """With the stored segments kept, one new leaf changes its own first-layer segment (two when that
+    segment is re-cut past S_max), and the chain above it; rebuild mode may re-cut a whole trie path."""
+    ids, x, planes, full = data
+    for i in np.random.default_rng(7).choice(len(ids), 10, replace=False):
+        keep = np.arange(len(ids)) != i
+        base = build_hierarchy(ids[keep], x[keep], fake_summarise, planes, P)
+        grown, report = insert(base, [ids[i]], x[[i]], fake_summarise, planes, P)
+        check_structure(grown, P)
+        first = int(report.layers.loc[1, "segments_resummarised"])
+        assert 1 <= first <= 2
+        sizes = grown.nodes.loc[grown.nodes["layer"] > 0, "n_children"]
+        assert sizes.min() >= P.segment_min and sizes.max() <= P.segment_max
+
+
+def test_local_update_is_cheaper_and_keeps_untouched_nodes(data):
+    ids, x, planes, _ = data
+    perm = np.random.default_rng(5).permutation(len(ids))
+    cut = int(0.95 * len(ids))
+    base = build_hierarchy(ids[perm[:cut]], x[perm[:cut]], fake_summarise, planes, P)
+    local, lrep = insert(base, ids[perm[cut:]], x[perm[cut:]], fake_summarise, planes, P)
+    rebuilt, rrep = insert(base, ids[perm[cut:]], x[perm[cut:]], fake_summarise, planes, R)
+    check_structure(local, P)
+    assert lrep.resummarised <= rrep.resummarised
+    assert lrep.layers.loc[1, "segments_resummarised"] < rrep.layers.loc[1, "segments_resummarised"]
+    print(f"\ninsert random 5%: local {lrep.resummarised}, rebuild {rrep.resummarised} segments summarised")
+    # a first-layer segment with no new leaf is kept unless a re-cut past S_max pooled it
+    new = set(ids[perm[cut:]])
+    nodes = local.nodes
+    leaves = nodes[nodes["layer"] == 0]
+    touched = set(leaves.loc[leaves["node_id"].isin(new), "parent_id"])
+    old1 = set(base.nodes.loc[base.nodes["layer"] == 1, "node_id"])
+    fresh1 = set(nodes.loc[nodes["layer"] == 1, "node_id"]) - old1
+    assert len(fresh1 - touched) <= len(fresh1 & touched) // 4  # re-cuts pool a neighbour now and then
+    # nothing changed: the same graph, nothing summarised
+    same, none = replace_leaves(local, [], [], np.zeros((0, x.shape[1])), fake_summarise, planes, P)
+    assert same_graph(same, local) and none.resummarised == 0
+
+
+def test_local_delete_keeps_bounds_and_chains(data):
+    ids, x, planes, full = data
+    removed = np.random.default_rng(11).choice(len(ids), 150, replace=False)
+    shrunk, report = delete(full, ids[removed], fake_summarise, planes, P)
+    check_structure(shrunk, P)
+    sizes = shrunk.nodes.loc[shrunk.nodes["layer"] > 0, "n_children"]
+    assert sizes.min() >= P.segment_min and sizes.max() <= P.segment_max
+    assert int(report.layers.loc[0, "nodes_removed"]) == 150
+    assert report.resummarised < int((full.nodes["layer"] > 0).sum())
+
+
+def test_update_segmenting_is_validated():
+    with pytest.raises(ValueError, match="update_segmenting"):
+        EraRAGParams(update_segmenting="nope")
 
 
 # ---------------------------------------------------------------- retrieval (Alg. 2, III-D)
