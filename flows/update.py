@@ -3,7 +3,9 @@
 Same overrides as ``flows.index``. For ``method=erarag`` the hierarchy is updated from the latest
 stored one of this dataset and config (EraRAG Alg. 3): new chunks are embedded (row-incremental
 stage), hashed with the stored hyperplanes, and only segments whose membership changed are
-re-summarised, with their ancestors; removed documents drop their leaves the same way. For
+re-summarised, with their ancestors; removed documents drop their leaves the same way. By default
+(``method.update_segmenting=local``) the stored segments are kept and the result is stored with its base's
+fingerprint among its inputs; ``rebuild`` cuts every layer as a build does and stores a build-equal graph. For
 ``method=serag`` the graph grows from the latest stored one (only rows involving new chunks are
 computed; stored under its own fingerprint, which records the base) and the encoding tree is rebuilt,
 its seconds reported. For ``method=archrag`` the index DAG runs as is (chunk, NER / extraction and embedding
