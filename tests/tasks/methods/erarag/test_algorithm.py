@@ -236,15 +236,21 @@ def test_insert_last_tenth_equals_full_build(data):
             p = parent[p]
 
 
+def held_out(data, share: float):
+    """(a build of a random 1 - share of the leaves, the held-out ids, their embeddings)."""
+    ids, x, planes, _ = data
+    perm = np.random.default_rng(5).permutation(len(ids))
+    cut = int((1 - share) * len(ids))
+    return build_hierarchy(ids[perm[:cut]], x[perm[:cut]], fake_summarise, planes, P), ids[perm[cut:]], x[perm[cut:]]
+
+
 def test_insert_random_tenth(data):
     ids, x, planes, full = data
-    perm = np.random.default_rng(5).permutation(len(ids))
-    cut = int(0.9 * len(ids))
-    base = build_hierarchy(ids[perm[:cut]], x[perm[:cut]], fake_summarise, planes, P)
-    grown, report = insert(base, ids[perm[cut:]], x[perm[cut:]], fake_summarise, planes, R)
+    base, new_ids, new_x = held_out(data, 0.1)
+    grown, report = insert(base, new_ids, new_x, fake_summarise, planes, R)
     assert same_graph(grown, full)
     leaves = grown.nodes[grown.nodes["layer"] == 0]
-    direct = leaves.loc[leaves["node_id"].isin(set(ids[perm[cut:]])), "parent_id"].nunique()
+    direct = leaves.loc[leaves["node_id"].isin(set(new_ids)), "parent_id"].nunique()
     n_full = int((full.nodes["layer"] > 0).sum())
     print(f"\ninsert random 10%: re-summarised {report.resummarised} of {n_full}; layer 1: "
           f"{int(report.layers.loc[1, 'segments_resummarised'])} of {int(report.layers.loc[1, 'n_nodes'])}, "
@@ -360,17 +366,15 @@ def test_local_single_insert_changes_one_segment_per_layer(data):
 
 def test_local_update_is_cheaper_and_keeps_untouched_nodes(data):
     ids, x, planes, _ = data
-    perm = np.random.default_rng(5).permutation(len(ids))
-    cut = int(0.95 * len(ids))
-    base = build_hierarchy(ids[perm[:cut]], x[perm[:cut]], fake_summarise, planes, P)
-    local, lrep = insert(base, ids[perm[cut:]], x[perm[cut:]], fake_summarise, planes, P)
-    rebuilt, rrep = insert(base, ids[perm[cut:]], x[perm[cut:]], fake_summarise, planes, R)
+    base, new_ids, new_x = held_out(data, 0.05)
+    local, lrep = insert(base, new_ids, new_x, fake_summarise, planes, P)
+    rebuilt, rrep = insert(base, new_ids, new_x, fake_summarise, planes, R)
     check_structure(local, P)
     assert lrep.resummarised <= rrep.resummarised
     assert lrep.layers.loc[1, "segments_resummarised"] < rrep.layers.loc[1, "segments_resummarised"]
     print(f"\ninsert random 5%: local {lrep.resummarised}, rebuild {rrep.resummarised} segments summarised")
     # a first-layer segment with no new leaf is kept unless a re-cut past S_max pooled it
-    new = set(ids[perm[cut:]])
+    new = set(new_ids)
     nodes = local.nodes
     leaves = nodes[nodes["layer"] == 0]
     touched = set(leaves.loc[leaves["node_id"].isin(new), "parent_id"])
