@@ -171,8 +171,11 @@ hydra:
 
         second, store = run_once()  # the corpus did not change: all cached, and the stage artifact says so
         assert set(store.events(second["id"])["status"]) == {"cached"}
-        arts = http.post("/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [second["id"]]}}}).json()
-        stages = {a["key"]: a for a in arts}["index-stages-dense-tiny"]["data"]
+        def stage_artifact():  # published by the on-completion hook, which runs after the state turns COMPLETED
+            arts = http.post("/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [second["id"]]}}})
+            return {a["key"]: a for a in arts.json()}.get("index-stages-dense-tiny")
+
+        stages = wait_for("the run's stage artifact", stage_artifact, 60, serve, log)["data"]
         assert "all 2 stages cached: nothing computed" in stages
         assert http.get(f"/flow_runs/{second['id']}").json()["name"] == "index dense/tiny"
 
