@@ -130,7 +130,7 @@ def test_local_update_keeps_segments_and_is_what_index_uses(tmp_path):
     store = Store(tmp_path / "artifacts")
     assert _hierarchy_inputs(store, grown["artifacts"]["nodes"])["base"] == \
         store.query("SELECT fp FROM stages WHERE path = ?", [base["artifacts"]["nodes"]])["fp"].iloc[0]
-    assert read_meta(grown["artifacts"]["meta"])["update_segmenting"] == "local"
+    assert read_meta(grown["artifacts"]["meta"])["update_segmenting"] == grown["update_segmenting"] == "local"
     old, new = _nodes(base), _nodes(grown)
     parent = new.set_index("node_id")["parent_id"]
     added = set(new.loc[new["layer"] == 0, "node_id"]) - set(old["node_id"])
@@ -148,7 +148,8 @@ def test_local_update_keeps_segments_and_is_what_index_uses(tmp_path):
     assert update_flow(cfg)["mode"] == "cached"
     rebuilt = update_flow(make_config(tmp_path, "method=erarag", "dataset=jsonl", f"dataset.path={corpus}",
                                       "method.update_segmenting=rebuild"))
-    assert rebuilt["mode"] == "update" and "base" not in _hierarchy_inputs(store, rebuilt["artifacts"]["nodes"])
+    assert rebuilt["mode"] == "update" and rebuilt["update_segmenting"] == "rebuild"
+    assert "base" not in _hierarchy_inputs(store, rebuilt["artifacts"]["nodes"])
 
 
 def test_update_of_other_methods_is_index(tmp_path):

@@ -385,6 +385,7 @@ def update_summary(store: Store, run_id: str, dataset: str, index: dict[str, Art
     llm = meta.get("llm") if computed else None
     return {
         "mode": meta["mode"] if computed else "cached",
+        "update_segmenting": meta.get("update_segmenting") if computed else None,  # local (Alg. 3) | rebuild
         "summariser": meta["summariser"],
         "base_fp": meta["base_fp"] if computed else index["nodes"].fp,
         "added_docs": meta["added_docs"] if computed else 0,
