@@ -152,6 +152,30 @@ def test_local_update_keeps_segments_and_is_what_index_uses(tmp_path):
     assert "base" not in _hierarchy_inputs(store, rebuilt["artifacts"]["nodes"])
 
 
+def test_local_update_with_llm_summaries_calls_once_per_resummarised_segment(tmp_path):
+    """With LLM summaries, a local update (Alg. 3) costs one LLM call per re-summarised segment, and its
+    summary reports them; the segments no new passage reached keep their LLM text."""
+    records, _ = generate_sample(60, 10, 0)
+    corpus = tmp_path / "corpus.jsonl"
+    with FakeLLMServer() as server:
+        cfg = make_config(tmp_path, "method=erarag", "dataset=jsonl", f"dataset.path={corpus}", "llm=local",
+                          f"llm.base_url={server.base_url}")
+        _write(corpus, records[:58])
+        base = update_flow(cfg)
+        built = server.requests
+        assert base["mode"] == "build" and base["llm_calls"] == built == base["segments_total"]
+        _write(corpus, records)
+        grown = update_flow(cfg)
+        calls = server.requests - built
+    assert grown["update_segmenting"] == "local" and grown["summariser"] == "llm"
+    assert 0 < grown["segments_resummarized"] < grown["segments_total"]
+    assert grown["llm_calls"] == calls == grown["segments_resummarized"]
+    old, new = _nodes(base), _nodes(grown)
+    kept = old.merge(new, on="node_id", suffixes=("_old", "_new"))
+    kept = kept[kept["layer_old"] > 0]
+    assert len(kept) and (kept["text_old"] == kept["text_new"]).all()
+
+
 def test_update_of_other_methods_is_index(tmp_path):
     out = update_flow(make_config(tmp_path, "method=bm25", *SMALL))
     assert out["same_as"] == "flows.index" and out["added_docs"] == 60 and out["segments_total"] is None
