@@ -173,18 +173,23 @@ def _trie_merge(lo: int, hi: int, codes: list[int], items: np.ndarray, bounds: n
     return rest
 
 
+def _cut_or_split(pool: np.ndarray, params: EraRAGParams) -> list[np.ndarray]:
+    """Cut a pool into segments within bounds; where that is impossible (the whole layer is infeasible,
+    the documented exception) into k = max(1, round(N / S_avg)) balanced parts."""
+    if feasible_size(len(pool), params):
+        return cut_pool(pool, params)[0]
+    return np.array_split(pool, max(1, int(len(pool) / params.segment_avg + 0.5)))
+
+
 def _absorb_leftover(segments: list[np.ndarray], rest: np.ndarray,
                      params: EraRAGParams) -> list[np.ndarray]:
     """Merge the root's leftover into the last segment(s) until the union is feasible (Alg. 1 line 11)."""
     if len(rest) == 0:
         return segments
-    pool = rest
-    while segments:
+    pool = rest  # < S_min, so never feasible alone
+    while segments and not feasible_size(len(pool), params):
         pool = np.concatenate([segments.pop(), pool])
-        if feasible_size(len(pool), params):
-            return segments + cut_pool(pool, params)[0]
-    k = max(1, int(len(pool) / params.segment_avg + 0.5))  # whole layer infeasible: documented exception
-    return np.array_split(pool, k)
+    return segments + _cut_or_split(pool, params)
 
 
 def lsh_segments(codes: np.ndarray, ids: Sequence, params: EraRAGParams) -> list[np.ndarray]:
@@ -234,11 +239,7 @@ def _repair_sizes(groups: list[np.ndarray], changed: list[bool], codes: np.ndarr
         while not feasible_size(len(pool), params) and out:
             pool = np.concatenate([out.pop(), pool])
             out_changed.pop()
-        pool = pool[np.lexsort((ids[pool], codes[pool]))]
-        if feasible_size(len(pool), params):
-            cut = cut_pool(pool, params)[0]
-        else:  # the whole layer is infeasible: the documented exception of lsh_segments
-            cut = np.array_split(pool, max(1, int(len(pool) / params.segment_avg + 0.5)))
+        cut = _cut_or_split(pool[np.lexsort((ids[pool], codes[pool]))], params)
         out.extend(cut), out_changed.extend([True] * len(cut))
     return out
 

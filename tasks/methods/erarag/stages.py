@@ -44,7 +44,6 @@ from tasks.core.store import (
     arrow_to_embeddings,
     embedding_width,
     embeddings_to_arrow,
-    fingerprint,
 )
 from tasks.llm.client import make_client
 from tasks.llm.params import LLMDryRun, LLMParams
@@ -313,17 +312,17 @@ def hierarchy_stage(ctx: RunContext, leaves: ArtifactRef, leaf_embeddings: Artif
     inputs = input_fps(leaves=leaves, embeddings=leaf_embeddings, planes=planes)
     local = params.update_segmenting == "local"
     base = None
-    if incremental or local:
-        same, base = find_base(ctx.store, ctx.dataset, slice_, planes.fp, inputs, reuse_updates=local)
+    if incremental or local:  # flows.index of a corpus not stored yet is a full build (Alg. 1): no base
+        same, found = find_base(ctx.store, ctx.dataset, slice_, planes.fp, inputs, reuse_updates=local)
         if same is not None:  # this corpus's hierarchy is stored (a build or an earlier update): cached
-            inputs, base = same, None
-        elif not incremental:  # flows.index of a corpus not stored yet: a full build (Alg. 1)
-            base = None
-        elif base is None:
-            log.info("erarag update: no stored hierarchy of %s with this config; building from scratch",
-                     ctx.dataset)
-        elif local:
-            inputs = {**inputs, "base": base.fp}
+            inputs = same
+        elif incremental:
+            base = found
+            if base is None:
+                log.info("erarag update: no stored hierarchy of %s with this config; building from scratch",
+                         ctx.dataset)
+            elif local:
+                inputs = {**inputs, "base": base.fp}
 
     def compute() -> tuple[dict[str, pa.Table | pd.DataFrame], int]:
         return _compute_hierarchy(ctx, leaves, leaf_embeddings, planes, params, kind, llm, embedder, base)
