@@ -221,7 +221,8 @@ def _repair_sizes(groups: list[np.ndarray], changed: list[bool], codes: np.ndarr
                   params: EraRAGParams) -> list[np.ndarray]:
     """Alg. 3 lines 4-7: a segment outside [S_min, S_max] is merged with an adjacent segment in code order,
     the previous one if only it changes anyway (``changed``), else the next ones (the previous ones at the
-    end), until the pool can be cut within bounds, then cut; every other segment stays as it is."""
+    end), until the pool can be cut within bounds, then cut; every other segment stays as it is. Which
+    neighbour is our choice (section III-E says only "adjacent"): one that changes anyway costs no summary."""
     out: list[np.ndarray] = []
     out_changed: list[bool] = []
     i = 0
