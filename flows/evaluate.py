@@ -100,7 +100,9 @@ def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
         "retriever_load_seconds": round(result["load_seconds"], 3),
         "stages_computed": stage_counts(split)["stages_computed"],
         "index_stage_seconds": split.groupby("stage", sort=False)["seconds"].sum().round(3).to_dict(),
-        "index_peak_rss_mb": round(float(split["peak_rss_mb"].max() or 0.0), 1),
+        # this run's index stages; none computed → null, not 0 (`dagrag report` takes each stage's computing run)
+        "index_peak_rss_mb": round(float(split["peak_rss_mb"].max()), 1) if (split["status"] == "computed").any()
+        else None,
         "recall_by_type": recall_by_type(hits, gold, Store.read(data["questions"]), list(conf.eval.ks),
                                          result["qids"]),
         "recall_by_title_mention": recall_by_title_mention(hits, gold, Store.read(data["questions"]),

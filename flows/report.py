@@ -46,18 +46,21 @@ def select_runs(store: Store, runs: tuple[str, ...], sweep: str | None) -> pd.Da
 
 def run_facts(store: Store, run_ids: list[str]) -> pd.DataFrame:
     """Per run: commit, dataset identity (content hash, or the ingest fingerprint of a generated dataset),
-    date, index build seconds (every index stage it used, at the cost it had when computed) and tokens."""
+    date, index build seconds and peak RSS (every index stage it used, at the cost it had when computed) and
+    tokens."""
     if not run_ids:
-        return pd.DataFrame(columns=["run_id", "commit", "dataset_hash", "date", "index_build_s", "tokens"])
+        return pd.DataFrame(columns=["run_id", "commit", "dataset_hash", "date", "index_build_s", "index_peak_mb",
+                                     "tokens"])
     marks = ", ".join("?" * len(run_ids))
     runs = store.query(f"SELECT run_id, manifest->>'git_sha' AS commit, manifest->>'dataset_content_hash' AS hash, "
                        f"started_at FROM runs WHERE run_id IN ({marks})", run_ids)
     ingest = store.query(f"SELECT run_id, any_value(fp) AS ingest_fp FROM stage_events WHERE stage = 'ingest' "
                          f"AND run_id IN ({marks}) GROUP BY run_id", run_ids)
     build = store.query(
-        f"SELECT e.run_id, sum(s.seconds) AS index_build_s FROM (SELECT DISTINCT run_id, stage, fp FROM stage_events "
-        f"WHERE run_id IN ({marks}) AND stage NOT IN ({', '.join('?' * len(INDEX_EXCLUDED))})) e JOIN "
-        f"(SELECT stage, fp, max(seconds) AS seconds FROM stages GROUP BY stage, fp) s USING (stage, fp) "
+        f"SELECT e.run_id, sum(s.seconds) AS index_build_s, max(s.peak) AS index_peak_mb FROM (SELECT DISTINCT "
+        f"run_id, stage, fp FROM stage_events WHERE run_id IN ({marks}) AND stage NOT IN "
+        f"({', '.join('?' * len(INDEX_EXCLUDED))})) e JOIN (SELECT stage, fp, max(seconds) AS seconds, "
+        f"max(peak_rss_mb) AS peak FROM stages GROUP BY stage, fp) s USING (stage, fp) "
         f"GROUP BY e.run_id", run_ids + list(INDEX_EXCLUDED))
     tokens = store.query(f"SELECT run_id, sum(coalesce(prompt_tokens, 0) + coalesce(completion_tokens, 0)) AS tokens "
                          f"FROM llm_ledger WHERE run_id IN ({marks}) GROUP BY run_id", run_ids)
@@ -66,7 +69,7 @@ def run_facts(store: Store, run_ids: list[str]) -> pd.DataFrame:
     out["dataset_hash"] = [h if h and h != "generated" else f"generated, ingest {fp}"
                            for h, fp in zip(out["hash"], out["ingest_fp"])]
     out["date"] = pd.to_datetime(out["started_at"]).dt.strftime("%Y-%m-%d")
-    return out[["run_id", "commit", "dataset_hash", "date", "index_build_s", "tokens"]]
+    return out[["run_id", "commit", "dataset_hash", "date", "index_build_s", "index_peak_mb", "tokens"]]
 
 
 def trial_parameters(overrides: pd.Series) -> pd.DataFrame:
@@ -145,7 +148,7 @@ TABLE_NOTES = (
     "query–sentence cosine). context_recall: gold passages whose text reaches the reader's context. "
     "index_build_s: seconds each index stage took when it was computed, summed (also when this run found it "
     "cached). ms/q@b: mean ms per query at batch b (the latest benchmark run). peak_mem_mb: the larger of the "
-    "index stages' and the benchmark's peak RSS. tokens: LLM prompt + completion tokens recorded for the run.")
+    "index stages' peak RSS (each when it was computed, as for index_build_s) and the benchmark's. tokens: LLM prompt + completion tokens recorded for the run.")
 
 
 def selection_line(params: Any, n: int) -> str:

@@ -6,8 +6,9 @@ import re
 import pytest
 
 from flows.report import report_flow
+from tasks.core.store import Store
 from tests.flows.conftest import make_config
-from tests.flows.small_catalog import COMMIT, DATASETS, METHODS, SWEEP, build_small_catalog
+from tests.flows.small_catalog import COMMIT, DATASETS, METHODS, SWEEP, _metrics, _run, build_small_catalog
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -51,6 +52,19 @@ def test_latest_report_matches_the_catalog(catalog):
     caption = re.search(r"\*recall@5 against ms per query.*\*", md).group(0)
     assert COMMIT[:10] in caption and all(h in caption for h in DATASETS.values())
     assert re.search(r"\d{4}-\d{2}-\d{2}", caption)
+
+
+def test_a_run_that_found_its_index_cached_shows_the_peak_its_stages_had(catalog):
+    """A run whose index stages were all cached measured no memory (its own index_peak_rss_mb is null); the
+    table shows the peak those stages had when they were computed (400 MB here), not 0 or a blank."""
+    store = Store(catalog / "artifacts")
+    _run(store, "run-hybrid", "wiki-mini")  # ingest and embed: cached, recorded at 400 MB when built
+    store.record_metrics("run-hybrid", "evaluate", "hybrid", "wiki-mini",
+                         {**_metrics("hybrid", "wiki-mini", 65.0, "run-hybrid"), "index_peak_rss_mb": None})
+    report_flow(make_config(catalog))
+    row = _rows((catalog / "artifacts" / "reports" / "latest" / "report.md").read_text())[("wiki-mini", "hybrid")]
+    assert float(row["peak_mem_mb"]) == 400.0 and row["ms/q@256"] == "–"  # no benchmark of hybrid
+    assert float(row["index_build_s"]) == 5.0
 
 
 def test_sweep_report_shows_the_best_trial_on_the_test_split(catalog):
