@@ -24,8 +24,8 @@ run: $(STAMP) bytecode
 	$(VENV)/bin/dagrag evaluate $(ARGS)
 
 # two pytest-xdist workers, one test file each at a time: most flow tests wait on a Prefect server or a child
-# process for part of their run (11-12 minutes with two on the box of 2026-11-25, 8-10 on that of 2026-11-26;
-# three workers were no faster)
+# process for part of their run (11-12 minutes with two on the box of 2026-11-25, 8-10 on that of 2026-11-26,
+# 6.8 here and 8 in a fresh clone on 2026-11-27; three workers were no faster)
 test: $(STAMP) bytecode
 	$(PY) -m pytest -q -n 2 --dist loadfile $(ARGS)
 

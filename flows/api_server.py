@@ -158,6 +158,9 @@ def _free_port() -> int:
 
 _server: TemporaryServer | None = None
 _FALSE = {"0", "false", "f", "no", "n", "off"}  # what pydantic reads as a false boolean
+# set beside PREFECT_API_URL when that URL is a temporary server a dagrag process launched: the child commands
+# of `dagrag growth` and `dagrag scale` inherit both and know the server stops with their parent
+TEMPORARY_API_ENV = "DAGRAG_TEMPORARY_API_URL"
 
 
 def _harness_url() -> str | None:
@@ -184,12 +187,14 @@ def launch_api() -> None:
 
 @contextlib.contextmanager
 def flow_run_settings() -> Iterator[None]:
-    """Prefect settings for the command's flow runs. On the temporary server this process launched, no flow-run
-    heartbeats: Prefect's heartbeat thread sleeps in 1-s steps and every flow run waits for its current step
-    when it ends (0.5 s on average, up to 1 s, per run: a cached evaluate took 1.1, 2.2 or 3.2 s, never between),
-    and that server stops with the command, so nothing could watch them. A server named by ``PREFECT_API_URL``
+    """Prefect settings for the command's flow runs. On a temporary server (the one this process launched, or
+    the one its parent command launched and named in ``DAGRAG_TEMPORARY_API_URL``), no flow-run heartbeats:
+    Prefect's heartbeat thread sleeps in 1-s steps and every flow run waits for its current step when it ends
+    (0.5 s on average, up to 1 s, per run: a cached evaluate took 1.1, 2.2 or 3.2 s, never between), and that
+    server stops with the command, so nothing could watch them. A server named by ``PREFECT_API_URL`` alone
     (where Prefect can mark a run whose heartbeats stop as crashed) keeps Prefect's setting."""
-    if _server is None:
+    inherited = os.environ.get(TEMPORARY_API_ENV)
+    if _server is None and not (inherited and inherited == os.environ.get("PREFECT_API_URL")):
         yield
         return
     from prefect.settings import temporary_settings
@@ -213,7 +218,8 @@ def ensure_api() -> str | None:
       :func:`launch_api` started early because the setting was not in the environment is stopped.
     - A temporary server Prefect runs in this process (for example ``prefect_test_harness``): its URL.
     - Otherwise the temporary server (launched now unless :func:`launch_api` did earlier) is waited for, and
-      ``PREFECT_API_URL`` is set to it for this process and its children (Dask workers included).
+      ``PREFECT_API_URL`` is set to it for this process and its children (Dask workers included), and
+      ``DAGRAG_TEMPORARY_API_URL`` too, which tells a child command that the server stops with this process.
     - Ephemeral mode disallowed and no URL: None (Prefect raises its own error when a flow starts).
     """
     from prefect.context import refresh_global_settings_context
@@ -232,6 +238,6 @@ def ensure_api() -> str | None:
     if _server is None:
         return None
     url = _server.wait(float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()))
-    os.environ["PREFECT_API_URL"] = url
+    os.environ["PREFECT_API_URL"] = os.environ[TEMPORARY_API_ENV] = url
     refresh_global_settings_context()
     return url

@@ -4,12 +4,12 @@ an update costs against a full build, for every method (issue #17: "growth costs
 1. The dataset's documents are split into a base corpus and a held-out ``growth.fraction`` of them (a seeded
    sample of the sorted document ids, so corpus order plays no part). Both corpora are written in HippoRAG
    format under ``<artifacts_dir>/growth/<name>/data/{base,full}/<label>/`` with the dataset's questions.
-2. Every method in ``growth.methods`` indexes the base corpus (``flows.index``, its own process) into a store of
+2. Every method in ``growth.methods`` indexes the base corpus (``dagrag index``, its own process) into a store of
    its own, ``<artifacts_dir>/growth/<name>/base/<method>``, so that its build pays every stage it uses (rows that
    another method embedded would otherwise come from the shared row cache for free). A later ``dagrag growth``
    with the same settings finds the base index stored and reuses it (the table then has no build wall time).
 3. ``growth.repeats`` times per method: the base store is copied (:meth:`tasks.core.store.Store.copy_to`, hard
-   links), ``flows.update`` adds the held-out documents in its own process, and the copy is removed.
+   links), ``dagrag update`` adds the held-out documents in its own process, and the copy is removed.
 
 Each method's row, read back from the catalogs:
 
@@ -100,7 +100,7 @@ def measure_update(base: Store, copy_dir: Path, argv: list[str], timeout_s: int)
     copy = base.copy_to(copy_dir)
     try:
         t0 = time.perf_counter()
-        payload, error = run_child("flows.update", argv, "update", timeout_s)
+        payload, error = run_child("update", argv, timeout_s)
         wall = time.perf_counter() - t0
         if payload is None:
             return {"error": f"update {error}"}
@@ -193,8 +193,8 @@ def growth(conf: Config, overrides: list[str], corpora: dict[str, Any]) -> dict[
     for method in params.methods:
         t0 = time.perf_counter()
         base = Store(root / "base" / method)  # a store of its own: the build pays every stage it uses
-        built, error = run_child("flows.index", child_argv(method, corpora["label"], corpora["base_dir"],
-                                                           str(base.root), overrides), "index", params.timeout_s)
+        built, error = run_child("index", child_argv(method, corpora["label"], corpora["base_dir"],
+                                                     str(base.root), overrides), params.timeout_s)
         build_wall = time.perf_counter() - t0
         if built is None:
             row = {"method": method, "error": f"build {error}"}

@@ -137,13 +137,15 @@ def stage_counts(split: pd.DataFrame) -> dict[str, Any]:
             "rows_computed": split.groupby("stage", sort=False)["rows_computed"].sum().astype(int).to_dict()}
 
 
-def run_child(module: str, argv: list[str], prefix: str, timeout_s: int) -> tuple[dict[str, Any] | None, str]:
-    """Run ``python -m module argv`` from the repository root, tied to this process (it dies with it); (its
-    ``prefix: {json}`` last line, "") or (None, why it failed: its exit status and last line, or the timeout)."""
+def run_child(command: str, argv: list[str], timeout_s: int) -> tuple[dict[str, Any] | None, str]:
+    """Run ``dagrag command argv`` (as ``python -m flows.cli``, so the child starts and exits as a user's command
+    does) from the repository root, tied to this process (it dies with it); (its ``command: {json}`` last line,
+    "") or (None, why it failed: its exit status and last line, or the timeout)."""
     from flows.api_server import tied_popen
 
-    proc = tied_popen([sys.executable, "-m", module, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                      text=True, cwd=Path(__file__).resolve().parents[1])
+    prefix = command
+    proc = tied_popen([sys.executable, "-m", "flows.cli", command, *argv], stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s or None)
     except subprocess.TimeoutExpired:

@@ -72,13 +72,13 @@ def run_cell(argv: list[str], timeout_s: int) -> tuple[dict[str, Any] | None, st
     """Build the cell's index in one process, then time it in a fresh one, both within ``timeout_s``; (the
     ``benchmark:`` payload, "") or (None, why it failed, and in which step)."""
     t0 = time.perf_counter()
-    built, error = run_child("flows.index", argv, "index", timeout_s)
+    built, error = run_child("index", argv, timeout_s)
     if built is None:
         return None, f"index {error}"
     left = timeout_s - (time.perf_counter() - t0) if timeout_s else 0
     if timeout_s and left < 1:
         return None, f"index took all of the {timeout_s} s"
-    bench, error = run_child("flows.benchmark", argv, "benchmark", int(left))  # 0 when timeout_s is 0: no limit
+    bench, error = run_child("benchmark", argv, int(left))  # 0 when timeout_s is 0: no limit
     if bench is not None and bench.get("stages_computed"):  # a stage the index run left: its memory is in here
         return None, f"benchmark computed {bench['stages_computed']} stage(s) the index run had not"
     return bench, "" if bench is not None else f"benchmark {error}"

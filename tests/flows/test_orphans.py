@@ -366,4 +366,12 @@ def test_flow_runs_on_a_command_s_own_temporary_server_send_no_heartbeats(monkey
         monkeypatch.setattr(api, "_server", None)  # PREFECT_API_URL, a profile's API, or the test harness's
         with api.flow_run_settings():
             probe()
-    assert seen == [None, 180]
+        url = str(get_current_settings().api.url)
+        monkeypatch.setenv("PREFECT_API_URL", url)  # a child of `dagrag growth` on its parent's temporary server
+        monkeypatch.setenv(api.TEMPORARY_API_ENV, url)
+        with api.flow_run_settings():
+            probe()
+        monkeypatch.setenv(api.TEMPORARY_API_ENV, "http://127.0.0.1:9/api")  # another server was temporary
+        with api.flow_run_settings():
+            probe()
+    assert seen == [None, 180, None, 180]
