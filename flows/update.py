@@ -40,6 +40,7 @@ from flows.pipeline import (
     start_run,
 )
 from tasks.core.ingest import ingest
+from tasks.core.progress import process_seconds, timed_seconds, timed_since
 from tasks.core.store import ArtifactRef, Store
 from tasks.llm.params import LLMDryRun
 from tasks.methods.archrag.stages import update_summary as archrag_update_summary
@@ -73,7 +74,10 @@ def document_diff(store: Store, dataset: str, documents: ArtifactRef, run_id: st
 @flow(name="update")
 @untagged_tasks
 def update_flow(cfg: dict) -> dict[str, Any]:
-    """Ingest + the method's update (or index) stages; a summary of what was recomputed."""
+    """Ingest + the method's update (or index) stages; a summary of what was recomputed, and where the command's
+    time went before and in the flow (``startup_s``: process start to this flow's body; ``flow_s``; ``timed``:
+    the named steps, such as loading the encoder, that the stages' seconds include)."""
+    startup_s, timed_before, flow_t0 = process_seconds(), timed_seconds(), time.perf_counter()
     conf = load_config(cfg)
     ctx, manifest = start_run(conf, "update")
     name = conf.method.name
@@ -99,7 +103,9 @@ def update_flow(cfg: dict) -> dict[str, Any]:
                        segments_resummarized=None, layers=None, full_build_seconds_estimate=None,
                        same_as="flows.index")
     summary.update(seconds=round(seconds, 3), **stage_counts(split),
-                   artifacts={k: v.path for k, v in index.items()}, run_id=ctx.run_id)
+                   artifacts={k: v.path for k, v in index.items()}, run_id=ctx.run_id,
+                   startup_s=round(startup_s, 3), flow_s=round(time.perf_counter() - flow_t0, 3),
+                   timed=timed_since(timed_before))
     ctx.store.record_metrics(ctx.run_id, "update", name, ctx.dataset, summary, manifest["overrides"])
     return summary
 

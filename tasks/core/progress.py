@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import os
 import threading
 import time
 from contextlib import contextmanager
@@ -46,10 +47,47 @@ def notice_if_slow(message: str, *args: object) -> Iterator[None]:
         timer.cancel()
 
 
+# seconds this process spent in each kind of timed block (its text), for a command's summary (flows.update)
+_timed_seconds: dict[str, float] = {}
+_timed_lock = threading.Lock()
+
+
 @contextmanager
 def timed(what: str) -> Iterator[None]:
-    """Log ``what: 1.2 s`` after the block, and ``what …`` when it starts if it runs longer than ``NOTICE_S``."""
+    """Log ``what: 1.2 s`` after the block, and ``what …`` when it starts if it runs longer than ``NOTICE_S``;
+    the seconds are added to :func:`timed_seconds`."""
     t0 = time.perf_counter()
     with notice_if_slow("%s …", what):
         yield
-    log.info("%s: %.1f s", what, time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    with _timed_lock:
+        _timed_seconds[what] = _timed_seconds.get(what, 0.0) + seconds
+    log.info("%s: %.1f s", what, seconds)
+
+
+def timed_seconds() -> dict[str, float]:
+    """Seconds this process has spent so far in each kind of :func:`timed` block (a copy), e.g. ``{"loading the
+    ONNX Runtime encoder (fp32) from the model cache": 0.3}``."""
+    with _timed_lock:
+        return dict(_timed_seconds)
+
+
+def timed_since(before: dict[str, float]) -> dict[str, float]:
+    """The :func:`timed` seconds spent since ``before`` (an earlier :func:`timed_seconds`), rounded; the blocks
+    that ran only."""
+    now = timed_seconds()
+    return {what: round(s - before.get(what, 0.0), 3) for what, s in now.items() if s > before.get(what, 0.0)}
+
+
+def process_seconds() -> float:
+    """Seconds since this process was created: its start-up, interpreter and imports included. On Linux from the
+    kernel's start time in clock ticks since boot, read against the boot clock (10 ms resolution; psutil adds it
+    to the boot time in whole seconds, which can be a second off); elsewhere psutil's."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])  # field 22, starttime (after the command name)
+        return max(time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, AttributeError, ValueError, IndexError):
+        import psutil
+
+        return max(time.time() - psutil.Process().create_time(), 0.0)

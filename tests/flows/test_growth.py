@@ -10,7 +10,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from flows.growth import growth_row, holdout_ids, markdown, passed_on, stage_note
+import pandas as pd
+
+from flows.growth import SPLIT, growth_row, holdout_ids, markdown, passed_on, split_markdown, stage_note, update_split
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,10 +35,13 @@ def test_a_row_takes_medians_and_compares_with_the_build_scaled_to_the_full_corp
     corpora = {"n_base": 90, "n_full": 100, "n_added": 10}
     stages = [{"stage": "embed", "seconds": 2.0, "rows_computed": 10, "rows": 100},
               {"stage": "chunk", "seconds": 0.01, "rows_computed": 10, "rows": 100}]
-    updates = [{"wall_s": 9.0, "stage_s": 3.0, "fixed_s": 6.0, "stages": stages},
-               {"wall_s": 7.0, "stage_s": 2.0, "fixed_s": 5.0, "stages": stages},
+    def split(x: float) -> dict[str, float]:
+        return {k: x + i for i, k in enumerate(SPLIT)}
+
+    updates = [{"wall_s": 9.0, "stage_s": 3.0, "fixed_s": 6.0, "stages": stages, "split": split(3.0)},
+               {"wall_s": 7.0, "stage_s": 2.0, "fixed_s": 5.0, "stages": stages, "split": split(1.0)},
                {"error": "update failed (exit 1): boom"},
-               {"wall_s": 8.0, "stage_s": 4.0, "fixed_s": 4.0, "stages": stages}]
+               {"wall_s": 8.0, "stage_s": 4.0, "fixed_s": 4.0, "stages": stages, "split": split(2.0)}]
     row = growth_row("m", corpora, 36.0, 45.0, updates)
     assert row["full_build_stage_s"] == 40.0 and row["full_build_wall_s"] == 50.0
     assert (row["update_wall_s"], row["update_stage_s"], row["update_fixed_s"]) == (8.0, 3.0, 5.0)
@@ -50,8 +55,24 @@ def test_a_row_takes_medians_and_compares_with_the_build_scaled_to_the_full_corp
     assert table.count("\n") == 5 and "| x | build failed (exit 1): MemoryError |" in table
     assert "| m | 36.0 / 45.0 | 40.0 / 50.0 | 3.0 / 8.0 | 5.0 | 7.5 / 16.0 | embed 2.0 s" in table
     assert "| m | 36.0 / – | 40.0 / – | 3.0 / 8.0 | 5.0 | 7.5 / – |" in table
+    assert row["update_split"] == split(2.0)  # each part's median over the runs that finished
+    lines = split_markdown([row, failed]).splitlines()
+    assert len(lines) == 3 and lines[2] == "| m | 2.0 | 3.0 | 4.0 | 5.0 | 6.0 | 7.0 | 8.0 |"  # the failed row: none
     assert stage_note([]) == ""
     assert stage_note(stages[:1], summaries=(3, 9)) == "3 of 9 summaries made anew; embed 2.0 s (10/100)"
+
+
+def test_an_update_s_wall_time_splits_into_its_parts():
+    stages = pd.DataFrame({"stage": ["ingest", "embed", "chunk", "erarag_hierarchy"], "seconds": [0.1, 2.0, 0.2, 3.0]})
+    payload = {"startup_s": 2.5, "flow_s": 5.6, "timed": {
+        "loading the ONNX Runtime encoder (fp32) from the model cache": 0.3, "checking x in bfloat16": 9.0}}
+    got = update_split(10.0, payload, stages)
+    assert got == pytest.approx({"startup_s": 2.5, "model_loading_s": 0.3, "per_row_s": 1.9, "whole_corpus_s": 3.1,
+                                 "flow_other_s": 0.3, "after_flow_s": 1.9})
+    # the parts add up to the wall time; a loading step with no per-row stage comes out of the whole-corpus ones
+    assert sum(got.values()) == pytest.approx(10.0)
+    only_whole = update_split(10.0, payload, stages[stages["stage"].isin(["ingest", "erarag_hierarchy"])])
+    assert only_whole["per_row_s"] == 0 and only_whole["whole_corpus_s"] == pytest.approx(2.8)
 
 
 def test_growth_builds_once_updates_fresh_copies_and_records_rows(tmp_path):
@@ -89,8 +110,15 @@ def test_growth_builds_once_updates_fresh_copies_and_records_rows(tmp_path):
     with duckdb.connect(str(tmp_path / "catalog.duckdb"), read_only=True) as con:
         recorded = con.execute("SELECT method, dataset FROM metrics WHERE kind = 'growth' ORDER BY method").fetchall()
     assert recorded == [("bm25", "sample-60-s0"), ("erarag", "sample-60-s0")]
+    for r in rows.values():  # where the updates' wall seconds went: every part measured, all within the wall
+        part = r["update_split"]
+        assert set(part) == set(SPLIT) and part["startup_s"] > 0.5 and part["after_flow_s"] > 0
+        assert part["per_row_s"] >= 0 and part["startup_s"] + part["after_flow_s"] < r["update_wall_s"]
+    assert rows["bm25"]["update_split"]["model_loading_s"] == 0 < rows["erarag"]["update_split"]["model_loading_s"]
     table = Path(result["table"]).read_text()
-    assert table.count("\n") == 4 and "| erarag |" in table
+    builds, where = table.split("Where each update's wall seconds went")
+    assert builds.count("\n") == 5 and "| erarag |" in builds
+    assert where.count("| bm25 |") == 1 and where.count("| erarag |") == 1
 
 
 def test_growth_sets_the_corpus_method_and_store_itself_and_passes_the_rest_on():
