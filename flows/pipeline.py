@@ -143,7 +143,6 @@ def run_child(command: str, argv: list[str], timeout_s: int) -> tuple[dict[str, 
     "") or (None, why it failed: its exit status and last line, or the timeout)."""
     from flows.api_server import tied_popen
 
-    prefix = command
     proc = tied_popen([sys.executable, "-m", "flows.cli", command, *argv], stdout=subprocess.PIPE,
                       stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
     try:
@@ -155,11 +154,11 @@ def run_child(command: str, argv: list[str], timeout_s: int) -> tuple[dict[str, 
     except BaseException:  # interrupted: the child goes with this call
         proc.kill()
         raise
-    last = [ln for ln in stdout.splitlines() if ln.startswith(f"{prefix}: ")]
+    last = [ln for ln in stdout.splitlines() if ln.startswith(f"{command}: ")]
     if proc.returncode != 0 or not last:
         tail = (stderr or stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
         return None, f"failed (exit {proc.returncode}): {tail[0][:200]}"
-    return json.loads(last[-1][len(prefix) + 2:]), ""
+    return json.loads(last[-1][len(command) + 2:]), ""
 
 
 def print_last_line(prefix: str, payload: dict[str, Any]) -> None:

@@ -148,7 +148,8 @@ TABLE_NOTES = (
     "query–sentence cosine). context_recall: gold passages whose text reaches the reader's context. "
     "index_build_s: seconds each index stage took when it was computed, summed (also when this run found it "
     "cached). ms/q@b: mean ms per query at batch b (the latest benchmark run). peak_mem_mb: the larger of the "
-    "index stages' peak RSS (each when it was computed, as for index_build_s) and the benchmark's. tokens: LLM prompt + completion tokens recorded for the run.")
+    "index stages' peak RSS (each when it was computed, as for index_build_s) and the benchmark's. tokens: LLM "
+    "prompt + completion tokens recorded for the run.")
 
 
 def selection_line(params: Any, n: int) -> str:
