@@ -58,22 +58,18 @@ def task_run_name(task_name: str, parameters: dict[str, Any]) -> str:
     return task_name if ref is None else f"{task_name}[{INPUT_WORDS.get(ref.name, ref.name)}]"
 
 
-@functools.cache
 def name_task_runs() -> int:
-    """Give every stage task of ``tasks`` (and ``retrieve``) a readable task-run name, once per process;
-    returns how many."""
-    import importlib
-    import pkgutil
+    """Give every stage task of the project's modules that this process has imported a readable task-run name;
+    returns how many were named now. Called before each flow run, after its method's flow module is imported
+    (:data:`flows.methods.METHODS` imports a method when it is first read; a flow module imports the stages it
+    calls). Modules nothing imported are not imported for this."""
+    import sys
 
-    import tasks
     from prefect import Task
 
     named = 0
-    modules = [info.name for info in pkgutil.walk_packages(tasks.__path__, "tasks.")] + ["flows.evaluate", "__main__"]
-    for name in modules:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:  # an optional backend's module: its stages cannot run either
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name.startswith(("tasks.", "flows.")) or name == "__main__"):
             continue
         for obj in vars(module).values():
             if isinstance(obj, Task) and obj.task_run_name is None:
@@ -177,8 +173,8 @@ def publish_hook(flow: Any, flow_run: Any, state: Any) -> None:
 
 def observed(flow_fn: Any, cfg: dict[str, Any]) -> Any:
     """The flow with readable run names, tags and the artifact hooks."""
+    method, dataset = run_label(cfg)  # loads the config, and with it the method's flow module
     name_task_runs()
-    method, dataset = run_label(cfg)
     return flow_fn.with_options(flow_run_name=f"{flow_fn.name} {method}/{dataset}",
                                 on_completion=[publish_hook], on_failure=[publish_hook])
 

@@ -111,8 +111,9 @@ def _checked(cfg: dict[str, Any], command: str) -> None:
     """What ``dagrag COMMAND`` checks before a run (:mod:`flows.preflight`); a failure fails the flow run."""
     from flows.preflight import preflight
 
+    conf = load_config(cfg)  # imports the method's flow module
     name_task_runs()  # this run's process imported the tasks afresh
-    preflight(load_config(cfg), command)
+    preflight(conf, command)
 
 
 def _summarise(cfg: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:

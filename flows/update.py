@@ -26,7 +26,6 @@ import pandas as pd
 from omegaconf import DictConfig
 from prefect import flow
 
-from flows import archrag, erarag, serag
 from flows.config import load_config
 from flows.methods import METHODS
 from flows.observe import untagged_tasks
@@ -43,14 +42,26 @@ from tasks.core.ingest import ingest
 from tasks.core.progress import process_seconds, timed_seconds, timed_since
 from tasks.core.store import ArtifactRef, Store
 from tasks.llm.params import LLMDryRun
-from tasks.methods.archrag.stages import update_summary as archrag_update_summary
-from tasks.methods.erarag.stages import update_summary
-from tasks.methods.serag.stages import update_summary as serag_update_summary
 
-# methods whose update differs from their index DAG: name -> (update DAG, summary of what it did)
-UPDATES: dict[str, tuple[Callable, Callable]] = {"erarag": (erarag.update, update_summary),
-                                                 "serag": (serag.update, serag_update_summary),
-                                                 "archrag": (archrag.index, archrag_update_summary)}
+def update_dag(name: str) -> tuple[Callable, Callable | None]:
+    """The method's update DAG and the summary of what it did, where they differ from its index DAG (EraRAG,
+    SeRAG, ArchRAG); else (its index DAG, None). Imported here, so a command imports only its own method."""
+    if name == "erarag":
+        from flows import erarag
+        from tasks.methods.erarag.stages import update_summary
+
+        return erarag.update, update_summary
+    if name == "serag":
+        from flows import serag
+        from tasks.methods.serag.stages import update_summary
+
+        return serag.update, update_summary
+    if name == "archrag":
+        from flows import archrag
+        from tasks.methods.archrag.stages import update_summary
+
+        return archrag.index, update_summary
+    return METHODS[name].index, None
 
 
 def document_diff(store: Store, dataset: str, documents: ArtifactRef, run_id: str) -> dict[str, int]:
@@ -83,7 +94,7 @@ def update_flow(cfg: dict) -> dict[str, Any]:
     name = conf.method.name
     t0 = time.perf_counter()
     data = ingest(ctx, conf.dataset, conf.data_dir)
-    dag, summarise = UPDATES.get(name, (METHODS[name].index, None))
+    dag, summarise = update_dag(name)
     try:
         index = dag(ctx, data, conf)
     except LLMDryRun as stop:

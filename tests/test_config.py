@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -213,3 +215,25 @@ def test_the_method_list_of_compare_scale_and_growth_is_every_method():
     from flows.methods import METHODS
 
     assert sorted(METHOD_NAMES) == sorted(METHODS)
+
+
+def test_a_command_imports_its_own_method_only_and_names_its_stage_tasks():
+    """``METHODS[name]`` imports ``flows.<name>`` when first read: a dense update does not import bm25s and
+    numba, nor ArchRAG's modules (about half a second of start-up); each method still maps to its own flow
+    module, and the stage tasks it imports get their readable task-run names."""
+    code = (
+        "import sys, flows.update, flows.evaluate, flows.index, flows.benchmark\n"
+        "from flows import observe\n"
+        "from flows.methods import METHODS\n"
+        "assert not {'flows.dense', 'flows.archrag', 'bm25s', 'numba'} & set(sys.modules), sorted(sys.modules)\n"
+        "dense = METHODS['dense']\n"
+        "assert 'flows.dense' in sys.modules and not {'flows.archrag', 'numba'} & set(sys.modules)\n"
+        "assert dense.params.__name__ == 'DenseParams' and dense.index is sys.modules['flows.dense'].index\n"
+        "assert observe.name_task_runs() > 0 and observe.name_task_runs() == 0\n"
+        "arch = METHODS['archrag']\n"
+        "assert arch.answer is sys.modules['flows.archrag'].answer and METHODS['zoomrag'].evidence_units\n"
+        "assert observe.name_task_runs() > 0\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
