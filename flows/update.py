@@ -16,6 +16,7 @@ recorded in the catalog's ``metrics`` table (kind ``update``).
 """
 from __future__ import annotations
 
+import importlib
 import sys
 import time
 from collections.abc import Callable
@@ -43,25 +44,18 @@ from tasks.core.progress import process_seconds, timed_seconds, timed_since
 from tasks.core.store import ArtifactRef, Store
 from tasks.llm.params import LLMDryRun
 
+# methods whose update differs from their index DAG: name -> the DAG's name in flows.<name> (what it did is said
+# by tasks.methods.<name>.stages.update_summary)
+UPDATES = {"erarag": "update", "serag": "update", "archrag": "index"}
+
+
 def update_dag(name: str) -> tuple[Callable, Callable | None]:
-    """The method's update DAG and the summary of what it did, where they differ from its index DAG (EraRAG,
-    SeRAG, ArchRAG); else (its index DAG, None). Imported here, so a command imports only its own method."""
-    if name == "erarag":
-        from flows import erarag
-        from tasks.methods.erarag.stages import update_summary
-
-        return erarag.update, update_summary
-    if name == "serag":
-        from flows import serag
-        from tasks.methods.serag.stages import update_summary
-
-        return serag.update, update_summary
-    if name == "archrag":
-        from flows import archrag
-        from tasks.methods.archrag.stages import update_summary
-
-        return archrag.index, update_summary
-    return METHODS[name].index, None
+    """The method's update DAG and the summary of what it did (:data:`UPDATES`), else (its index DAG, None);
+    imported here, so a command imports only its own method."""
+    if name not in UPDATES:
+        return METHODS[name].index, None
+    stages = importlib.import_module(f"tasks.methods.{name}.stages")
+    return getattr(importlib.import_module(f"flows.{name}"), UPDATES[name]), stages.update_summary
 
 
 def document_diff(store: Store, dataset: str, documents: ArtifactRef, run_id: str) -> dict[str, int]:

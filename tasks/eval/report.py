@@ -52,7 +52,7 @@ def results_table(runs: pd.DataFrame, latency: pd.DataFrame, ks: list[int]) -> p
         at = latency[latency["batch_size"] == b].set_index(["method", "dataset"])["ms_per_query"]
         out[f"ms/q@{b}"] = [at.get((m, d), np.nan) for m, d in zip(out["method"], out["dataset"])]
     peak_q = latency.groupby(["method", "dataset"])["peak_rss_mb"].max()
-    # the index stages' peak when they were computed (run_facts); a run's own figure is 0 for stages it found cached
+    # the index stages' peak when they were computed (run_facts); else the run's own (null where it computed none)
     index_peak = next((out[c] for c in ("index_peak_mb", "index_peak_rss_mb") if c in out),
                       pd.Series(np.nan, index=out.index))
     out["peak_mem_mb"] = [np.nanmax([p, peak_q.get((m, d), np.nan)]) if not (pd.isna(p) and (m, d) not in peak_q)
