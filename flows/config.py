@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import math
 import re
 import types
@@ -126,125 +127,144 @@ class BenchmarkParams:
 CHUNK_UNITS = ("passage", "sentence", "window")  # tasks.text.chunk.ChunkParams.unit
 
 
+@dataclass(frozen=True)
+class Choices:
+    """A tuple of allowed values that lives in another module (``"tasks.graph.knn:SEARCHES"``), imported
+    only when a params class that names it is checked."""
+
+    path: str
+
+    def resolve(self) -> tuple:
+        module, name = self.path.split(":")
+        return tuple(getattr(importlib.import_module(module), name))
+
+
+_COUNT, _COUNT0, _PROB, _POS = "[1, inf)", "[0, inf)", "[0, 1]", "(0, inf)"
+_SEED = {"shuffle_seed": _COUNT0}  # numpy's default_rng takes seeds >= 0
+_SEARCHES = Choices("tasks.graph.knn:SEARCHES")
+
+# What a field allows beyond its annotated type: an interval ("[0, 1]", "(0, inf)", "[1, inf)"; a round
+# bracket excludes its end; a tuple field's elements each), a tuple of choices, or Choices defined elsewhere.
+# Keyed by the params class's "module:qualname", so a command imports no method it does not run (the table
+# names every method's classes). Kept here rather than on the dataclasses: a stage's code identity hashes
+# every class its code names, whole (tasks.core.code_identity), so metadata added there would rebuild cached
+# stages. Checks that tie fields together (segment_min <= segment_avg) stay in the classes' __post_init__.
+LIMITS: dict[str, dict[str, str | tuple | Choices]] = {
+    "tasks.core.ingest:SampleParams": {"n_passages": "[20, inf)", "n_questions": _COUNT0, **_SEED},  # sample: >= 20
+    "tasks.core.ingest:HippoRAGParams": _SEED,
+    "tasks.core.ingest:UserCorpusParams": {"kind": ("jsonl", "folder"), **_SEED},
+    "tasks.text.embed:EmbedderParams": {
+        "batch_size": _COUNT, "max_seq_length": _COUNT, "query_batch_size": _COUNT,
+        "query_runtime": Choices("tasks.text.embed:QUERY_RUNTIMES"),
+        "doc_runtime": Choices("tasks.text.embed:DOC_RUNTIMES"), "precision": Choices("tasks.text.embed:PRECISIONS"),
+        "int8_keep_fp32": Choices("tasks.text.onnx_encoder:INT8_KINDS"), "bf16_min_tokens": _COUNT0},
+    "tasks.text.ner:NERParams": {"backend": Choices("tasks.text.ner:BACKENDS"), "batch_size": _COUNT,
+                                 "n_process": _COUNT, "min_chars": _COUNT0, "max_empty_fraction": _PROB},
+    "tasks.methods.archrag.kg_stages:KGParams": {
+        "builder": Choices("tasks.methods.archrag.kg:BUILDERS"), "description_tokens": _COUNT,
+        "max_empty_fraction": _PROB, "describe_max_tokens": _COUNT, "extract_max_tokens": _COUNT},
+    "tasks.llm.params:LLMParams": {
+        "provider": Choices("tasks.llm.params:PROVIDERS"), "temperature": "[0, 2]", "max_tokens": _COUNT,
+        "timeout_s": _POS, "max_retries": _COUNT0, "backoff_base_s": _COUNT0, "backoff_max_s": _COUNT0,
+        "concurrency": _COUNT},
+    "flows.config:RunnerParams": {"kind": ("thread", "dask"), "max_workers": _COUNT, "partition_rows": _COUNT0,
+                                  "n_workers": _COUNT, "threads_per_worker": _COUNT},
+    "flows.config:CompareParams": {"methods": METHOD_NAMES},
+    "flows.config:ScaleParams": {"sizes": "[20, inf)", "methods": METHOD_NAMES, "batch_sizes": _COUNT,
+                                 "n_questions": _COUNT, "timeout_s": _COUNT0},
+    "flows.config:GrowthParams": {"fraction": "(0, 1)", "methods": METHOD_NAMES, "repeats": _COUNT,
+                                  "timeout_s": _COUNT0, "seed": _COUNT0},
+    "flows.config:ReportParams": {"metric": ("recall@2", "recall@5", "recall@10", "evidence_recall@2",
+                                             "evidence_recall@5", "evidence_recall@10", "context_recall", "em", "f1")},
+    "flows.config:EvalParams": {
+        "dev_fraction": "[0, 1)", "split_seed": _COUNT0,
+        "objective": ("recall@2", "recall@5", "recall@10", "evidence_recall@2", "evidence_recall@5",
+                      "evidence_recall@10", "context_recall"),
+        "ks": _COUNT, "batch_size": _COUNT, "max_questions": _COUNT, "context_passages": _COUNT0,
+        "max_context_tokens": _COUNT},
+    "flows.config:BenchmarkParams": {"batch_sizes": _COUNT, "n_questions": _COUNT, "repeat": _COUNT,
+                                     "min_batches": _COUNT},
+    "tasks.methods.dense:DenseParams": {"top_k": _COUNT, "batch_size": _COUNT},
+    "tasks.methods.bm25:BM25Params": {"k1": _COUNT0, "b": _PROB, "top_k": _COUNT, "batch_size": _COUNT},
+    "tasks.methods.hybrid.retriever:HybridParams": {
+        "k": _POS, "dense_depth": _COUNT, "bm25_depth": _COUNT, "dense_weight": _COUNT0, "bm25_weight": _COUNT0,
+        "k1": _COUNT0, "b": _PROB, "top_k": _COUNT, "batch_size": _COUNT},
+    "tasks.methods.zoomrag.algorithm:ZoomParams": {
+        "alpha": _PROB, "steps": _COUNT, "beta": _PROB, "top_k_docs": _COUNT, "sigma": _POS, "omega": _PROB,
+        "keep_ratio": "(0, 1]", "batch_size": _COUNT, "walk_dtype": ("float32", "float64"),
+        "walk_node_order": ("locality", "stored"), "walk_sparse_max": _PROB, "chunk_iterations": _COUNT,
+        "doc_doc_max_neighbors": _COUNT0, "doc_doc_stats_sample": _COUNT, "doc_doc_search": _SEARCHES,
+        "doc_doc_exact_max": _COUNT, "ivf_nlist": _COUNT0, "ivf_nprobe": _COUNT, "title_edge_weight": _COUNT0,
+        "title_name_weight": _COUNT0, "query_entity_weight": _COUNT0, "lowercase_name_weight": _COUNT0,
+        "relation_gate_temperature": _COUNT0},
+    "tasks.methods.zoomrag.stages:ZoomRAGParams": {
+        "top_k": _COUNT, "chunk_unit": CHUNK_UNITS, "max_entity_words": _COUNT, "doc_block_rows": _COUNT,
+        "chunk_group_size": _COUNT},
+    "tasks.methods.linearrag.algorithm:LinearRAGParams": {
+        "max_iterations": _COUNT, "top_k_sentence": _COUNT, "passage_ratio": _COUNT0,
+        "passage_node_weight": _COUNT0, "damping": _PROB, "edge_weighting": ("share", "count", "indicator"),
+        "top_k": _COUNT, "min_similarity": "[-1, 1]", "ppr_tol": _POS, "ppr_max_iter": _COUNT,
+        "ppr_dtype": ("float32", "float64"), "ppr_threads": _COUNT0, "ppr_sweeps": ("power", "alternating"),
+        "title_edge_weight": _COUNT0, "title_name_weight": _COUNT0, "lowercase_name_weight": _COUNT0,
+        "relation_gate_temperature": _COUNT0, "passage_reset": Choices("tasks.methods.linearrag.algorithm:PASSAGE_RESETS"),
+        "passage_reset_depth": _COUNT, "passage_reset_weight": _COUNT0},
+    "tasks.text.gazetteer:LinkingParams": {
+        "graph_linking": Choices("tasks.text.gazetteer:LINKINGS"), "query_linking": Choices("tasks.text.gazetteer:LINKINGS"),
+        "gazetteer_min_chars": _COUNT, "query_lowercase_weight": _COUNT0, "cover_named_min_seed": _COUNT0},
+    "tasks.methods.erarag.algorithm:EraRAGParams": {
+        "n_hyperplanes": "[1, 64]", "segment_min": "[2, inf)", "segment_avg": "[2, inf)", "segment_max": "[2, inf)",
+        "max_layers": _COUNT0, "stop_nodes": _COUNT, "summary_tokens": _COUNT, "top_k": _COUNT,
+        "token_budget": _COUNT, "detail_proportion": _PROB,
+        "update_segmenting": Choices("tasks.methods.erarag.algorithm:UPDATE_SEGMENTING")},
+    "tasks.methods.erarag.stages:EraParams": {
+        "window_tokens": _COUNT, "overlap_tokens": _COUNT0, "summariser": Choices("tasks.methods.erarag.stages:SUMMARISERS"),
+        "extractive_rank": ("lead", "centroid"), "recall_view": Choices("tasks.methods.erarag.stages:VIEWS")},
+    "tasks.methods.serag.stages:SeRAGParams": {
+        "top_k": _COUNT, "lambda_sem": _PROB, "lambda_log": _PROB, "k_sem": _COUNT, "sigma_dist": _POS,
+        "dist_window": _COUNT0, "max_entity_chunks": _COUNT, "gamma_c": _PROB, "gamma_f": _PROB, "k_coarse": _COUNT,
+        "tau": "[-1, inf)", "entity_sim": ("embedding", "exact"), "chunk_unit": CHUNK_UNITS,
+        "self_query_max_tokens": _COUNT, "batch_size": _COUNT, "knn_search": _SEARCHES, "knn_exact_max": _COUNT,
+        "ivf_nlist": _COUNT0, "ivf_nprobe": _COUNT},
+    "tasks.methods.archrag.stages:ArchParams": {
+        "top_k": _COUNT, "chunk_unit": CHUNK_UNITS, "window_tokens": _COUNT, "overlap_tokens": _COUNT0,
+        "k_scale": _COUNT0, "percentile": _PROB, "edge_weight": Choices("tasks.methods.archrag.algorithm:EDGE_WEIGHTS"),
+        "clustering": Choices("tasks.methods.archrag.algorithm:CLUSTERINGS"), "max_cluster_size": _COUNT,
+        "resolution": _POS, "min_clusters": _COUNT, "max_level": _COUNT0,
+        "summariser": Choices("tasks.methods.archrag.stages:SUMMARISERS"), "knn_search": _SEARCHES,
+        "knn_exact_max": _COUNT, "ivf_nlist": _COUNT0, "ivf_nprobe": _COUNT, "summary_tokens": _COUNT,
+        "report_input_tokens": _COUNT, "report_max_tokens": _COUNT, "hnsw_m": _COUNT, "ef_construction": _COUNT,
+        "ef_search": _COUNT, "k_per_layer": _COUNT0, "relation_scope": Choices("tasks.methods.archrag.stages:RELATION_SCOPES"),
+        "max_relations": _COUNT0, "generation": Choices("tasks.methods.archrag.stages:GENERATIONS"),
+        "filter_budget_tokens": _COUNT, "merge_budget_tokens": _COUNT, "filter_max_tokens": _COUNT,
+        "answer_max_tokens": _COUNT},
+}
+
+
+def class_path(cls: type) -> str:
+    """``module:qualname``, the key of :data:`LIMITS`."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
 @functools.cache
+def own_limits(path: str) -> dict[str, str | tuple]:
+    """The limits :data:`LIMITS` lists for one class (not its bases'), choices resolved."""
+    return {k: v.resolve() if isinstance(v, Choices) else v for k, v in LIMITS.get(path, {}).items()}
+
+
 def field_limits() -> dict[type, dict[str, str | tuple]]:
-    """What a field allows beyond its annotated type: an interval (``"[0, 1]"``, ``"(0, inf)"``,
-    ``"[1, inf)"``; a round bracket excludes its end; a tuple field's elements each) or a tuple of choices.
-
-    Keyed by params class; a subclass inherits its bases' limits. Kept here rather than on the
-    dataclasses: a stage's code identity hashes every class its code names, whole
-    (``tasks.core.code_identity``), so metadata added there would rebuild cached stages. Checks
-    that tie fields together (``segment_min <= segment_avg``) stay in the classes' ``__post_init__``.
-    """
-    from tasks.core.ingest import HippoRAGParams, SampleParams, UserCorpusParams
-    from tasks.graph.knn import SEARCHES
-    from tasks.llm.params import PROVIDERS, LLMParams
-    from tasks.methods.archrag import algorithm as arch_alg
-    from tasks.methods.archrag import kg as arch_kg
-    from tasks.methods.archrag import stages as arch
-    from tasks.methods.archrag.kg_stages import KGParams
-    from tasks.methods.bm25 import BM25Params
-    from tasks.methods.dense import DenseParams
-    from tasks.methods.erarag import stages as era
-    from tasks.methods.hybrid.retriever import HybridParams
-    from tasks.methods.erarag.algorithm import UPDATE_SEGMENTING, EraRAGParams
-    from tasks.methods.linearrag.algorithm import PASSAGE_RESETS, LinearRAGParams
-    from tasks.methods.serag.stages import SeRAGParams
-    from tasks.methods.zoomrag.algorithm import ZoomParams
-    from tasks.methods.zoomrag.stages import ZoomRAGParams
-    from tasks.text.embed import DOC_RUNTIMES, PRECISIONS, QUERY_RUNTIMES
-    from tasks.text.onnx_encoder import INT8_KINDS
-    from tasks.text.gazetteer import LINKINGS, LinkingParams
-    from tasks.text.ner import BACKENDS
-
-    count, count0, prob, pos = "[1, inf)", "[0, inf)", "[0, 1]", "(0, inf)"
-    seed = {"shuffle_seed": count0}  # numpy's default_rng takes seeds >= 0
-    return {
-        SampleParams: {"n_passages": "[20, inf)", "n_questions": count0, **seed},  # tasks.core.sample: >= 20
-        HippoRAGParams: seed,
-        UserCorpusParams: {"kind": ("jsonl", "folder"), **seed},
-        EmbedderParams: {"batch_size": count, "max_seq_length": count, "query_batch_size": count,
-                         "query_runtime": QUERY_RUNTIMES, "doc_runtime": DOC_RUNTIMES, "precision": PRECISIONS,
-                         "int8_keep_fp32": tuple(INT8_KINDS), "bf16_min_tokens": count0},
-        NERParams: {"backend": BACKENDS, "batch_size": count, "n_process": count, "min_chars": count0,
-                    "max_empty_fraction": prob},
-        KGParams: {"builder": arch_kg.BUILDERS, "description_tokens": count, "max_empty_fraction": prob,
-                   "describe_max_tokens": count, "extract_max_tokens": count},
-        LLMParams: {"provider": PROVIDERS, "temperature": "[0, 2]", "max_tokens": count, "timeout_s": pos,
-                    "max_retries": count0, "backoff_base_s": count0, "backoff_max_s": count0, "concurrency": count},
-        RunnerParams: {"kind": ("thread", "dask"), "max_workers": count, "partition_rows": count0,
-                       "n_workers": count, "threads_per_worker": count},
-        CompareParams: {"methods": METHOD_NAMES},
-        ScaleParams: {"sizes": "[20, inf)", "methods": METHOD_NAMES,
-                      "batch_sizes": count, "n_questions": count, "timeout_s": count0},
-        GrowthParams: {"fraction": "(0, 1)", "methods": METHOD_NAMES,
-                       "repeats": count, "timeout_s": count0, "seed": count0},
-        ReportParams: {"metric": ("recall@2", "recall@5", "recall@10", "evidence_recall@2", "evidence_recall@5",
-                                  "evidence_recall@10", "context_recall", "em", "f1")},
-        EvalParams: {"dev_fraction": "[0, 1)", "split_seed": count0, "objective": (
-                         "recall@2", "recall@5", "recall@10", "evidence_recall@2", "evidence_recall@5",
-                         "evidence_recall@10", "context_recall"),
-                     "ks": count, "batch_size": count, "max_questions": count, "context_passages": count0,
-                     "max_context_tokens": count},
-        BenchmarkParams: {"batch_sizes": count, "n_questions": count, "repeat": count, "min_batches": count},
-        DenseParams: {"top_k": count, "batch_size": count},
-        BM25Params: {"k1": count0, "b": prob, "top_k": count, "batch_size": count},
-        HybridParams: {"k": pos, "dense_depth": count, "bm25_depth": count, "dense_weight": count0,
-                       "bm25_weight": count0, "k1": count0, "b": prob, "top_k": count, "batch_size": count},
-        ZoomParams: {"alpha": prob, "steps": count, "beta": prob, "top_k_docs": count, "sigma": pos,
-                     "omega": prob, "keep_ratio": "(0, 1]", "batch_size": count,
-                     "walk_dtype": ("float32", "float64"), "walk_node_order": ("locality", "stored"), "walk_sparse_max": prob,
-                     "chunk_iterations": count,
-                     "doc_doc_max_neighbors": count0, "doc_doc_stats_sample": count,
-                     "doc_doc_search": SEARCHES, "doc_doc_exact_max": count, "ivf_nlist": count0, "ivf_nprobe": count,
-                     "title_edge_weight": count0, "title_name_weight": count0, "query_entity_weight": count0,
-                     "lowercase_name_weight": count0,
-                     "relation_gate_temperature": count0},
-        ZoomRAGParams: {"top_k": count, "chunk_unit": CHUNK_UNITS, "max_entity_words": count,
-                        "doc_block_rows": count, "chunk_group_size": count},
-        LinearRAGParams: {"max_iterations": count, "top_k_sentence": count, "passage_ratio": count0,
-                          "passage_node_weight": count0, "damping": prob,
-                          "edge_weighting": ("share", "count", "indicator"), "top_k": count,
-                          "min_similarity": "[-1, 1]", "ppr_tol": pos, "ppr_max_iter": count,
-                          "ppr_dtype": ("float32", "float64"), "ppr_threads": count0,
-                          "ppr_sweeps": ("power", "alternating"), "title_edge_weight": count0,
-                          "title_name_weight": count0, "lowercase_name_weight": count0, "relation_gate_temperature": count0,
-                          "passage_reset": PASSAGE_RESETS,
-                          "passage_reset_depth": count, "passage_reset_weight": count0},
-        LinkingParams: {"graph_linking": LINKINGS, "query_linking": LINKINGS, "gazetteer_min_chars": count,
-                        "query_lowercase_weight": count0, "cover_named_min_seed": count0},
-        EraRAGParams: {"n_hyperplanes": "[1, 64]", "segment_min": "[2, inf)", "segment_avg": "[2, inf)",
-                       "segment_max": "[2, inf)", "max_layers": count0, "stop_nodes": count,
-                       "summary_tokens": count, "top_k": count, "token_budget": count, "detail_proportion": prob,
-                       "update_segmenting": UPDATE_SEGMENTING},
-        era.EraParams: {"window_tokens": count, "overlap_tokens": count0,
-                        "summariser": era.SUMMARISERS, "extractive_rank": ("lead", "centroid"),
-                        "recall_view": era.VIEWS},
-        SeRAGParams: {"top_k": count, "lambda_sem": prob, "lambda_log": prob, "k_sem": count, "sigma_dist": pos,
-                      "dist_window": count0, "max_entity_chunks": count, "gamma_c": prob, "gamma_f": prob,
-                      "k_coarse": count, "tau": "[-1, inf)", "entity_sim": ("embedding", "exact"),
-                      "chunk_unit": CHUNK_UNITS, "self_query_max_tokens": count, "batch_size": count,
-                      "knn_search": SEARCHES, "knn_exact_max": count, "ivf_nlist": count0, "ivf_nprobe": count},
-        arch.ArchParams: {
-            "top_k": count, "chunk_unit": CHUNK_UNITS, "window_tokens": count, "overlap_tokens": count0,
-            "k_scale": count0, "percentile": prob, "edge_weight": arch_alg.EDGE_WEIGHTS,
-            "clustering": arch_alg.CLUSTERINGS, "max_cluster_size": count, "resolution": pos,
-            "min_clusters": count, "max_level": count0, "summariser": arch.SUMMARISERS,
-            "knn_search": SEARCHES, "knn_exact_max": count, "ivf_nlist": count0, "ivf_nprobe": count,
-            "summary_tokens": count, "report_input_tokens": count, "report_max_tokens": count, "hnsw_m": count,
-            "ef_construction": count, "ef_search": count, "k_per_layer": count0,
-            "relation_scope": arch.RELATION_SCOPES, "max_relations": count0,
-            "generation": arch.GENERATIONS, "filter_budget_tokens": count,
-            "merge_budget_tokens": count, "filter_max_tokens": count, "answer_max_tokens": count},
-    }
+    """Every class of :data:`LIMITS` with its limits (imports every method: for tests and docs, not commands)."""
+    out = {}
+    for path in LIMITS:
+        module, name = path.split(":")
+        out[functools.reduce(getattr, name.split("."), importlib.import_module(module))] = own_limits(path)
+    return out
 
 
 def limits_of(cls: type) -> dict[str, str | tuple]:
-    """The limits of ``cls``'s fields, its bases' included."""
-    table = field_limits()
+    """The limits of ``cls``'s fields, its bases' included; imports only the modules their choices live in."""
     out: dict[str, str | tuple] = {}
     for base in reversed(cls.__mro__):
-        out.update(table.get(base, {}))
+        out.update(own_limits(class_path(base)))
     return out
 
 

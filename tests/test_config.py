@@ -217,6 +217,31 @@ def test_the_method_list_of_compare_scale_and_growth_is_every_method():
     assert sorted(METHOD_NAMES) == sorted(METHODS)
 
 
+def test_the_config_check_imports_only_the_method_it_checks():
+    """The limits table is keyed by class path: checking a dense config imports no other method's module
+    (bm25s and numba, SeRAG's, ArchRAG's stages), and an out-of-range value of a method is still named."""
+    code = (
+        "import sys\n"
+        "from hydra import compose, initialize_config_dir\n"
+        "from omegaconf import OmegaConf\n"
+        "from flows.config import ConfigError, load_config\n"
+        f"with initialize_config_dir(config_dir={str(CONF)!r}, version_base='1.3'):\n"
+        "    dense = compose('config', overrides=['method=dense'])\n"
+        "    arch = compose('config', overrides=['method=archrag', 'method.clustering=kmeans'])\n"
+        "assert load_config(OmegaConf.to_container(dense, resolve=True)).method.name == 'dense'\n"
+        "heavy = {'bm25s', 'numba', 'tasks.methods.bm25', 'tasks.methods.serag.stages', 'tasks.methods.erarag.stages',\n"
+        "         'tasks.methods.archrag.stages', 'tasks.methods.zoomrag.stages', 'tasks.methods.linearrag.algorithm'}\n"
+        "assert not heavy & set(sys.modules), sorted(heavy & set(sys.modules))\n"
+        "try:\n"
+        "    load_config(OmegaConf.to_container(arch, resolve=True))\n"
+        "except ConfigError as err:\n"
+        "    assert \"method.clustering='kmeans' is not one of ['leiden', 'spectral']\" in str(err), err\n"
+        "    print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
 def test_a_command_imports_its_own_method_only_and_names_its_stage_tasks():
     """``METHODS[name]`` imports ``flows.<name>`` when first read: a dense update does not import bm25s and
     numba, nor ArchRAG's modules (about half a second of start-up); each method still maps to its own flow
