@@ -308,6 +308,13 @@ def alg_unit(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
+def groups(keys: np.ndarray, n_groups: int) -> list[np.ndarray]:
+    """For each key 0..n_groups-1, the positions holding it, ascending (one stable sort, not a pandas groupby)."""
+    order = np.argsort(keys, kind="stable")
+    bounds = np.searchsorted(keys[order], np.arange(1, n_groups))
+    return np.split(order, bounds)
+
+
 class CommunityInputs:
     """Builds each new community's lines (Alg. 1 line 7's input) from the KG and the layer below."""
 
@@ -320,9 +327,11 @@ class CommunityInputs:
                                       for n, k, d in zip(self.names, kinds, descs)], dtype=object)
         n = len(self.names)
         self.degree = np.diff(relation_matrix(relations, n).indptr)
-        self.rel = relations.assign(rank=-(self.degree[relations["head"]] + self.degree[relations["tail"]]))
+        self.rel_head = relations["head"].to_numpy(np.int64)
+        self.rel_tail = relations["tail"].to_numpy(np.int64)
+        self.rel_rank = -(self.degree[self.rel_head] + self.degree[self.rel_tail])  # busiest relations first
         self.rel_lines = np.array([f"{self.names[h]} -- {self.names[t]}: {d}" if d else f"{self.names[h]} -- "
-                                   f"{self.names[t]}" for h, t, d in zip(relations["head"], relations["tail"],
+                                   f"{self.names[t]}" for h, t, d in zip(self.rel_head, self.rel_tail,
                                                                            relations["description"])],
                                   dtype=object)
         self.entity_emb, self.budget = entity_emb, budget_tokens
@@ -333,31 +342,35 @@ class CommunityInputs:
     def communities(self, level: int, labels: np.ndarray) -> list[Community]:
         """Level ``level``'s communities, given the labels of the layer below."""
         below = self.layer_emb[level - 1]
-        members = pd.Series(np.arange(labels.size)).groupby(labels).apply(np.asarray)
+        n_comm = int(labels.max()) + 1
+        members = groups(labels, n_comm)
         entity_comm = labels[self._entity_to_node(level - 1)]  # entity -> its community at this level
-        rel_comm_h = entity_comm[self.rel["head"].to_numpy()]
-        rel_comm_t = entity_comm[self.rel["tail"].to_numpy()]
-        inside = rel_comm_h == rel_comm_t
-        rel_by_comm = pd.Series(np.flatnonzero(inside)).groupby(rel_comm_h[inside]).apply(np.asarray)
-        ent_by_comm = pd.Series(np.arange(entity_comm.size)).groupby(entity_comm).apply(np.asarray)
+        rel_comm = entity_comm[self.rel_head]
+        inside = np.flatnonzero(rel_comm == entity_comm[self.rel_tail])
+        rel_by_comm = [inside[g] for g in groups(rel_comm[inside], n_comm)]
+        ent_by_comm = groups(entity_comm, n_comm)
+        if level > 1:  # the layer below's columns, once (not per community)
+            prev = self.layers[level - 2]
+            size_below = prev["n_entities"].to_numpy()
+            titles, summaries = prev["title"].to_numpy(dtype=object), prev["summary"].to_numpy(dtype=object)
         out = []
-        for c in range(int(labels.max()) + 1):
-            ents = ent_by_comm.get(c, np.zeros(0, np.int64))
+        for c in range(n_comm):
+            ents = ent_by_comm[c]
             ents = ents[np.argsort(-self.degree[ents], kind="stable")]
-            rels = rel_by_comm.get(c, np.zeros(0, np.int64))
-            rels = rels[np.argsort(self.rel["rank"].to_numpy()[rels], kind="stable")]
+            rels = rel_by_comm[c]
+            rels = rels[np.argsort(self.rel_rank[rels], kind="stable")]
             kids = members[c]
             if level == 1:
-                head = list(self.entity_lines[kids[np.argsort(-self.degree[kids], kind="stable")]])
-                head_emb = self.entity_emb[kids[np.argsort(-self.degree[kids], kind="stable")]]
+                order = kids[np.argsort(-self.degree[kids], kind="stable")]
+                head = list(self.entity_lines[order])
+                head_emb = self.entity_emb[order]
                 title = ", ".join(self.names[ents[:3]])
                 rest = list(self.rel_lines[rels])
             else:  # code: the children's reports first, then the member entities and their relations
-                prev = self.layers[level - 2]
-                order = kids[np.argsort(-prev["n_entities"].to_numpy()[kids], kind="stable")]
-                head = [f"{t}: {s}" for t, s in zip(prev["title"].to_numpy()[order], prev["summary"].to_numpy()[order])]
+                order = kids[np.argsort(-size_below[kids], kind="stable")]
+                head = [f"{t}: {s}" for t, s in zip(titles[order], summaries[order])]
                 head_emb = below[order]
-                title = "; ".join(prev["title"].to_numpy()[order[:3]])
+                title = "; ".join(titles[order[:3]])
                 rest = list(self.entity_lines[ents]) + list(self.rel_lines[rels])
             lines = pack_lines(head + rest, self.budget)
             n_ex = min(len(head), len(lines))
@@ -394,7 +407,7 @@ def hierarchy_slice(params: ArchParams, kind: str, llm: Optional[LLMParams], emb
 
 
 def hierarchy_code() -> str:
-    return code_version(alg.hierarchical_clustering, Summaries, CommunityInputs, hierarchy_tables)
+    return code_version(alg.hierarchical_clustering, Summaries, CommunityInputs, groups, hierarchy_tables)
 
 
 def hierarchy_tables(h: alg.Hierarchy, inputs: CommunityInputs) -> dict[str, Any]:
