@@ -217,6 +217,13 @@ def test_the_method_list_of_compare_scale_and_growth_is_every_method():
     assert sorted(METHOD_NAMES) == sorted(METHODS)
 
 
+def _in_fresh_python(code: str) -> None:
+    """Run ``code`` in a new interpreter (nothing imported yet) from the repository root; it must print ``ok``."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
 def test_the_config_check_imports_only_the_method_it_checks():
     """The limits table is keyed by class path: checking a dense config imports no other method's module
     (bm25s and numba, SeRAG's, ArchRAG's stages), and an out-of-range value of a method is still named."""
@@ -237,14 +244,12 @@ def test_the_config_check_imports_only_the_method_it_checks():
         "except ConfigError as err:\n"
         "    assert \"method.clustering='kmeans' is not one of ['leiden', 'spectral']\" in str(err), err\n"
         "    print('ok')\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).resolve().parents[1])
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+    _in_fresh_python(code)
 
 
 def test_a_command_imports_its_own_method_only_and_names_its_stage_tasks():
     """``METHODS[name]`` imports ``flows.<name>`` when first read: a dense update does not import bm25s and
-    numba, nor ArchRAG's modules (about half a second of start-up); each method still maps to its own flow
+    numba, nor ArchRAG's modules; each method still maps to its own flow
     module, and the stage tasks it imports get their readable task-run names."""
     code = (
         "import sys, flows.update, flows.evaluate, flows.index, flows.benchmark\n"
@@ -259,6 +264,4 @@ def test_a_command_imports_its_own_method_only_and_names_its_stage_tasks():
         "assert arch.answer is sys.modules['flows.archrag'].answer and METHODS['zoomrag'].evidence_units\n"
         "assert observe.name_task_runs() > 0\n"
         "print('ok')\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).resolve().parents[1])
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+    _in_fresh_python(code)
