@@ -52,9 +52,8 @@ def results_table(runs: pd.DataFrame, latency: pd.DataFrame, ks: list[int]) -> p
         at = latency[latency["batch_size"] == b].set_index(["method", "dataset"])["ms_per_query"]
         out[f"ms/q@{b}"] = [at.get((m, d), np.nan) for m, d in zip(out["method"], out["dataset"])]
     peak_q = latency.groupby(["method", "dataset"])["peak_rss_mb"].max()
-    # the index stages' peak when they were computed (run_facts); else the run's own (null where it computed none)
-    index_peak = next((out[c] for c in ("index_peak_mb", "index_peak_rss_mb") if c in out),
-                      pd.Series(np.nan, index=out.index))
+    # the index stages' peak, each when it was computed (flows.report.run_facts)
+    index_peak = out["index_peak_mb"] if "index_peak_mb" in out else pd.Series(np.nan, index=out.index)
     out["peak_mem_mb"] = [np.nanmax([p, peak_q.get((m, d), np.nan)]) if not (pd.isna(p) and (m, d) not in peak_q)
                           else np.nan for p, m, d in zip(index_peak, out["method"], out["dataset"])]
     for c in cols:

@@ -1,4 +1,5 @@
-"""Sparse matrices to and from the store's COO tables ``(row, col, value)``, and query link lists.
+"""Sparse matrices to and from the store's COO tables ``(row, col, value)``, query link lists, and positions
+grouped by an integer key.
 
 Pure: pandas / numpy / scipy.sparse in and out, no I/O (the store reads and writes the tables).
 """
@@ -48,3 +49,10 @@ def locality_order(adj: sp.sparray) -> np.ndarray:
     pattern = sp.csr_matrix(adj, dtype=np.float32)
     pattern = (pattern + pattern.T).tocsr()
     return np.asarray(reverse_cuthill_mckee(pattern, symmetric_mode=True), dtype=np.int64)
+
+
+def group_positions(keys: np.ndarray, n_groups: int) -> list[np.ndarray]:
+    """For each key 0..n_groups-1, the positions of ``keys`` holding it, ascending (one stable sort; a key that
+    never occurs gets an empty array). ``[values[g] for g in group_positions(keys, n)]`` groups any column."""
+    order = np.argsort(keys, kind="stable")
+    return np.split(order, np.cumsum(np.bincount(keys, minlength=n_groups))[:-1])

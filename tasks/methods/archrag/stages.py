@@ -23,6 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_stage
 from tasks.core.store import ArtifactRef, Store, short_hash
+from tasks.graph.sparse import group_positions
 from tasks.llm.client import ledger_rows
 from tasks.llm.ledger import estimate_text_tokens
 from tasks.llm.params import LLMDryRun, LLMParams, Messages
@@ -308,13 +309,6 @@ def alg_unit(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
-def groups(keys: np.ndarray, n_groups: int) -> list[np.ndarray]:
-    """For each key 0..n_groups-1, the positions holding it, ascending (one stable sort, not a pandas groupby)."""
-    order = np.argsort(keys, kind="stable")
-    bounds = np.searchsorted(keys[order], np.arange(1, n_groups))
-    return np.split(order, bounds)
-
-
 class CommunityInputs:
     """Builds each new community's lines (Alg. 1 line 7's input) from the KG and the layer below."""
 
@@ -343,12 +337,12 @@ class CommunityInputs:
         """Level ``level``'s communities, given the labels of the layer below."""
         below = self.layer_emb[level - 1]
         n_comm = int(labels.max()) + 1
-        members = groups(labels, n_comm)
+        members = group_positions(labels, n_comm)
         entity_comm = labels[self._entity_to_node(level - 1)]  # entity -> its community at this level
         rel_comm = entity_comm[self.rel_head]
         inside = np.flatnonzero(rel_comm == entity_comm[self.rel_tail])
-        rel_by_comm = [inside[g] for g in groups(rel_comm[inside], n_comm)]
-        ent_by_comm = groups(entity_comm, n_comm)
+        rel_by_comm = [inside[g] for g in group_positions(rel_comm[inside], n_comm)]
+        ent_by_comm = group_positions(entity_comm, n_comm)
         if level > 1:  # the layer below's columns, once (not per community)
             prev = self.layers[level - 2]
             size_below = prev["n_entities"].to_numpy()
@@ -407,7 +401,7 @@ def hierarchy_slice(params: ArchParams, kind: str, llm: Optional[LLMParams], emb
 
 
 def hierarchy_code() -> str:
-    return code_version(alg.hierarchical_clustering, Summaries, CommunityInputs, groups, hierarchy_tables)
+    return code_version(alg.hierarchical_clustering, Summaries, CommunityInputs, group_positions, hierarchy_tables)
 
 
 def hierarchy_tables(h: alg.Hierarchy, inputs: CommunityInputs) -> dict[str, Any]:

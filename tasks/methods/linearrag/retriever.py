@@ -10,7 +10,7 @@ import scipy.sparse as sp
 from tasks.core.store import ArtifactRef, Store
 from tasks.eval.retrieve import Hits
 from tasks.graph.relation_gate import relation_gate
-from tasks.graph.sparse import coo_matrix, log1p_transposed, transposed_csr
+from tasks.graph.sparse import coo_matrix, group_positions, log1p_transposed, transposed_csr
 from tasks.graph.walk import random_walk
 from tasks.methods.linearrag import algorithm as lr
 from tasks.methods.linearrag.stages import LinearParams
@@ -35,12 +35,6 @@ def _dot(a: np.ndarray, b: np.ndarray, via_torch: bool) -> np.ndarray:
     import torch
 
     return (torch.from_numpy(np.ascontiguousarray(a, np.float32)) @ torch.from_numpy(b).T).numpy()
-
-
-def _split_by_query(q: np.ndarray, values: np.ndarray, n_q: int) -> list[np.ndarray]:
-    """Group ``values`` by their query index ``q`` (stable), one array per query."""
-    order = np.argsort(q, kind="stable")
-    return np.split(values[order], np.cumsum(np.bincount(q, minlength=n_q))[:-1])
 
 
 class LinearRetriever:
@@ -180,7 +174,7 @@ class LinearRetriever:
                ranked: np.ndarray, top: np.ndarray) -> list[dict]:
         """Per query: its entity strings, seeds with eq. (3) scores, entities new at each step, top passages."""
         n_q = len(names)
-        steps = [_split_by_query(q, e, n_q) for q, e in bridging.trace]
+        steps = [[e[g] for g in group_positions(q, n_q)] for q, e in bridging.trace]  # per query, stable
         trace = []
         for i in range(n_q):
             cols = seeds.indices[seeds.indptr[i]:seeds.indptr[i + 1]]

@@ -1,18 +1,20 @@
-"""ArchRAG's community inputs (Alg. 1 line 7's input): a hand-made KG with known lines, and the grouping helper."""
+"""ArchRAG's community inputs (Alg. 1 line 7's input): a hand-made KG with known lines, and the grouping helper
+they use (tasks.graph.sparse.group_positions)."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from tasks.methods.archrag.stages import CommunityInputs, groups
+from tasks.graph.sparse import group_positions
+from tasks.methods.archrag.stages import CommunityInputs
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_groups_equal_a_pandas_groupby_with_empty_groups_kept(seed):
     rng = np.random.default_rng(seed)
     keys = rng.integers(0, 40, size=500)
-    got = groups(keys, 45)  # keys 40..44 never occur: empty groups
+    got = group_positions(keys, 45)  # keys 40..44 never occur: empty groups
     want = pd.Series(np.arange(keys.size)).groupby(keys).apply(np.asarray)
     assert len(got) == 45
     for k in range(45):
