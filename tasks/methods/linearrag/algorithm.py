@@ -295,7 +295,9 @@ class PairRelevance:
 
     query_emb: np.ndarray  # (Q, d) float32
     sentence_emb: np.ndarray  # (S, d) float32
-    chunk: int = 65536  # pairs gathered at a time (memory: chunk x d floats twice)
+    # pairs gathered at a time: two (chunk x d) float32 blocks, 3 MB each at d = 384, reused from the heap and
+    # the cache; at 65,536 they were fresh pages every batch (2Wiki, 89,201 pairs: 0.10-0.45 s -> 22-25 ms)
+    chunk: int = 2048
 
     @property
     def shape(self) -> tuple[int, int]:

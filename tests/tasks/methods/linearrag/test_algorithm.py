@@ -227,6 +227,11 @@ def test_bridging_on_pair_relevance_equals_the_dense_relevance(seed: int) -> Non
         assert (got.activation != want.activation).nnz == 0 and (got.level != want.level).nnz == 0
     real = lr.PairRelevance(queries, emb["sentence"])  # unit vectors: equal to rounding
     assert np.allclose(real[q, s], query_sentence_relevance(queries, emb["sentence"])[q, s], atol=1e-6)
+    # each pair's dot product is its own: how many pairs are gathered at a time changes no bit
+    many_q, many_s = rng.integers(0, 6, 5000), rng.integers(0, dense.shape[1], 5000)
+    one_block = lr.PairRelevance(queries, emb["sentence"], chunk=5000)[many_q, many_s]
+    for chunk in (1, 7, 2048):
+        assert np.array_equal(lr.PairRelevance(queries, emb["sentence"], chunk=chunk)[many_q, many_s], one_block)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
