@@ -12,12 +12,13 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ContextManager
 
 import pandas as pd
 import pyarrow as pa
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from threadpoolctl import ThreadpoolController
 from tqdm.auto import tqdm
 
 from tasks.core.code_identity import code_version
@@ -99,10 +100,24 @@ def recognise(texts: list[str], params: NERParams) -> pd.DataFrame:
     """Raw entity spans of each text: ``(text_idx, surface, label, start, end)``."""
     nlp = load_ner(params.model, params.matmul)
     rows = []
-    docs = nlp.pipe(texts, batch_size=params.batch_size, n_process=params.n_process)
-    for i, doc in enumerate(tqdm(docs, total=len(texts), desc="ner", delay=2.0, leave=False)):
-        rows.extend((i, e.text, e.label_, e.start_char, e.end_char) for e in doc.ents)
+    with one_blas_thread():
+        docs = nlp.pipe(texts, batch_size=params.batch_size, n_process=params.n_process)
+        for i, doc in enumerate(tqdm(docs, total=len(texts), desc="ner", delay=2.0, leave=False)):
+            rows.extend((i, e.text, e.label_, e.start_char, e.end_char) for e in doc.ents)
     return pd.DataFrame(rows, columns=["text_idx", "surface", "label", "start", "end"])
+
+
+def one_blas_thread() -> ContextManager[object]:
+    """spaCy on one core, as it ran on BLIS (single-threaded): its products are small, and NER runs beside the
+    encoder (index stages side by side, questions encoded while their entities are recognised), which takes
+    the other core."""
+    return _blas_threads().limit(limits=1, user_api="blas")
+
+
+@functools.lru_cache(maxsize=1)
+def _blas_threads() -> ThreadpoolController:
+    """The BLAS libraries loaded (numpy's), found once: 11 us to limit them, against 90 for a fresh search."""
+    return ThreadpoolController()
 
 
 def entity_mentions(spans: pd.DataFrame, params: NERParams) -> pd.DataFrame:
@@ -141,8 +156,10 @@ class QueryRecogniser:
     def __call__(self, questions: list[str]) -> list[list[tuple[str, str]]]:
         """``(surface, label)`` of every entity in each question, unfiltered."""
         if self.client is None:
-            docs = load_ner(self.params.model, self.params.matmul).pipe(questions, batch_size=max(len(questions), 1))
-            return [[(e.text, e.label_) for e in doc.ents] for doc in docs]
+            with one_blas_thread():
+                docs = load_ner(self.params.model, self.params.matmul).pipe(questions,
+                                                                           batch_size=max(len(questions), 1))
+                return [[(e.text, e.label_) for e in doc.ents] for doc in docs]
         from tasks.llm.ner import QUERY_NER_STAGE, llm_recognise
 
         spans = llm_recognise(self.client, questions, self.params.keep_numeric, max_empty_fraction=1.0,
