@@ -18,7 +18,6 @@ import pandas as pd
 import pyarrow as pa
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from threadpoolctl import ThreadpoolController
 from tqdm.auto import tqdm
 
 from tasks.core.code_identity import code_version
@@ -26,6 +25,8 @@ from tasks.core.stage import RunContext, input_fps, run_row_stage
 from tasks.core.store import ArtifactRef, text_key
 
 if TYPE_CHECKING:
+    from threadpoolctl import ThreadpoolController
+
     from tasks.llm.client import LLMClient
     from tasks.llm.params import LLMParams
 
@@ -115,8 +116,10 @@ def one_blas_thread() -> ContextManager[object]:
 
 
 @functools.lru_cache(maxsize=1)
-def _blas_threads() -> ThreadpoolController:
+def _blas_threads() -> "ThreadpoolController":
     """The BLAS libraries loaded (numpy's), found once: 11 us to limit them, against 90 for a fresh search."""
+    from threadpoolctl import ThreadpoolController  # imported here: 12 ms that a command without NER skips
+
     return ThreadpoolController()
 
 
