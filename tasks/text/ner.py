@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 
 BACKENDS = ("spacy", "llm")
 # what runs spaCy's matrix products on the CPU. numpy: numpy's BLAS (OpenBLAS), the default. blis: spaCy's own
-# default, BLIS, which falls back to its reference kernels on CPUs it does not detect (this AMD Zen 4: 1.5x
-# slower NER; README, "spaCy's matrix products")
+# default, BLIS, which falls back to its reference kernels on CPUs it does not detect (this AMD Zen 4: NER over
+# the 2Wiki passages 1.27x slower; README, "spaCy's matrix products")
 MATMULS = ("numpy", "blis")
 NUMERIC_LABELS = frozenset({"DATE", "TIME", "PERCENT", "MONEY", "QUANTITY", "ORDINAL", "CARDINAL"})
 
