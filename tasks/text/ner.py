@@ -12,7 +12,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ContextManager
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import pyarrow as pa
@@ -25,8 +25,6 @@ from tasks.core.stage import RunContext, input_fps, run_row_stage
 from tasks.core.store import ArtifactRef, text_key
 
 if TYPE_CHECKING:
-    from threadpoolctl import ThreadpoolController
-
     from tasks.llm.client import LLMClient
     from tasks.llm.params import LLMParams
 
@@ -80,7 +78,7 @@ def is_numeric_label(label: str) -> bool:
 
 
 @functools.lru_cache(maxsize=4)
-def load_ner(model: str, matmul: str = "numpy"):  # -> spacy.Language
+def load_ner(model: str, matmul: str):  # -> spacy.Language
     """Load a spaCy pipeline with only sentence boundaries and NER enabled, its layers' matrix products run
     by ``matmul`` (:data:`MATMULS`; thinc's ops are bound to each layer when the pipeline is built)."""
     import spacy
@@ -101,26 +99,10 @@ def recognise(texts: list[str], params: NERParams) -> pd.DataFrame:
     """Raw entity spans of each text: ``(text_idx, surface, label, start, end)``."""
     nlp = load_ner(params.model, params.matmul)
     rows = []
-    with one_blas_thread():
-        docs = nlp.pipe(texts, batch_size=params.batch_size, n_process=params.n_process)
-        for i, doc in enumerate(tqdm(docs, total=len(texts), desc="ner", delay=2.0, leave=False)):
-            rows.extend((i, e.text, e.label_, e.start_char, e.end_char) for e in doc.ents)
+    docs = nlp.pipe(texts, batch_size=params.batch_size, n_process=params.n_process)
+    for i, doc in enumerate(tqdm(docs, total=len(texts), desc="ner", delay=2.0, leave=False)):
+        rows.extend((i, e.text, e.label_, e.start_char, e.end_char) for e in doc.ents)
     return pd.DataFrame(rows, columns=["text_idx", "surface", "label", "start", "end"])
-
-
-def one_blas_thread() -> ContextManager[object]:
-    """spaCy on one core, as it ran on BLIS (single-threaded): its products are small, and NER runs beside the
-    encoder (index stages side by side, questions encoded while their entities are recognised), which takes
-    the other core."""
-    return _blas_threads().limit(limits=1, user_api="blas")
-
-
-@functools.lru_cache(maxsize=1)
-def _blas_threads() -> "ThreadpoolController":
-    """The BLAS libraries loaded (numpy's), found once: 11 us to limit them, against 90 for a fresh search."""
-    from threadpoolctl import ThreadpoolController  # imported here: 12 ms that a command without NER skips
-
-    return ThreadpoolController()
 
 
 def entity_mentions(spans: pd.DataFrame, params: NERParams) -> pd.DataFrame:
@@ -159,10 +141,8 @@ class QueryRecogniser:
     def __call__(self, questions: list[str]) -> list[list[tuple[str, str]]]:
         """``(surface, label)`` of every entity in each question, unfiltered."""
         if self.client is None:
-            with one_blas_thread():
-                docs = load_ner(self.params.model, self.params.matmul).pipe(questions,
-                                                                           batch_size=max(len(questions), 1))
-                return [[(e.text, e.label_) for e in doc.ents] for doc in docs]
+            docs = load_ner(self.params.model, self.params.matmul).pipe(questions, batch_size=max(len(questions), 1))
+            return [[(e.text, e.label_) for e in doc.ents] for doc in docs]
         from tasks.llm.ner import QUERY_NER_STAGE, llm_recognise
 
         spans = llm_recognise(self.client, questions, self.params.keep_numeric, max_empty_fraction=1.0,

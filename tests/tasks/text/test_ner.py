@@ -92,17 +92,3 @@ def test_numpy_and_blis_matrix_products_find_the_same_entities() -> None:
     with pytest.raises(ValueError, match="ner.matmul"):
         NERParams(matmul="mkl")
 
-
-def test_spacy_runs_on_one_blas_thread() -> None:
-    from threadpoolctl import threadpool_info
-
-    from tasks.text.ner import one_blas_thread
-
-    def blas_threads() -> list[int]:
-        return [d["num_threads"] for d in threadpool_info() if d["user_api"] == "blas"]
-
-    before = blas_threads()
-    assert before, "numpy's BLAS is loaded, so there is a thread count to limit"
-    with one_blas_thread():
-        assert blas_threads() == [1] * len(before)
-    assert blas_threads() == before

@@ -19,8 +19,8 @@ _RUN = textwrap.dedent("""
     import json, sys
     from tasks.text.spacy_without_torch import skip_torch_in_thinc
     switched = skip_torch_in_thinc() if sys.argv[1] == "on" else False
-    from tasks.text.ner import load_ner
-    nlp = load_ner(sys.argv[2])
+    from tasks.text.ner import NERParams, load_ner
+    nlp = load_ner(sys.argv[2], NERParams().matmul)
     texts = json.loads(sys.argv[3])
     ents = [[(e.text, e.label_, e.start_char) for e in d.ents] for d in nlp.pipe(texts)]
     sents = [[s.start_char for s in d.sents] for d in nlp.pipe(texts)]
