@@ -2,7 +2,7 @@
 server started by this process, tied to its life, and started early so that its start-up overlaps the command's.
 
 The temporary server is Prefect's own (the ``python -m uvicorn … prefect.server.api.server:create_app`` command
-line and environment of Prefect's ``SubprocessASGIServer``), with three differences:
+line and environment of Prefect's ``SubprocessASGIServer``), with four differences:
 
 * **Tied.** It is started with ``PR_SET_PDEATHSIG`` set in the child between ``fork`` and ``exec``: the kernel
   sends it SIGKILL the moment this process dies, however it dies (SIGKILL, an OOM kill, SIGTERM, on which
@@ -11,6 +11,9 @@ line and environment of Prefect's ``SubprocessASGIServer``), with three differen
 * **Early.** ``dagrag COMMAND`` launches it before the command's imports and config checks, Prefect's import
   included (:func:`launch_api` reads only the environment), and :func:`ensure_api` waits for it only when a
   flow is about to run. Its start-up (about 4.5 s on 2 cores) then overlaps the command's own (about 4 s).
+* **Apart.** It runs in a session of its own, so a terminal's Ctrl-C (sent to the whole foreground process group)
+  interrupts only the command, which then ends its flow run on a live server; its stderr goes to a file, quoted
+  only when it fails to start.
 * **Not imported here.** This process talks to it over HTTP, as to any server (``PREFECT_API_URL`` is set to
   it once it answers), so it never imports Prefect's server package (about 3 s).
 
@@ -29,9 +32,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import IO, Any, Callable, Iterator
 
 log = logging.getLogger("dagrag")
 
@@ -90,6 +94,7 @@ class TemporaryServer:
         self.port: int | None = None
         self.process: subprocess.Popen | None = None
         self.ready = False
+        self.log: IO[bytes] | None = None  # the child's stderr
 
     @property
     def api_url(self) -> str:
@@ -105,9 +110,15 @@ class TemporaryServer:
             env.update(get_current_settings().to_environment_variables(exclude_unset=True))
         env.pop("PREFECT_API_URL", None)
         app_dir = os.path.dirname(os.path.dirname(importlib.util.find_spec("prefect").origin))
+        self._close_log()
+        # its own session: Ctrl-C in the terminal interrupts this command, which then ends its flow run on a live
+        # server, instead of killing the server too (the flow then retried it for minutes). Its stderr goes to a
+        # file, shown only if it fails to start: stopped while still starting, it prints a shutdown traceback
+        self.log = tempfile.TemporaryFile()
         self.process = tied_popen([sys.executable, "-m", "uvicorn", "--app-dir", app_dir, "--factory",
                                    "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port",
-                                   str(self.port), "--log-level", "error", "--lifespan", "on"], env=env)
+                                   str(self.port), "--log-level", "error", "--lifespan", "on"], env=env,
+                                  stderr=self.log, start_new_session=True)
         atexit.register(self.stop)
         log.debug("temporary Prefect server launched on %s", self.api_url)
 
@@ -122,8 +133,9 @@ class TemporaryServer:
                 if code == 3:  # uvicorn could not bind: the port was taken after we picked it
                     self.launch()
                 elif code is not None:
-                    raise RuntimeError(f"Prefect's temporary server exited with status {code} while starting; "
-                                       f"start one with `prefect server start` and export PREFECT_API_URL")
+                    raise RuntimeError(f"Prefect's temporary server exited with status {code} while starting "
+                                       f"({self.log_tail()}); start one with `prefect server start` and export "
+                                       f"PREFECT_API_URL")
                 try:
                     if client.get(f"{self.api_url}/health").status_code == 200:
                         self.ready = True
@@ -139,14 +151,27 @@ class TemporaryServer:
     def stop(self) -> None:
         """Terminate the child (SIGTERM, then SIGKILL after 5 s); safe to call twice."""
         proc, self.process, self.ready = self.process, None, False
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._close_log()
+
+    def log_tail(self, lines: int = 3) -> str:
+        """The last lines the child wrote to stderr, joined by " | " ("no output" if none)."""
+        if self.log is None:
+            return "no output"
+        self.log.seek(0)
+        tail = [ln.strip() for ln in self.log.read().decode(errors="replace").splitlines() if ln.strip()][-lines:]
+        return " | ".join(tail) or "no output"
+
+    def _close_log(self) -> None:
+        if self.log is not None:
+            self.log.close()
+            self.log = None
 
 
 def _free_port() -> int:

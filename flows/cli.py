@@ -64,6 +64,11 @@ def main(argv: list[str] | None = None, default: str | None = None) -> int:
             return code or 0
         print(code, file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C outside a flow run (imports, checks); inside one, run_command handles it
+        from flows.preflight import EXIT_INTERRUPTED
+
+        print("interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     finally:
         # The command is done: exempt every object from the full collection that ends the interpreter
         # (1-2 s of gc_collect_main over torch's, Prefect's and pandas' objects, py-spy). The exit hooks

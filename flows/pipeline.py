@@ -197,6 +197,7 @@ def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any) -> dict[str, An
         USER_ERRORS,
         discard_job_folder,
         fail,
+        interrupted,
         preflight,
         verbose,
     )
@@ -221,6 +222,8 @@ def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any) -> dict[str, An
             result = observed(with_runner(flow_fn, plain), plain)(plain, *args)
     except USER_ERRORS as err:  # found while running (e.g. the LLM endpoint went away): the run is recorded
         fail(err, verbose(cfg))
+    except KeyboardInterrupt:  # Ctrl-C: Prefect has marked the run crashed; no traceback
+        interrupted()
     print_last_line(prefix, result)
     return result
 

@@ -375,3 +375,56 @@ def test_flow_runs_on_a_command_s_own_temporary_server_send_no_heartbeats(monkey
         with api.flow_run_settings():
             probe()
     assert seen == [None, 180, None, 180]
+
+
+def test_temporary_server_runs_in_its_own_session_with_its_stderr_in_a_file(tmp_path, monkeypatch):
+    """Ctrl-C in a terminal signals the whole foreground process group: the server must not be in it, or the
+    flow run loses its API and Prefect retries it for minutes. Its stderr (a shutdown traceback when it is stopped
+    while still starting) goes to a file, not to the command's stderr."""
+    from flows.api_server import TemporaryServer
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    server = TemporaryServer()
+    server.launch()
+    try:
+        pid = server.process.pid
+        assert os.getsid(pid) == pid != os.getsid(0)
+        assert os.readlink(f"/proc/{pid}/fd/2") != os.readlink("/proc/self/fd/2")
+        server.wait(120)
+    finally:
+        server.stop()
+    assert server.log is None  # closed with the server
+
+
+def test_ctrl_c_ends_a_running_command_at_once_with_one_line(tmp_path):
+    """SIGINT to the command's process group, as a terminal's Ctrl-C sends it, while the flow embeds: the command
+    ends within seconds (not minutes) with exit status 130, one ``interrupted:`` line and no traceback, and
+    leaves no process behind."""
+    log_path = tmp_path / "out.log"
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    argv = [sys.executable, "-m", "flows.cli", "evaluate", "method=dense", "dataset.n_passages=4000",
+            "dataset.n_questions=10", f"artifacts_dir={tmp_path / 'artifacts'}"]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    me, seen = psutil.Process(proc.pid), {}
+    deadline = time.monotonic() + START_LIMIT_S
+    try:
+        while "embed          computing" not in log_path.read_text():
+            for p in me.children(recursive=True):
+                seen.setdefault(p.pid, p)
+            assert proc.poll() is None, f"the command ended (rc {proc.returncode}):\n{log_path.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "never reached the embeddings"
+            time.sleep(0.05)
+        seen.update({p.pid: p for p in me.children(recursive=True)})
+        assert any("uvicorn" in p.cmdline() for p in seen.values())  # there was a server to keep alive
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=60) == 130, log_path.read_text()[-3000:]
+        out = log_path.read_text()
+        assert out.strip().splitlines()[-1].startswith("interrupted: ") and "Traceback" not in out, out[-3000:]
+        assert not _survivors(list(seen.values()))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        _kill_all(list(seen.values()))
