@@ -23,9 +23,9 @@ from omegaconf import DictConfig, OmegaConf
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from flows.config import load_config
+from flows.config import Config, load_config
 from flows.observe import untagged_tasks
-from tasks.core.store import Store
+from tasks.core.store import CATALOG, Store
 from tasks.eval import report as rep
 
 INDEX_EXCLUDED = ("evidence",)  # stages an evaluate run adds that are not part of building the index
@@ -212,11 +212,38 @@ def main(cfg: DictConfig) -> None:
     from flows.api_server import ensure_api, flow_run_settings
     from flows.pipeline import print_last_line
 
+    from flows.api_server import stop_api
+    from flows.preflight import USER_ERRORS, discard_job_folder, fail, verbose
+
     plain = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        check_selection(load_config(plain))
+    except USER_ERRORS as err:  # before the flow: no server left running, nothing written
+        stop_api()
+        discard_job_folder(plain.get("artifacts_dir"))
+        fail(err, verbose(cfg))
     ensure_api()
     with flow_run_settings():
         result = report_flow(plain)
     print_last_line("report", result)
+
+
+def check_selection(conf: Config) -> None:
+    """The catalog exists and holds evaluate runs that ``report.*`` selects (a ``PreflightError`` otherwise);
+    reads the catalog only where it exists, so a mistyped ``artifacts_dir`` creates nothing."""
+    from flows.preflight import PreflightError
+
+    catalog = Path(conf.artifacts_dir).resolve() / CATALOG
+    if not catalog.exists():
+        raise PreflightError(f"no catalog at {catalog}: artifacts_dir names no folder a dagrag command has run "
+                             f"in (fix artifacts_dir, or run `dagrag evaluate` first)")
+    params = conf.report
+    if select_runs(Store(conf.artifacts_dir), params.runs, params.sweep).empty:
+        what = (f"report.runs={list(params.runs)}" if params.runs else f"report.sweep={params.sweep}"
+                if params.sweep else "any evaluate run")
+        raise PreflightError(f"no evaluate runs in {catalog} match {what}: `dagrag report` without report.runs "
+                             f"and report.sweep shows the latest run of each method, and the catalog's runs "
+                             f"table lists run ids")
 
 
 if __name__ == "__main__":

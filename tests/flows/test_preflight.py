@@ -180,10 +180,11 @@ def _cases(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
                          "error: dataset 'corpus-only' has no questions: set benchmark.questions_from=NAME"),
         "llm": (["flows.evaluate", "method=bm25", "llm=local", f"llm.base_url=http://127.0.0.1:{port}/v1"],
                 f"error: LLM endpoint http://127.0.0.1:{port}/v1 does not answer"),
+        "report": (["flows.report"], f"error: no catalog at {tmp_path / 'artifacts' / 'catalog.duckdb'}"),
     }
 
 
-@pytest.mark.parametrize("case", ["type", "malformed", "no_questions", "llm"])
+@pytest.mark.parametrize("case", ["type", "malformed", "no_questions", "llm", "report"])
 def test_a_user_error_exits_2_with_one_line_and_writes_nothing(tmp_path, case):
     args, expected = _cases(tmp_path)[case]
     artifacts = tmp_path / "artifacts"
@@ -199,3 +200,20 @@ def test_a_user_error_exits_2_with_one_line_and_writes_nothing(tmp_path, case):
     assert "temporary server" not in out.stdout + out.stderr  # the flow (and Prefect) never started
     assert [p for p in artifacts.rglob("*") if not p.is_dir()] == []  # no catalog.duckdb, no run folder files
     assert not (artifacts / "runs").exists() and not (artifacts / "catalog.duckdb").exists()
+
+
+def test_a_report_of_runs_the_catalog_lacks_exits_2_and_writes_nothing(tmp_path):
+    """A report.runs id (the README's placeholder, typed as is) that no evaluate run has: one line, status 2,
+    no report folder and no run folder, the catalog as it was."""
+    from tests.flows.small_catalog import build_small_catalog
+
+    artifacts = tmp_path / "artifacts"
+    build_small_catalog(artifacts)
+    before = sorted(p.relative_to(artifacts) for p in artifacts.rglob("*"))
+    out = subprocess.run([sys.executable, "-m", "flows.report", "report.runs=[RUN_ID_1,RUN_ID_2]",
+                          f"artifacts_dir={artifacts}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()] and out.stderr.startswith(
+        "error: no evaluate runs in ") and "report.runs=['RUN_ID_1', 'RUN_ID_2']" in out.stderr
+    assert "Crash" not in out.stdout
+    assert sorted(p.relative_to(artifacts) for p in artifacts.rglob("*")) == before
