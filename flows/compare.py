@@ -54,7 +54,7 @@ def main(cfg: DictConfig) -> None:
 
     from flows.api_server import ensure_api, flow_run_settings
     from flows.pipeline import print_last_line, spacy_without_torch
-    from flows.preflight import USER_ERRORS, fail, preflight, verbose
+    from flows.preflight import USER_ERRORS, fail, interrupted, preflight, quiet_user_error_tracebacks, verbose
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     hc = HydraConfig.get()
@@ -70,12 +70,15 @@ def main(cfg: DictConfig) -> None:
     name = plain["report"].get("name") or slug(f"compare-{dataset_label(load_config(plain).dataset)}")
     report_cfg = {**plain, "report": {**plain["report"], "name": name, "sweep": None}}
     ensure_api()
+    quiet_user_error_tracebacks(verbose(cfg))
     spacy_without_torch(plain.get("ner") or {})
     try:
         with flow_run_settings():
             result = compare_flow(configs, hc.runtime.output_dir, report_cfg)
     except USER_ERRORS as err:
         fail(err, verbose(cfg))
+    except KeyboardInterrupt:
+        interrupted()
     print_last_line("compare", result)
 
 

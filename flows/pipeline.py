@@ -199,6 +199,7 @@ def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any) -> dict[str, An
         fail,
         interrupted,
         preflight,
+        quiet_user_error_tracebacks,
         verbose,
     )
 
@@ -211,6 +212,7 @@ def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any) -> dict[str, An
         discard_job_folder(plain.get("artifacts_dir"))
         fail(err, verbose(cfg))
     ensure_api()  # Prefect's temporary server, if needed, dies with this process (no orphan on SIGKILL)
+    quiet_user_error_tracebacks(verbose(cfg))
     spacy_without_torch(plain.get("ner") or {})
     from prefect import tags
 

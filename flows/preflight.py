@@ -218,6 +218,24 @@ def fail(err: BaseException, show_traceback: bool = False) -> NoReturn:
     raise SystemExit(EXIT_USER_ERROR)
 
 
+class WithoutUserErrorTraceback(logging.Filter):
+    """Drops the traceback from a log record about a user error (Prefect logs a failed task's and flow's
+    exception with one, twice); the message line stays, and :func:`fail` prints the error itself."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], USER_ERRORS):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_user_error_tracebacks(show_traceback: bool) -> None:
+    """Unless a traceback was asked for, keep Prefect's run loggers to one line about a user error."""
+    for name in ("prefect.task_runs", "prefect.flow_runs"):
+        logger = logging.getLogger(name)
+        if not show_traceback and not any(isinstance(f, WithoutUserErrorTraceback) for f in logger.filters):
+            logger.addFilter(WithoutUserErrorTraceback())
+
+
 def interrupted() -> NoReturn:
     """End the process after Ctrl-C (SIGINT): one line on stderr, exit status 130. Every stage that finished is in
     the store (each writes atomically), so the same command goes on from them."""

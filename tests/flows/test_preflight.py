@@ -217,3 +217,19 @@ def test_a_report_of_runs_the_catalog_lacks_exits_2_and_writes_nothing(tmp_path)
         "error: no evaluate runs in ") and "report.runs=['RUN_ID_1', 'RUN_ID_2']" in out.stderr
     assert "Crash" not in out.stdout
     assert sorted(p.relative_to(artifacts) for p in artifacts.rglob("*")) == before
+
+
+def test_an_llm_that_fails_mid_run_ends_with_one_line_and_no_traceback(tmp_path):
+    """The endpoint answers the preflight's GET /models, then fails every chat request: the run is recorded, the
+    command ends with status 2 and one ``error:`` line, and Prefect's failed-task and failed-flow lines carry no
+    traceback (they did, twice, about 80 lines)."""
+    with FakeLLMServer() as server:
+        server.script("server_error", 1000)
+        out = subprocess.run([sys.executable, "-m", "flows.evaluate", "method=bm25", *SMALL, "llm=local",
+                              f"llm.base_url={server.base_url}", "llm.model=x", "llm.max_retries=0",
+                              "llm.concurrency=1", "eval.generate=true", f"artifacts_dir={tmp_path / 'artifacts'}"],
+                             cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()] and out.stderr.startswith("error: LLM endpoint")
+    assert "Task run failed with exception" in out.stdout  # Prefect's line is there (the control) ...
+    assert "Traceback" not in out.stdout + out.stderr      # ... without its traceback
