@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import importlib
 import math
@@ -417,12 +418,22 @@ class Config:
     growth: GrowthParams = GrowthParams()
 
 
+# conf/config.yaml's keys: its groups, then its own values
+TOP_LEVEL_KEYS = frozenset({"dataset", "method", "embedder", "ner", "kg", "llm", "runner", "eval", "benchmark", "report",
+                            "compare", "scale", "growth", "data_dir", "artifacts_dir", "verbose"})
+
+
 def load_config(cfg: Mapping[str, Any]) -> Config:
     """A resolved Hydra config (plain dict) → :class:`Config`."""
     from flows.methods import METHODS
     from tasks.llm.params import LLMParams
     from tasks.methods.archrag.kg_stages import KGParams
 
+    unknown = sorted(set(cfg) - TOP_LEVEL_KEYS)
+    if unknown:  # `+artifact_dir=…` passes Hydra (the `+` adds a key) but would configure nothing
+        hints = {k: difflib.get_close_matches(k, sorted(TOP_LEVEL_KEYS), n=1) for k in unknown}
+        said = ", ".join(f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items())
+        raise ConfigError(f"unknown top-level key(s) {said}; the config has {sorted(TOP_LEVEL_KEYS)}")
     kind = cfg["dataset"].get("kind")
     if kind not in DATASET_KINDS:
         raise ConfigError(f"dataset.kind must be one of {sorted(DATASET_KINDS)}, got {kind!r}")

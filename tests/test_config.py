@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from flows.config import Config, ConfigError, field_limits, in_interval, load_config
+from flows.config import TOP_LEVEL_KEYS, Config, ConfigError, field_limits, in_interval, load_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUP_FILES = sorted((p.parent.name, p.stem) for p in CONF.glob("*/*.yaml") if p.parent.name != "experiment")
@@ -90,6 +90,15 @@ def test_load_config_rejects_bad_groups():
     bad["runner"]["extra"] = 3
     with pytest.raises(ConfigError, match="runner"):
         load_config(bad)
+
+
+def test_a_top_level_key_the_config_lacks_is_refused_with_a_suggestion():
+    """Hydra lets ``+artifact_dir=…`` through (the ``+`` adds a key); it would configure nothing."""
+    assert set(_compose([])) == TOP_LEVEL_KEYS  # every key conf/config.yaml has is known, and no other
+    with pytest.raises(ConfigError, match=r"'artifact_dir' \(did you mean 'artifacts_dir'\?\)"):
+        load_config(_compose(["+artifact_dir=/tmp/elsewhere"]))
+    with pytest.raises(ConfigError, match=r"unknown top-level key\(s\) 'zzz';"):
+        load_config(_compose(["+zzz=1"]))
 
 
 def test_llm_ner_without_an_llm_fails_before_any_stage_runs():
