@@ -43,11 +43,12 @@ def sweep_jobs(sweep_dir: Path) -> list[dict[str, Any]]:
 
 def sweep_table(jobs: list[dict[str, Any]]) -> str:
     """One row per job: the overrides whose values differ between jobs (all of them when none do), recall@k,
-    answer scores when there are any, and query latency."""
+    answer scores when there are any, and query latency (its p95 where a job timed enough batches to have one)."""
     overrides = [job.get("overrides", {}) for job in jobs]
     keys = list(dict.fromkeys(k for o in overrides for k in o))
     varying = [k for k in keys if len({o.get(k) for o in overrides}) > 1] or keys
     scores = list(dict.fromkeys(k for job in jobs for k in job if k.startswith("recall@")))
     scores += [k for k in ANSWER_KEYS if any(k in job for job in jobs)]
     rows = [{**job, **{k: o.get(k, "") for k in varying}} for job, o in zip(jobs, overrides)]
-    return format_table(rows, ["job", *varying, *scores, "query_ms_mean", "query_ms_p95"])
+    spread = ["query_ms_p95"] if any(job.get("query_ms_p95") is not None for job in jobs) else []  # >= 5 batches
+    return format_table(rows, ["job", *varying, *scores, "query_ms_mean", *spread])

@@ -20,13 +20,26 @@ def recall_at_k(hits: pd.DataFrame, gold: pd.DataFrame, ks: list[int], qids: lis
     return out
 
 
-def latency_summary(latency: pd.DataFrame, column: str = "ms") -> dict[str, float]:
-    """mean / p50 / p95 / p99 of a per-query latency column (ms)."""
+MIN_TIMINGS_FOR_PERCENTILES = 5
+
+
+def latency_summary(latency: pd.DataFrame, column: str = "ms",
+                    min_timings: int = MIN_TIMINGS_FOR_PERCENTILES) -> dict[str, float | None]:
+    """mean / p50 / p95 / p99 of a per-query latency column (ms).
+
+    Where queries were timed in batches (a ``batch`` column: every query of a batch has the batch's ms per
+    query), the percentiles are over the batches, and None with fewer than ``min_timings`` of them: one or two
+    timed batches have no spread to report (``flows.benchmark`` repeats batches for that). The mean is over
+    the queries."""
     v = latency[column].to_numpy(dtype=float)
     if v.size == 0:
         return {"mean": float("nan"), "p50": float("nan"), "p95": float("nan"), "p99": float("nan")}
-    return {"mean": float(v.mean()), "p50": float(np.percentile(v, 50)),
-            "p95": float(np.percentile(v, 95)), "p99": float(np.percentile(v, 99))}
+    timings = latency.groupby("batch", sort=False)[column].first().to_numpy(dtype=float) \
+        if "batch" in latency else v
+    if timings.size < min_timings:
+        return {"mean": float(v.mean()), "p50": None, "p95": None, "p99": None}
+    return {"mean": float(v.mean()), "p50": float(np.percentile(timings, 50)),
+            "p95": float(np.percentile(timings, 95)), "p99": float(np.percentile(timings, 99))}
 
 
 def recall_by_type(hits: pd.DataFrame, gold: pd.DataFrame, questions: pd.DataFrame, ks: list[int],

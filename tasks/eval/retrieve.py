@@ -38,7 +38,8 @@ class Retriever(Protocol):
 
 def retrieve_all(retriever: Retriever, questions: pd.DataFrame, k: int, batch_size: int,
                  ) -> tuple[pd.DataFrame, pd.DataFrame, list[dict]]:
-    """Run all questions in batches → (hits(qid, rank, doc_id, score), latency per query, traces)."""
+    """Run all questions in batches → (hits(qid, rank, doc_id, score), latency per query, traces). A query's
+    latency is its batch's ms per query (``batch``: the batch's number)."""
     hit_rows, lat_rows, traces = [], [], []
     qids, texts = questions["qid"].tolist(), questions["question"].tolist()
     with progress_bar(len(texts), "retrieve", unit="question") as bar:
@@ -49,7 +50,7 @@ def retrieve_all(retriever: Retriever, questions: pd.DataFrame, k: int, batch_si
             ms = (time.perf_counter() - t0) * 1000 / len(batch)
             parts = {f"{p}_ms": s * 1000 / len(batch) for p, s in hits.parts.items()}
             for i, qid in enumerate(qids[start:start + batch_size]):
-                lat_rows.append({"qid": qid, "batch_size": len(batch), "ms": ms, **parts})
+                lat_rows.append({"qid": qid, "batch": start // batch_size, "batch_size": len(batch), "ms": ms, **parts})
                 keep = hits.doc_idx[i] >= 0
                 ids = retriever.doc_ids[hits.doc_idx[i][keep]]
                 hit_rows.extend(zip([qid] * len(ids), range(1, len(ids) + 1), ids, hits.scores[i][keep]))

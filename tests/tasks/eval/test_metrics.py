@@ -75,10 +75,24 @@ def test_recall_is_monotone_in_k_on_random_data():
 def test_latency_summary():
     got = latency_summary(pd.DataFrame({"ms": np.arange(1, 101, dtype=float)}))
     assert got == pytest.approx({"mean": 50.5, "p50": 50.5, "p95": 95.05, "p99": 99.01})
-    assert latency_summary(pd.DataFrame({"t": [4.0, 2.0]}), column="t") == pytest.approx(
+    assert latency_summary(pd.DataFrame({"t": [4.0, 2.0]}), column="t", min_timings=2) == pytest.approx(
         {"mean": 3.0, "p50": 3.0, "p95": 3.9, "p99": 3.98})
     empty = latency_summary(pd.DataFrame({"ms": []}))
     assert set(empty) == {"mean", "p50", "p95", "p99"} and all(math.isnan(v) for v in empty.values())
+
+
+def test_latency_percentiles_are_over_timed_batches_and_absent_for_too_few():
+    """Queries timed in batches share their batch's ms per query: the percentiles are the batches', and one or
+    two batches give none (they were the mean, three times over)."""
+    two = pd.DataFrame({"batch": [0] * 256 + [1] * 125, "ms": [4.0] * 256 + [6.0] * 125})
+    got = latency_summary(two)
+    assert got["mean"] == pytest.approx((4 * 256 + 6 * 125) / 381) and got["p50"] is got["p95"] is got["p99"] is None
+    batches = pd.DataFrame({"batch": np.repeat(np.arange(6), [100, 100, 100, 100, 100, 1]),
+                            "ms": np.repeat([1.0, 2.0, 3.0, 4.0, 5.0, 100.0], [100, 100, 100, 100, 100, 1])})
+    got = latency_summary(batches)
+    assert got["p50"] == pytest.approx(3.5)  # the batches' median, not the queries' (3.0)
+    assert got["p99"] == pytest.approx(np.percentile([1, 2, 3, 4, 5, 100], 99))
+    assert got["mean"] == pytest.approx((100 * 15 + 100) / 501)
 
 
 def test_dev_split_is_seeded_disjoint_and_sized():
