@@ -44,6 +44,23 @@ def select_runs(store: Store, runs: tuple[str, ...], sweep: str | None) -> pd.Da
     return frame.assign(metrics=frame["metrics"].map(json.loads)).reset_index(drop=True)
 
 
+SETUP_GROUPS = ("method", "embedder", "ner", "kg")  # the config groups that decide what a query costs
+
+
+def query_setups(store: Store, run_ids: list[str]) -> dict[str, str]:
+    """Per run, its query-cost settings (the resolved ``SETUP_GROUPS`` of its manifest's config) as one string:
+    a benchmark lends its ms/query only to evaluate runs with the same string."""
+    if not run_ids:
+        return {}
+    found = store.query(f"SELECT run_id, manifest->>'config' AS config FROM runs "
+                        f"WHERE run_id IN ({', '.join('?' * len(run_ids))})", run_ids)
+    out = {}
+    for run_id, config in zip(found["run_id"], found["config"]):
+        config = json.loads(config) if isinstance(config, str) else {}
+        out[run_id] = json.dumps({g: (config or {}).get(g) for g in SETUP_GROUPS}, sort_keys=True)
+    return out
+
+
 def run_facts(store: Store, run_ids: list[str]) -> pd.DataFrame:
     """Per run: commit, dataset identity (content hash, or the ingest fingerprint of a generated dataset),
     date, index build seconds and peak RSS (every index stage it used, at the cost it had when computed) and
@@ -106,11 +123,13 @@ def report_flow(cfg: dict) -> dict[str, Any]:
     runs = rep.flatten_metrics(records)
     facts = run_facts(store, runs["run_id"].tolist())
     runs = runs.merge(facts, on="run_id", how="left")
-    bench = store.query("SELECT method, dataset, created_at, metrics FROM metrics WHERE kind = 'benchmark'")
-    bench = bench.assign(metrics=bench["metrics"].map(json.loads))
+    runs["setup"] = runs["run_id"].map(query_setups(store, runs["run_id"].tolist()))
+    bench = store.query("SELECT run_id, method, dataset, created_at, metrics FROM metrics WHERE kind = 'benchmark'")
+    bench = bench.assign(metrics=bench["metrics"].map(json.loads),
+                         setup=bench["run_id"].map(query_setups(store, bench["run_id"].tolist())))
     latency = rep.benchmark_latency(bench)
-    pairs = set(zip(runs["method"], runs["dataset"]))
-    latency = latency[pd.Series([p in pairs for p in zip(latency["method"], latency["dataset"])],
+    pairs = set(zip(*(runs[c] for c in rep.LATENCY_KEY)))
+    latency = latency[pd.Series([p in pairs for p in zip(*(latency[c] for c in rep.LATENCY_KEY))],
                                 index=latency.index, dtype=bool)]
 
     md = [f"# dagrag report: {name}", ""]
@@ -147,7 +166,8 @@ TABLE_NOTES = (
     "evidence units (ZoomRAG: ChunkZoom's chunks; others: sentences of the top-k passages ranked by "
     "query–sentence cosine). context_recall: gold passages whose text reaches the reader's context. "
     "index_build_s: seconds each index stage took when it was computed, summed (also when this run found it "
-    "cached). ms/q@b: mean ms per query at batch b (the latest benchmark run). peak_mem_mb: the larger of the "
+    "cached). ms/q@b: mean ms per query at batch b (the latest benchmark run with the run's method, embedder, "
+    "NER and KG settings; empty where none). peak_mem_mb: the larger of the "
     "index stages' peak RSS (each when it was computed, as for index_build_s) and the benchmark's. tokens: LLM "
     "prompt + completion tokens recorded for the run.")
 
@@ -166,10 +186,12 @@ def accuracy_points(runs: pd.DataFrame, latency: pd.DataFrame, metric: str) -> p
     (the evaluate run's own mean ms/query at its batch size where no benchmark exists)."""
     if metric not in runs:
         return pd.DataFrame()
-    acc = runs[["method", "dataset", metric, "query_ms_mean", "batch_size"]]
-    pts = acc.drop(columns=["query_ms_mean", "batch_size"]).merge(latency, on=["method", "dataset"], how="inner")
-    benched = set(zip(latency["method"], latency["dataset"]))
-    own = acc[pd.Series([p not in benched for p in zip(acc["method"], acc["dataset"])], index=acc.index, dtype=bool)]
+    acc = rep.with_setup(runs)[[*rep.LATENCY_KEY, metric, "query_ms_mean", "batch_size"]]
+    latency = rep.with_setup(latency)
+    pts = acc.drop(columns=["query_ms_mean", "batch_size"]).merge(latency, on=rep.LATENCY_KEY, how="inner")
+    benched = set(zip(*(latency[c] for c in rep.LATENCY_KEY)))
+    own = acc[pd.Series([p not in benched for p in zip(*(acc[c] for c in rep.LATENCY_KEY))], index=acc.index,
+                        dtype=bool)]
     own = own.rename(columns={"query_ms_mean": "ms_per_query"})
     pts = pd.concat([pts, own], ignore_index=True)[["dataset", "method", "batch_size", "ms_per_query", metric]]
     return pts.dropna(subset=["ms_per_query", metric])

@@ -30,15 +30,28 @@ def flatten_metrics(records: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# what a benchmark must share with an evaluate run to lend it its latency: the method, the dataset and the
+# settings that decide a query's cost (``setup``: a string, equal for equal settings; "" where unknown)
+LATENCY_KEY = ["method", "dataset", "setup"]
+
+
+def with_setup(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with a ``setup`` column ("" where it has none)."""
+    return frame if "setup" in frame else frame.assign(setup="")
+
+
 def benchmark_latency(bench: pd.DataFrame) -> pd.DataFrame:
-    """Benchmark records (method, dataset, created_at, metrics dict with ``rows``) → the latest per
-    method × dataset as long rows ``(method, dataset, batch_size, ms_per_query, peak_rss_mb)``."""
+    """Benchmark records (method, dataset, created_at, metrics dict with ``rows``, optional ``setup``) → the
+    latest per method × dataset × setup as long rows ``(method, dataset, setup, batch_size, ms_per_query,
+    peak_rss_mb)``."""
+    columns = [*LATENCY_KEY, "batch_size", "ms_per_query", "peak_rss_mb"]
     if bench.empty:
-        return pd.DataFrame(columns=["method", "dataset", "batch_size", "ms_per_query", "peak_rss_mb"])
-    latest = bench.sort_values("created_at").groupby(["method", "dataset"], sort=False).tail(1)
-    rows = [(r.method, r.dataset, int(b["batch_size"]), float(b["ms_per_query_mean"]), float(b.get("peak_rss_mb", np.nan)))
+        return pd.DataFrame(columns=columns)
+    latest = with_setup(bench).sort_values("created_at").groupby(LATENCY_KEY, sort=False).tail(1)
+    rows = [(r.method, r.dataset, r.setup, int(b["batch_size"]), float(b["ms_per_query_mean"]),
+             float(b.get("peak_rss_mb", np.nan)))
             for r in latest.itertuples(index=False) for b in dict(r.metrics)["rows"]]
-    return pd.DataFrame(rows, columns=["method", "dataset", "batch_size", "ms_per_query", "peak_rss_mb"])
+    return pd.DataFrame(rows, columns=columns)
 
 
 def results_table(runs: pd.DataFrame, latency: pd.DataFrame, ks: list[int]) -> pd.DataFrame:
@@ -47,15 +60,16 @@ def results_table(runs: pd.DataFrame, latency: pd.DataFrame, ks: list[int]) -> p
     cols = ["dataset", "method"] + [f"recall@{k}" for k in ks] + [f"evidence_recall@{k}" for k in ks]
     cols += ["context_recall", "em", "f1", "index_build_s"] + [f"ms/q@{b}" for b in BATCHES]
     cols += ["peak_mem_mb", "tokens", "run_id"]
-    out = runs.copy()
+    out, latency = with_setup(runs.copy()), with_setup(latency)
+    keys = list(zip(*(out[c] for c in LATENCY_KEY)))
     for b in BATCHES:
-        at = latency[latency["batch_size"] == b].set_index(["method", "dataset"])["ms_per_query"]
-        out[f"ms/q@{b}"] = [at.get((m, d), np.nan) for m, d in zip(out["method"], out["dataset"])]
-    peak_q = latency.groupby(["method", "dataset"])["peak_rss_mb"].max()
+        at = latency[latency["batch_size"] == b].set_index(LATENCY_KEY)["ms_per_query"]
+        out[f"ms/q@{b}"] = [at.get(key, np.nan) for key in keys]
+    peak_q = latency.groupby(LATENCY_KEY)["peak_rss_mb"].max()
     # the index stages' peak, each when it was computed (flows.report.run_facts)
     index_peak = out["index_peak_mb"] if "index_peak_mb" in out else pd.Series(np.nan, index=out.index)
-    out["peak_mem_mb"] = [np.nanmax([p, peak_q.get((m, d), np.nan)]) if not (pd.isna(p) and (m, d) not in peak_q)
-                          else np.nan for p, m, d in zip(index_peak, out["method"], out["dataset"])]
+    out["peak_mem_mb"] = [np.nanmax([p, peak_q.get(key, np.nan)]) if not (pd.isna(p) and key not in peak_q)
+                          else np.nan for p, key in zip(index_peak, keys)]
     for c in cols:
         if c not in out:
             out[c] = np.nan

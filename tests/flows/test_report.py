@@ -67,6 +67,25 @@ def test_a_run_that_found_its_index_cached_shows_the_peak_its_stages_had(catalog
     assert float(row["index_build_s"]) == 5.0
 
 
+def test_a_benchmark_lends_its_latency_only_to_runs_with_the_same_query_settings(catalog):
+    """A newer zoomrag benchmark with method.alpha=0.7 does not replace the one with the evaluate run's own
+    settings; a run whose settings no benchmark shares gets no ms/query (it got another setup's)."""
+    store = Store(catalog / "artifacts")
+    other = {"method": {"name": "zoomrag", "alpha": 0.7}}
+    store.record_run("bench-alpha", "benchmark", {"git_sha": COMMIT, "config": other})
+    store.record_metrics("bench-alpha", "benchmark", "zoomrag", "hotpot-mini",
+                         {"rows": [{"batch_size": 1, "ms_per_query_mean": 99.0, "peak_rss_mb": 900.0}]})
+    store.record_run("run-alpha", "evaluate", {"git_sha": COMMIT, "dataset_content_hash": DATASETS["wiki-mini"],
+                                               "config": other})
+    store.record_metrics("run-alpha", "evaluate", "zoomrag", "wiki-mini",
+                         _metrics("zoomrag", "wiki-mini", 70.0, "run-alpha"))
+    report_flow(make_config(catalog))
+    rows = _rows((catalog / "artifacts" / "reports" / "latest" / "report.md").read_text())
+    assert float(rows[("hotpot-mini", "zoomrag")]["ms/q@1"]) == 20.0  # its own setup's benchmark, not 99.0
+    assert rows[("wiki-mini", "zoomrag")]["run_id"] == "run-alpha"
+    assert rows[("wiki-mini", "zoomrag")]["ms/q@1"] == "–"  # only the default setup was benchmarked there
+
+
 def test_sweep_report_shows_the_best_trial_on_the_test_split(catalog):
     result = report_flow(make_config(catalog, f"report.sweep={SWEEP}"))
     out = catalog / "artifacts" / "reports" / SWEEP
