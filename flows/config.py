@@ -12,6 +12,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Union
 
+from omegaconf import OmegaConf
+
 from tasks.core.ingest import DATASET_KINDS, DatasetParams
 from tasks.text.embed import EmbedderParams
 from tasks.text.ner import NERParams
@@ -417,6 +419,20 @@ class Config:
     scale: ScaleParams = ScaleParams()
     growth: GrowthParams = GrowthParams()
 
+
+ONE_METHOD_COMMANDS = frozenset({"evaluate", "index", "update", "benchmark"})
+
+
+def run_folder_label(command: str, method: str, dataset: str) -> str:
+    """What a run folder is named after its time (``hydra.run.dir``): ``zoomrag-hotpotqa-100`` for a command that
+    runs one method, ``compare-hotpotqa-100`` (``growth-…``, ``scale-…``) for one that runs several, ``report``
+    for the report, which runs none."""
+    if command in ONE_METHOD_COMMANDS:
+        return f"{method}-{dataset}"
+    return command if command == "report" else f"{command}-{dataset}"
+
+
+OmegaConf.register_new_resolver("run_label", run_folder_label, replace=True)
 
 # conf/config.yaml's keys: its groups, then its own values
 TOP_LEVEL_KEYS = frozenset({"dataset", "method", "embedder", "ner", "kg", "llm", "runner", "eval", "benchmark", "report",

@@ -139,7 +139,12 @@ def check_dataset(conf: Config, command: str) -> None:
         raise PreflightError(f"{where} has no questions: set benchmark.questions_from=NAME (a dataset under "
                              f"data_dir with questions.json), e.g. benchmark.questions_from=hotpotqa-100")
     path = Path(conf.data_dir) / conf.benchmark.questions_from / "questions.json"
-    if parse_questions(read_json_list(path), str(path))[0].empty:
+    try:
+        questions = parse_questions(read_json_list(path), str(path))[0]
+    except IngestError as err:  # say which setting named the file
+        raise PreflightError(f"benchmark.questions_from={conf.benchmark.questions_from!r} (under data_dir="
+                             f"{conf.data_dir}): {err}") from None
+    if questions.empty:
         raise PreflightError(f"benchmark.questions_from={conf.benchmark.questions_from!r}: {path} holds no questions")
 
 

@@ -10,6 +10,10 @@ product took 36 ms instead of 11 ms). torch does the heavy lifting; numpy runs s
 HF_HUB_DISABLE_PROGRESS_BARS=1: transformers draws a "Loading weights" bar for a load that takes no
 time; the encoder logs its own load line instead (:func:`tasks.text.encoder.load_encoder`).
 
+PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW=ignore: the ``dagrag`` logger also logs to the API (so a run's stage
+lines show in the UI); a line logged outside a flow run (``dagrag growth`` copying a store between its child
+commands) is for the console only, not a reason for Prefect's "without a flow run id" warning.
+
 The warnings filter silences torch's "TF32 acceleration on top of oneDNN" UserWarning, which every
 ``torch.backends.mkldnn.flags`` block (:func:`tasks.text.embed.encode`) raises on a CPU-only build.
 """
@@ -26,6 +30,7 @@ for _key, _value in {
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "60",
     "PREFECT_TASKS_DEFAULT_NO_CACHE": "true",
     "PREFECT_LOGGING_EXTRA_LOGGERS": "dagrag",
+    "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
     "PREFECT_UI_ENABLED": "false",
 }.items():
     os.environ.setdefault(_key, _value)

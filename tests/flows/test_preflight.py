@@ -103,7 +103,7 @@ def test_questions_where_the_command_needs_them(tmp_path):
     with pytest.raises(PreflightError, match=r"has no questions: set benchmark.questions_from=NAME"):
         check_dataset(conf, "benchmark")
     check_dataset(conf_of(tmp_path, *base, "benchmark.questions_from=with-q"), "benchmark")
-    with pytest.raises(IngestError, match=r"nowhere/questions.json: file not found"):
+    with pytest.raises(PreflightError, match=r"benchmark.questions_from=.nowhere. .*nowhere/questions.json: file not found"):
         check_dataset(conf_of(tmp_path, *base, "benchmark.questions_from=nowhere"), "benchmark")
     check_dataset(conf_of(tmp_path, *SMALL), "evaluate")  # the generated sample has questions
     with pytest.raises(PreflightError, match="has no questions"):
@@ -180,11 +180,15 @@ def _cases(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
                          "error: dataset 'corpus-only' has no questions: set benchmark.questions_from=NAME"),
         "llm": (["flows.evaluate", "method=bm25", "llm=local", f"llm.base_url=http://127.0.0.1:{port}/v1"],
                 f"error: LLM endpoint http://127.0.0.1:{port}/v1 does not answer"),
+        "questions_from": (["flows.benchmark", "method=bm25", "dataset=hipporag", "dataset.name=corpus-only",
+                            f"data_dir={data}", "benchmark.questions_from=nope"],
+                           f"error: benchmark.questions_from='nope' (under data_dir={data}): "
+                           f"{data / 'nope' / 'questions.json'}: file not found"),
         "report": (["flows.report"], f"error: no catalog at {tmp_path / 'artifacts' / 'catalog.duckdb'}"),
     }
 
 
-@pytest.mark.parametrize("case", ["type", "malformed", "no_questions", "llm", "report"])
+@pytest.mark.parametrize("case", ["type", "malformed", "no_questions", "questions_from", "llm", "report"])
 def test_a_user_error_exits_2_with_one_line_and_writes_nothing(tmp_path, case):
     args, expected = _cases(tmp_path)[case]
     artifacts = tmp_path / "artifacts"
