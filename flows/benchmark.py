@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 from prefect import flow
 
 from flows.config import Config, ConfigError, load_config
-from flows.observe import untagged_tasks
+from flows.observe import RUN_END_HOOKS, untagged_tasks
 from flows.pipeline import (
     build_index,
     format_table,
@@ -91,7 +91,7 @@ def time_batch_size(retriever: Any, texts: list[str], batch_size: int, k: int, r
     return {k_: (round(float(v_), 3) if isinstance(v_, (float, np.floating)) else v_) for k_, v_ in row.items()}
 
 
-@flow(name="benchmark")
+@flow(name="benchmark", **RUN_END_HOOKS)
 @untagged_tasks
 def benchmark_flow(cfg: dict) -> dict[str, Any]:
     """Index (cached) then time retrieval at each batch size."""

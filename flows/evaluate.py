@@ -20,7 +20,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.config import Config, load_config
 from flows.methods import METHODS
-from flows.observe import untagged_tasks
+from flows.observe import RUN_END_HOOKS, untagged_tasks
 from flows.pipeline import (
     build_index,
     dry_run_stop,
@@ -75,7 +75,7 @@ def retrieve(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index:
             "qids": questions["qid"].tolist(), "load_seconds": load_s, **extra}
 
 
-@flow(name="evaluate")
+@flow(name="evaluate", **RUN_END_HOOKS)
 @untagged_tasks
 def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
     """One evaluation run: ingest → method index → batched retrieval → recall@k and latency."""

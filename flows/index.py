@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from prefect import flow
 
 from flows.config import load_config
-from flows.observe import untagged_tasks
+from flows.observe import RUN_END_HOOKS, untagged_tasks
 from flows.pipeline import (
     build_index,
     dry_run_stop,
@@ -27,7 +27,7 @@ from flows.pipeline import (
 from tasks.llm.params import LLMDryRun
 
 
-@flow(name="index")
+@flow(name="index", **RUN_END_HOOKS)
 @untagged_tasks
 def index_flow(cfg: dict) -> dict[str, Any]:
     """Ingest + the method's index stages."""

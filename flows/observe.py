@@ -171,12 +171,31 @@ def publish_hook(flow: Any, flow_run: Any, state: Any) -> None:
         log.warning("could not publish the run's Prefect artifacts: %s", err)
 
 
+def end_hook(flow: Any, flow_run: Any, state: Any) -> None:
+    """A flow's hook on every final state: the catalog's ``runs`` row says how the run ended (a run that failed
+    before it recorded itself has no row, and nothing changes)."""
+    cfg = (flow_run.parameters or {}).get("cfg")
+    if not isinstance(cfg, dict) or "artifacts_dir" not in cfg:
+        return
+    try:
+        Store(cfg["artifacts_dir"]).end_run(str(flow_run.id), str(state.type.value).lower())
+    except Exception as err:  # noqa: BLE001 - a hook must not turn the run's own outcome into another error
+        log.warning("could not record how run %s ended: %s", flow_run.id, err)
+
+
+# the hooks of every flow that records a run (``flows.pipeline.start_run``), so that a run's catalog row says how it
+# ended however the flow is called (a command, a compare's evaluate runs, a scheduled run, the Python API)
+RUN_END_HOOKS = {"on_completion": [end_hook], "on_failure": [end_hook], "on_crashed": [end_hook],
+                 "on_cancellation": [end_hook]}
+
+
 def observed(flow_fn: Any, cfg: dict[str, Any]) -> Any:
-    """The flow with readable run names, tags and the artifact hooks."""
+    """The flow with readable run names, tags, the artifact hooks and the hook that records how it ended."""
     method, dataset = run_label(cfg)  # loads the config, and with it the method's flow module
     name_task_runs()
     return flow_fn.with_options(flow_run_name=f"{flow_fn.name} {method}/{dataset}",
-                                on_completion=[publish_hook], on_failure=[publish_hook])
+                                on_completion=[publish_hook, end_hook], on_failure=[publish_hook, end_hook],
+                                on_crashed=[end_hook], on_cancellation=[end_hook])
 
 
 def tags_for(cfg: dict[str, Any]) -> list[str]:

@@ -29,7 +29,7 @@ from prefect import flow
 from flows.config import ConfigError, load_config, with_runner
 from flows.evaluate import evaluate_flow
 from flows.index import index_flow
-from flows.observe import name_task_runs, observed, run_label, stage_rows, tags_for, verdict
+from flows.observe import RUN_END_HOOKS, name_task_runs, observed, run_label, stage_rows, tags_for, verdict
 from tasks.core.store import Store
 
 log = logging.getLogger("dagrag")
@@ -123,14 +123,14 @@ def _summarise(cfg: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-@flow(name="index")
+@flow(name="index", **RUN_END_HOOKS)
 def scheduled_index(cfg: dict) -> dict[str, Any]:
     """``dagrag index`` as a scheduled run: checks, then the index flow's body."""
     _checked(cfg, "index")
     return _summarise(cfg, index_flow.fn(cfg))
 
 
-@flow(name="evaluate")
+@flow(name="evaluate", **RUN_END_HOOKS)
 def scheduled_evaluate(cfg: dict) -> dict[str, Any]:
     """``dagrag evaluate`` as a scheduled run; its run folder is ``<artifacts_dir>/runs/<date>/<time>-…``."""
     _checked(cfg, "evaluate")

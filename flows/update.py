@@ -29,7 +29,7 @@ from prefect import flow
 
 from flows.config import load_config
 from flows.methods import METHODS
-from flows.observe import untagged_tasks
+from flows.observe import RUN_END_HOOKS, untagged_tasks
 from flows.pipeline import (
     dry_run_stop,
     format_table,
@@ -76,7 +76,7 @@ def document_diff(store: Store, dataset: str, documents: ArtifactRef, run_id: st
     return {"added_docs": len(now), "removed_docs": 0}
 
 
-@flow(name="update")
+@flow(name="update", **RUN_END_HOOKS)
 @untagged_tasks
 def update_flow(cfg: dict) -> dict[str, Any]:
     """Ingest + the method's update (or index) stages; a summary of what was recomputed, and where the command's

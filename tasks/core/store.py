@@ -63,6 +63,8 @@ CREATE TABLE IF NOT EXISTS stage_events (
   rows BIGINT, rows_computed BIGINT, seconds DOUBLE, peak_rss_mb DOUBLE, created_at TIMESTAMP);
 CREATE TABLE IF NOT EXISTS runs (
   run_id VARCHAR, command VARCHAR, started_at TIMESTAMP, manifest JSON);
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS status VARCHAR;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS ended_at TIMESTAMP;
 CREATE TABLE IF NOT EXISTS llm_ledger (
   run_id VARCHAR, stage VARCHAR, llm_calls BIGINT, llm_cache_hits BIGINT, prompt_tokens BIGINT,
   completion_tokens BIGINT, seconds DOUBLE, created_at TIMESTAMP);
@@ -594,10 +596,18 @@ class Store:
                          peak_rss_mb, dt.datetime.now()])
 
     def record_run(self, run_id: str, command: str, manifest: Mapping[str, Any]) -> None:
-        """Register a run and its manifest."""
+        """Register a run and its manifest; its status is ``running`` until :meth:`end_run`."""
         with self.catalog() as con:
-            con.execute("INSERT INTO runs (run_id, command, started_at, manifest) VALUES (?,?,?,?)",
-                        [run_id, command, dt.datetime.now(), json.dumps(manifest, default=_json_default)])
+            con.execute("INSERT INTO runs (run_id, command, started_at, manifest, status) VALUES (?,?,?,?,?)",
+                        [run_id, command, dt.datetime.now(), json.dumps(manifest, default=_json_default),
+                         "running"])
+
+    def end_run(self, run_id: str, status: str) -> None:
+        """Record how a run ended (``completed``, ``failed``, ``crashed``: Ctrl-C or a crash, ``cancelled``) and
+        when. A run killed outright stays ``running``; one recorded before this column existed has no status."""
+        with self.catalog() as con:
+            con.execute("UPDATE runs SET status = ?, ended_at = ? WHERE run_id = ?",
+                        [status, dt.datetime.now(), run_id])
 
     def record_metrics(self, run_id: str, kind: str, method: str, dataset: str, metrics: Mapping[str, Any],
                        overrides: Mapping[str, str] | None = None) -> None:

@@ -43,6 +43,9 @@ def test_evaluate_then_fully_cached(tmp_path):
     ev = events(tmp_path, second["run_id"])
     assert len(ev) > 0 and set(ev["status"]) == {"cached"}
     assert second["stages_computed"] == 0
+    runs = Store(tmp_path / "artifacts").query("SELECT run_id, status, started_at, ended_at FROM runs")
+    assert set(runs["run_id"]) == {first["run_id"], second["run_id"]} and set(runs["status"]) == {"completed"}
+    assert (runs["ended_at"] >= runs["started_at"]).all()  # how each ended, from the flow's own hooks
     assert {k: second[k] for k in ["recall@2", "recall@5", "recall@10"]} == \
         {k: first[k] for k in ["recall@2", "recall@5", "recall@10"]}
 

@@ -423,6 +423,10 @@ def test_ctrl_c_ends_a_running_command_at_once_with_one_line(tmp_path):
         out = log_path.read_text()
         assert out.strip().splitlines()[-1].startswith("interrupted: ") and "Traceback" not in out, out[-3000:]
         assert not _survivors(list(seen.values()))
+        from tasks.core.store import Store
+
+        runs = Store(tmp_path / "artifacts").query("SELECT status, ended_at FROM runs")
+        assert runs["status"].tolist() == ["crashed"] and runs["ended_at"].notna().all()  # the catalog says so
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

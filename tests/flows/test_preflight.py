@@ -237,3 +237,4 @@ def test_an_llm_that_fails_mid_run_ends_with_one_line_and_no_traceback(tmp_path)
     assert out.stderr.strip().splitlines() == [out.stderr.strip()] and out.stderr.startswith("error: LLM endpoint")
     assert "Task run failed with exception" in out.stdout  # Prefect's line is there (the control) ...
     assert "Traceback" not in out.stdout + out.stderr      # ... without its traceback
+    assert Store(tmp_path / "artifacts").query("SELECT status FROM runs")["status"].tolist() == ["failed"]
