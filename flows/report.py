@@ -12,6 +12,7 @@ tuned on.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sys
 from pathlib import Path
@@ -27,6 +28,8 @@ from flows.config import Config, load_config
 from flows.observe import untagged_tasks
 from tasks.core.store import CATALOG, Store
 from tasks.eval import report as rep
+
+log = logging.getLogger("dagrag")
 
 INDEX_EXCLUDED = ("evidence",)  # stages an evaluate run adds that are not part of building the index
 
@@ -115,6 +118,8 @@ def report_flow(cfg: dict) -> dict[str, Any]:
     params, store = conf.report, Store(conf.artifacts_dir)
     name = slug(params.name or params.sweep or ("runs" if params.runs else "latest"))
     out_dir = store.root / "reports" / name
+    if (out_dir / "report.md").exists():
+        log.info("replacing the report in %s (report.name=NAME writes one beside it)", out_dir)
     ks = list(conf.eval.ks)
     records = select_runs(store, params.runs, params.sweep)
     if records.empty:
