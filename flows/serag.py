@@ -14,6 +14,7 @@ from tasks.methods.serag.stages import (
     serag_communities,
     serag_graph,
     serag_tree,
+    stored_update,
 )
 from tasks.text.chunk import chunk
 from tasks.text.embed import embed
@@ -38,8 +39,10 @@ def _dag(ctx: RunContext, data: dict[str, ArtifactRef], cfg, incremental: bool) 
                 else entity_graph(ctx, documents, chunks, mentions.result()["mentions"]))
     names = entity_texts(ctx, entities["entities"])["entity_texts"]
     entity_embeddings = embed(ctx, names, "entity_id", cfg.embedder)["embeddings"]
-    graph = serag_graph(ctx, documents, chunks, chunk_embeddings, entities["chunk_entity"], entities["entities"], p,
-                        incremental)
+    graph_inputs = (ctx, documents, chunks, chunk_embeddings, entities["chunk_entity"], entities["entities"], p)
+    if not incremental and p.reuse_updates:  # a graph flows.update grew for this very corpus: used as it is
+        incremental = stored_update(*graph_inputs)
+    graph = serag_graph(*graph_inputs, incremental)
     tree = serag_tree(ctx, graph["W"], graph["W_meta"], p.tree_engine)
     communities = serag_communities(ctx, graph["W"], tree["community"], chunk_embeddings, p)
     return {"chunks": chunks, "chunk_embeddings": chunk_embeddings, **entities,
@@ -47,7 +50,8 @@ def _dag(ctx: RunContext, data: dict[str, ArtifactRef], cfg, incremental: bool) 
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
-    """Index stages of ``method=serag``: a full build of the graph."""
+    """Index stages of ``method=serag``: a full build of the graph, unless ``flows.update`` stored one grown for
+    exactly this corpus (and ``method.reuse_updates``)."""
     return _dag(ctx, data, cfg, incremental=False)
 
 

@@ -58,14 +58,20 @@ def update_dag(name: str) -> tuple[Callable, Callable | None]:
     return getattr(importlib.import_module(f"flows.{name}"), UPDATES[name]), stages.update_summary
 
 
-def document_diff(store: Store, dataset: str, documents: ArtifactRef, run_id: str) -> dict[str, int]:
-    """Documents added / removed against the corpus this dataset had before this run (none: all added).
+def document_diff(store: Store, dataset: str, method: str, documents: ArtifactRef, run_id: str) -> dict[str, int]:
+    """Documents added / removed against the corpus this method's index last had on this dataset (none: all
+    added).
 
-    The previous state is the newest ``documents`` artifact not written by this run: an unchanged
-    corpus (ingest cached) compares with itself and reports 0 / 0.
+    That corpus is the ``documents`` table that the newest earlier run of ``method`` on ``dataset`` ingested,
+    among the runs that ended ``completed`` (or that predate run statuses). Another method's run does not count:
+    it may have ingested the grown corpus already, while this method's index is still the old one.
     """
-    prev = store.query("SELECT path FROM stages WHERE stage = 'ingest' AND name = 'documents' AND dataset = ? "
-                       "AND run_id <> ? ORDER BY created_at DESC", [dataset, run_id])
+    prev = store.query(
+        "SELECT s.path FROM stage_events e JOIN runs r ON r.run_id = e.run_id "
+        "JOIN stages s ON s.stage = 'ingest' AND s.name = 'documents' AND s.fp = e.fp "
+        "WHERE e.stage = 'ingest' AND e.dataset = ? AND e.run_id <> ? "
+        "AND r.manifest->'config'->'method'->>'name' = ? AND coalesce(r.status, 'completed') = 'completed' "
+        "ORDER BY e.created_at DESC", [dataset, run_id, method])
     now = set(Store.read(documents, ["doc_id"])["doc_id"])
     for path in prev["path"]:
         try:
@@ -104,7 +110,7 @@ def update_flow(cfg: dict) -> dict[str, Any]:
             print("\nper layer (layer l: the segments of layer l-1)")
             print(format_table(per_layer.to_dict("records"), list(per_layer.columns)), flush=True)
     else:  # the same code path as flows.index
-        summary.update(document_diff(ctx.store, ctx.dataset, data["documents"], ctx.run_id), segments_total=None,
+        summary.update(document_diff(ctx.store, ctx.dataset, name, data["documents"], ctx.run_id), segments_total=None,
                        segments_resummarized=None, layers=None, full_build_seconds_estimate=None,
                        same_as="flows.index")
     summary.update(seconds=round(seconds, 3), **stage_counts(split),

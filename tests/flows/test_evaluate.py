@@ -115,3 +115,21 @@ def test_update_of_a_non_erarag_method_reports_the_document_diff(tmp_path):
     write_hipporag(data / "diff", corpus[5:], questions)
     moved = update_flow(make_config(tmp_path, *base))
     assert (moved["added_docs"], moved["removed_docs"]) == (10, 5)
+
+
+def test_an_update_counts_documents_against_its_own_method_s_last_index(tmp_path):
+    """dense updated first (its run ingests the grown corpus); bm25's index is still on the old corpus, so bm25's
+    update reports the same change, not 0 / 0 against the ingest dense's run left behind."""
+    from flows.update import update_flow
+
+    corpus, questions = generate_sample(40, 8, seed=5)
+    data = tmp_path / "data"
+    at = ["dataset=hipporag", "dataset.name=diff", f"data_dir={data}"]
+    write_hipporag(data / "diff", corpus[:30], questions)
+    for method in ("bm25", "dense"):
+        update_flow(make_config(tmp_path, f"method={method}", *at))
+    write_hipporag(data / "diff", corpus[5:], questions)
+    dense = update_flow(make_config(tmp_path, "method=dense", *at))
+    bm25 = update_flow(make_config(tmp_path, "method=bm25", *at))
+    assert (dense["added_docs"], dense["removed_docs"]) == (10, 5)
+    assert (bm25["added_docs"], bm25["removed_docs"]) == (10, 5) and bm25["stages_computed"] >= 1

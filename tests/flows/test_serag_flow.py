@@ -98,7 +98,11 @@ def test_update_grows_the_graph_rows_of_new_chunks_and_rebuilds_the_tree(tmp_pat
 
     assert json.loads(graph_row(grown["artifacts"]["W"])["input_fps"])["base"] == \
         graph_row(built["artifacts"]["W"])["fp"] == grown["base_fp"]
-    full = index_flow(cfg)  # a full build of the same corpus is another artifact
+    again = index_flow(cfg)  # index (and evaluate) of this corpus use the graph the update grew for it
+    assert again["artifacts"]["W"] == grown["artifacts"]["W"] and again["stages_computed"] == 0
+    build = make_config(tmp_path, "method=serag", "dataset=jsonl", f"dataset.path={corpus}", "dataset.name=grow",
+                        "method.reuse_updates=false")
+    full = index_flow(build)  # a full build of the same corpus is another artifact
     assert full["artifacts"]["W"] != grown["artifacts"]["W"]
     assert update_flow(cfg)["mode"] == "cached"  # nothing changed: the stored graph of this corpus is reused
 

@@ -65,6 +65,9 @@ class SeRAGParams(LinkingParams):
     chunk_unit: str = "passage"  # a benchmark passage is one chunk (short Wikipedia paragraphs, as in §4 setup)
     self_query_max_tokens: int = 256
     batch_size: int = 64
+    # beyond the paper (it describes no update): index and evaluate use the graph flows.update grew for exactly
+    # this corpus (it keeps old-old semantic edges that a build recomputes); false: always a build's graph
+    reuse_updates: bool = True
 
     def __post_init__(self) -> None:
         LinkingParams.__post_init__(self)
@@ -160,6 +163,16 @@ def find_base(store: Store, dataset: str, code: str, slice_: dict, inputs: dict[
             return inp, None
         base = base or GraphBase(fp, refs)
     return None, base
+
+
+def stored_update(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef, chunk_embeddings: ArtifactRef,
+                  chunk_entity: ArtifactRef, entities: ArtifactRef, params: SeRAGParams) -> bool:
+    """Whether ``flows.update`` stored a graph grown for exactly these inputs (with this config and code):
+    then ``serag_graph(..., incremental=True)`` finds it cached instead of building one."""
+    inputs = input_fps(documents=documents, chunks=chunks, chunk_embeddings=chunk_embeddings,
+                       chunk_entity=chunk_entity, entities=entities)
+    same, _ = find_base(ctx.store, ctx.dataset, code_version(serag_graph), graph_slice(params), inputs)
+    return same is not None and "base" in same
 
 
 @task(name="serag_graph", cache_policy=NO_CACHE)
