@@ -49,6 +49,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     docs, questions, gold, _ = load_dataset(params, data_dir)
     hits = pd.read_parquet(args.run / "hits.parquet")
+    if args.k < 1:
+        print(f"error: --k {args.k}: the cut-off must be 1 or more", file=sys.stderr)
+        return 2
+    depth = int(hits["rank"].max()) if len(hits) else 0
+    if args.k > depth:  # the run kept fewer: its top k is the whole of what it returned
+        print(f"note: {args.run / 'hits.parquet'} holds at most {depth} passages per question, so its top "
+              f"{args.k} is what it returned (the run's eval.ks and method.top_k set that depth)", file=sys.stderr)
     if args.against is None:
         qids = sorted(set(hits["qid"]))
         out = miss_reasons(missed_gold(hits, gold, args.k, qids), hits, gold, questions, docs, args.k)

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import sys
 import traceback
 import urllib.error
@@ -62,6 +63,30 @@ def preflight(conf: Config, command: str) -> None:
     check_models(conf)
     check_dataset(conf, command)
     check_llm(conf, command)
+    check_scheduler(conf)
+
+
+def check_scheduler(conf: Config, timeout_s: float = 5.0) -> None:
+    """``runner=dask runner.address=tcp://HOST:PORT``: something accepts a connection there (a TCP connect;
+    Dask itself would wait 30 s, then fail with a traceback)."""
+    address = conf.runner.address if conf.runner.kind == "dask" else None
+    if not address:
+        return
+    from urllib.parse import urlsplit
+
+    where = urlsplit(address if "://" in address else f"tcp://{address}")
+    try:
+        host, port = where.hostname, where.port
+    except ValueError:
+        host, port = None, None
+    if not host or not port:
+        raise PreflightError(f"runner.address={address!r} is not tcp://HOST:PORT")
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as err:
+        raise PreflightError(f"runner.address={address!r}: no Dask scheduler answers there ({err}); start one "
+                             f"(`dask scheduler`, then `dask worker {address}`), or drop runner.address to start "
+                             f"a local cluster") from None
 
 
 # ----------------------------------------------------------------------------- models

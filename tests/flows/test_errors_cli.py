@@ -30,3 +30,6 @@ def test_errors_counts_the_misses_of_the_worse_run(tmp_path, capsys):
     assert main([str(better), "--k", "5"]) == 0  # the perfect run alone misses nothing
     assert "0 missed passages" in capsys.readouterr().out
     assert main([str(tmp_path / "nowhere"), str(better)]) == 2
+    assert main([str(better), "--k", "0"]) == 2 and "must be 1 or more" in capsys.readouterr().err
+    assert main([str(better), "--k", "500"]) == 0  # deeper than the run kept: said, and counted on what it has
+    assert f"holds at most {int(perfect['rank'].max())} passages per question" in capsys.readouterr().err

@@ -185,10 +185,13 @@ def _cases(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
                            f"error: benchmark.questions_from='nope' (under data_dir={data}): "
                            f"{data / 'nope' / 'questions.json'}: file not found"),
         "report": (["flows.report"], f"error: no catalog at {tmp_path / 'artifacts' / 'catalog.duckdb'}"),
+        "scheduler": (["flows.index", "method=bm25", "runner=dask", f"runner.address=tcp://127.0.0.1:{port}"],
+                      f"error: runner.address='tcp://127.0.0.1:{port}': no Dask scheduler answers there"),
     }
 
 
-@pytest.mark.parametrize("case", ["type", "malformed", "no_questions", "questions_from", "llm", "report"])
+@pytest.mark.parametrize("case", ["type", "malformed", "no_questions", "questions_from", "llm", "report",
+                                  "scheduler"])
 def test_a_user_error_exits_2_with_one_line_and_writes_nothing(tmp_path, case):
     args, expected = _cases(tmp_path)[case]
     artifacts = tmp_path / "artifacts"
