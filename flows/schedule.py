@@ -26,7 +26,12 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from prefect import flow
 
-from flows.config import ConfigError, load_config, with_runner
+# the serving process and the runs it starts (each a subprocess with Prefect's logging, not Hydra's): keep the
+# console to dagrag's and Prefect's lines, as conf/config.yaml's job_logging does for a command
+for _name in ("httpx", "httpx2", "httpcore", "faiss.loader"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
+
+from flows.config import ConfigError, load_config, with_runner  # noqa: E402 - after the levels: faiss logs on import
 from flows.evaluate import evaluate_flow
 from flows.index import index_flow
 from flows.observe import RUN_END_HOOKS, name_task_runs, observed, run_label, stage_rows, tags_for, verdict
@@ -185,8 +190,20 @@ def serve(schedule: Schedule) -> None:
 
     try:
         asyncio.run(start())
-    except KeyboardInterrupt:
+    except BaseException as err:  # Ctrl-C reaches the runner's task group too: a group of interrupts
+        if not interrupted_only(err):
+            raise
         log.info("stopped")
+
+
+def interrupted_only(err: BaseException) -> bool:
+    """Whether ``err`` is Ctrl-C, alone or as an exception group of interrupts and the cancellations they caused."""
+    import asyncio
+
+    stops = (KeyboardInterrupt, asyncio.CancelledError)
+    if isinstance(err, BaseExceptionGroup):
+        return err.subgroup(lambda e: not isinstance(e, stops + (BaseExceptionGroup,))) is None
+    return isinstance(err, KeyboardInterrupt)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="schedule")

@@ -188,6 +188,13 @@ hydra:
         record = store.query("SELECT kind, method FROM metrics WHERE run_id = ?", [evaluated["id"]])
         assert record.to_dict("records") == [{"kind": "evaluate", "method": "bm25"}]
         assert list((artifacts / "runs").glob("*/*/scheduled-bm25-tiny/metrics.json"))
+        assert set(store.query("SELECT status FROM runs")["status"]) == {"completed"}  # the flows' end hooks ran
+
+        os.killpg(serve.pid, signal.SIGINT)  # Ctrl-C: the serving process stops with one line, no traceback
+        serve.wait(60)
+        text = log.read_text()
+        assert "stopped" in text.splitlines()[-1] and "Traceback" not in text, text[-3000:]
+        assert "HTTP Request:" not in text and "faiss" not in text  # httpx's and faiss's chatter stays off
     finally:
         http.close()
         stop(serve)
