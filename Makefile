@@ -8,7 +8,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-slow install bytecode clean-artifacts ui-screenshot
+.PHONY: help run test test-slow install bytecode clean-artifacts ui-screenshot
+
+help:
+	@echo "make run [ARGS='method=bm25 ...']   install on first use, then dagrag evaluate on the embedded sample"
+	@echo "make test [ARGS=...]                install on first use, then the test suite (two workers)"
+	@echo "make test-slow                      the benchmark-sized tests on ../shared/datasets"
+	@echo "make install                        create .venv and install (torch's CPU wheel first)"
+	@echo "make ui-screenshot                  a Prefect server, one run, headless Chromium screenshots"
+	@echo "make clean-artifacts                remove stage outputs and the catalog (keeps the LLM cache)"
+	@echo "Commands: .venv/bin/dagrag --help"
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
