@@ -8,7 +8,15 @@ import pytest
 # stage tasks called via ``.fn`` log outside any flow run: nothing to send to an API
 os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
 
+from hypothesis import settings  # noqa: E402
+
 from tasks.core.stage import RunContext  # noqa: E402
+
+# Property tests draw the same examples on every run (`make test`, CI): a run passes or fails for the code, not
+# the draw. `HYPOTHESIS_PROFILE=explore make test` draws new ones, as a search for counter-examples.
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 
 @pytest.fixture
