@@ -54,7 +54,15 @@ def main(cfg: DictConfig) -> None:
 
     from flows.api_server import ensure_api, flow_run_settings
     from flows.pipeline import print_last_line, spacy_without_torch
-    from flows.preflight import USER_ERRORS, fail, interrupted, preflight, quiet_user_error_tracebacks, verbose
+    from flows.preflight import (
+        USER_ERRORS,
+        fail,
+        fail_before_flow,
+        interrupted,
+        preflight,
+        quiet_user_error_tracebacks,
+        verbose,
+    )
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     hc = HydraConfig.get()
@@ -66,7 +74,7 @@ def main(cfg: DictConfig) -> None:
         for c in configs.values():
             preflight(load_config(c), "evaluate")
     except USER_ERRORS as err:
-        fail(err, verbose(cfg))
+        fail_before_flow(err, cfg, plain.get("artifacts_dir"))
     name = plain["report"].get("name") or slug(f"compare-{dataset_label(load_config(plain).dataset)}")
     report_cfg = {**plain, "report": {**plain["report"], "name": name, "sweep": None}}
     ensure_api()

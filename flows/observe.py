@@ -190,12 +190,12 @@ RUN_END_HOOKS = {"on_completion": [end_hook], "on_failure": [end_hook], "on_cras
 
 
 def observed(flow_fn: Any, cfg: dict[str, Any]) -> Any:
-    """The flow with readable run names, tags, the artifact hooks and the hook that records how it ended."""
+    """The flow with readable run names, tags and the artifact hooks (beside its own, :data:`RUN_END_HOOKS`)."""
     method, dataset = run_label(cfg)  # loads the config, and with it the method's flow module
     name_task_runs()
-    return flow_fn.with_options(flow_run_name=f"{flow_fn.name} {method}/{dataset}",
-                                on_completion=[publish_hook, end_hook], on_failure=[publish_hook, end_hook],
-                                on_crashed=[end_hook], on_cancellation=[end_hook])
+    return flow_fn.with_options(flow_run_name=f"{flow_fn.name} {method}/{dataset}",  # its own hooks stay
+                                on_completion=[publish_hook, *flow_fn.on_completion_hooks],
+                                on_failure=[publish_hook, *flow_fn.on_failure_hooks])
 
 
 def tags_for(cfg: dict[str, Any]) -> list[str]:

@@ -191,12 +191,12 @@ def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any) -> dict[str, An
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from flows.api_server import ensure_api, flow_run_settings, stop_api
+    from flows.api_server import ensure_api, flow_run_settings
     from flows.config import load_config, with_runner
     from flows.preflight import (
         USER_ERRORS,
-        discard_job_folder,
         fail,
+        fail_before_flow,
         interrupted,
         preflight,
         quiet_user_error_tracebacks,
@@ -208,9 +208,7 @@ def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any) -> dict[str, An
         plain = OmegaConf.to_container(cfg, resolve=True)
         preflight(load_config(plain), getattr(flow_fn, "name", ""))
     except (*USER_ERRORS, OmegaConfBaseException) as err:  # a missing ??? value, a bad interpolation
-        stop_api()  # the temporary server `dagrag` launched early (flows.api_server), unused
-        discard_job_folder(plain.get("artifacts_dir"))
-        fail(err, verbose(cfg))
+        fail_before_flow(err, cfg, plain.get("artifacts_dir"))
     ensure_api()  # Prefect's temporary server, if needed, dies with this process (no orphan on SIGKILL)
     quiet_user_error_tracebacks(verbose(cfg))
     spacy_without_torch(plain.get("ner") or {})

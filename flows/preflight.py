@@ -266,6 +266,16 @@ def quiet_user_error_tracebacks(show_traceback: bool) -> None:
             logger.addFilter(WithoutUserErrorTraceback())
 
 
+def fail_before_flow(err: BaseException, cfg: Any, artifacts_dir: str | None) -> NoReturn:
+    """:func:`fail` for an error found before the flow starts: the temporary server ``dagrag`` launched early
+    (:mod:`flows.api_server`) is stopped unused, and Hydra's job folder removed, so nothing is left behind."""
+    from flows.api_server import stop_api
+
+    stop_api()
+    discard_job_folder(artifacts_dir)
+    fail(err, verbose(cfg))
+
+
 def interrupted() -> NoReturn:
     """End the process after Ctrl-C (SIGINT): one line on stderr, exit status 130. Every stage that finished is in
     the store (each writes atomically), so the same command goes on from them."""

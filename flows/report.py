@@ -121,17 +121,14 @@ def report_flow(cfg: dict) -> dict[str, Any]:
     if (out_dir / "report.md").exists():
         log.info("replacing the report in %s (report.name=NAME writes one beside it)", out_dir)
     ks = list(conf.eval.ks)
-    records = select_runs(store, params.runs, params.sweep)
-    if records.empty:
-        raise SystemExit(f"error: no evaluate runs in {store.root / 'catalog.duckdb'} match the selection "
-                         f"(runs={list(params.runs)}, sweep={params.sweep})")
+    records = selected_runs(conf)
     runs = rep.flatten_metrics(records)
     facts = run_facts(store, runs["run_id"].tolist())
     runs = runs.merge(facts, on="run_id", how="left")
-    runs["setup"] = runs["run_id"].map(query_setups(store, runs["run_id"].tolist()))
     bench = store.query("SELECT run_id, method, dataset, created_at, metrics FROM metrics WHERE kind = 'benchmark'")
-    bench = bench.assign(metrics=bench["metrics"].map(json.loads),
-                         setup=bench["run_id"].map(query_setups(store, bench["run_id"].tolist())))
+    setups = query_setups(store, runs["run_id"].tolist() + bench["run_id"].tolist())
+    runs["setup"] = runs["run_id"].map(setups)
+    bench = bench.assign(metrics=bench["metrics"].map(json.loads), setup=bench["run_id"].map(setups))
     latency = rep.benchmark_latency(bench)
     pairs = set(zip(*(runs[c] for c in rep.LATENCY_KEY)))
     latency = latency[pd.Series([p in pairs for p in zip(*(latency[c] for c in rep.LATENCY_KEY))],
@@ -191,8 +188,7 @@ def accuracy_points(runs: pd.DataFrame, latency: pd.DataFrame, metric: str) -> p
     (the evaluate run's own mean ms/query at its batch size where no benchmark exists)."""
     if metric not in runs:
         return pd.DataFrame()
-    acc = rep.with_setup(runs)[[*rep.LATENCY_KEY, metric, "query_ms_mean", "batch_size"]]
-    latency = rep.with_setup(latency)
+    acc = runs[[*rep.LATENCY_KEY, metric, "query_ms_mean", "batch_size"]]
     pts = acc.drop(columns=["query_ms_mean", "batch_size"]).merge(latency, on=rep.LATENCY_KEY, how="inner")
     benched = set(zip(*(latency[c] for c in rep.LATENCY_KEY)))
     own = acc[pd.Series([p not in benched for p in zip(*(acc[c] for c in rep.LATENCY_KEY))], index=acc.index,
@@ -239,25 +235,22 @@ def main(cfg: DictConfig) -> None:
     from flows.api_server import ensure_api, flow_run_settings
     from flows.pipeline import print_last_line
 
-    from flows.api_server import stop_api
-    from flows.preflight import USER_ERRORS, discard_job_folder, fail, verbose
+    from flows.preflight import USER_ERRORS, fail_before_flow
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     try:
-        check_selection(load_config(plain))
+        selected_runs(load_config(plain))
     except USER_ERRORS as err:  # before the flow: no server left running, nothing written
-        stop_api()
-        discard_job_folder(plain.get("artifacts_dir"))
-        fail(err, verbose(cfg))
+        fail_before_flow(err, cfg, plain.get("artifacts_dir"))
     ensure_api()
     with flow_run_settings():
         result = report_flow(plain)
     print_last_line("report", result)
 
 
-def check_selection(conf: Config) -> None:
-    """The catalog exists and holds evaluate runs that ``report.*`` selects (a ``PreflightError`` otherwise);
-    reads the catalog only where it exists, so a mistyped ``artifacts_dir`` creates nothing."""
+def selected_runs(conf: Config) -> pd.DataFrame:
+    """The evaluate runs ``report.*`` selects (:func:`select_runs`); a ``PreflightError`` where the catalog does
+    not exist (read only where it exists, so a mistyped ``artifacts_dir`` creates nothing) or none match."""
     from flows.preflight import PreflightError
 
     catalog = Path(conf.artifacts_dir).resolve() / CATALOG
@@ -265,12 +258,14 @@ def check_selection(conf: Config) -> None:
         raise PreflightError(f"no catalog at {catalog}: artifacts_dir names no folder a dagrag command has run "
                              f"in (fix artifacts_dir, or run `dagrag evaluate` first)")
     params = conf.report
-    if select_runs(Store(conf.artifacts_dir), params.runs, params.sweep).empty:
+    records = select_runs(Store(conf.artifacts_dir), params.runs, params.sweep)
+    if records.empty:
         what = (f"report.runs={list(params.runs)}" if params.runs else f"report.sweep={params.sweep}"
                 if params.sweep else "any evaluate run")
         raise PreflightError(f"no evaluate runs in {catalog} match {what}: `dagrag report` without report.runs "
                              f"and report.sweep shows the latest run of each method, and the catalog's runs "
                              f"table lists run ids")
+    return records
 
 
 if __name__ == "__main__":

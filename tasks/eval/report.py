@@ -31,23 +31,18 @@ def flatten_metrics(records: pd.DataFrame) -> pd.DataFrame:
 
 
 # what a benchmark must share with an evaluate run to lend it its latency: the method, the dataset and the
-# settings that decide a query's cost (``setup``: a string, equal for equal settings; "" where unknown)
+# settings that decide a query's cost (``setup``: a string, equal for equal settings; flows.report.query_setups)
 LATENCY_KEY = ["method", "dataset", "setup"]
 
 
-def with_setup(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with a ``setup`` column ("" where it has none)."""
-    return frame if "setup" in frame else frame.assign(setup="")
-
-
 def benchmark_latency(bench: pd.DataFrame) -> pd.DataFrame:
-    """Benchmark records (method, dataset, created_at, metrics dict with ``rows``, optional ``setup``) → the
+    """Benchmark records (method, dataset, setup, created_at, metrics dict with ``rows``) → the
     latest per method × dataset × setup as long rows ``(method, dataset, setup, batch_size, ms_per_query,
     peak_rss_mb)``."""
     columns = [*LATENCY_KEY, "batch_size", "ms_per_query", "peak_rss_mb"]
     if bench.empty:
         return pd.DataFrame(columns=columns)
-    latest = with_setup(bench).sort_values("created_at").groupby(LATENCY_KEY, sort=False).tail(1)
+    latest = bench.sort_values("created_at").groupby(LATENCY_KEY, sort=False).tail(1)
     rows = [(r.method, r.dataset, r.setup, int(b["batch_size"]), float(b["ms_per_query_mean"]),
              float(b.get("peak_rss_mb", np.nan)))
             for r in latest.itertuples(index=False) for b in dict(r.metrics)["rows"]]
@@ -56,11 +51,12 @@ def benchmark_latency(bench: pd.DataFrame) -> pd.DataFrame:
 
 def results_table(runs: pd.DataFrame, latency: pd.DataFrame, ks: list[int]) -> pd.DataFrame:
     """Every method on every dataset: recall@k, evidence recall, context recall, EM/F1 (where an LLM ran),
-    index build seconds, ms/query at batch 1 and 256, peak memory and tokens."""
+    index build seconds, ms/query at batch 1 and 256, peak memory and tokens. ``runs`` and ``latency`` both carry
+    ``setup``: a run gets the latency of its own :data:`LATENCY_KEY`."""
     cols = ["dataset", "method"] + [f"recall@{k}" for k in ks] + [f"evidence_recall@{k}" for k in ks]
     cols += ["context_recall", "em", "f1", "index_build_s"] + [f"ms/q@{b}" for b in BATCHES]
     cols += ["peak_mem_mb", "tokens", "run_id"]
-    out, latency = with_setup(runs.copy()), with_setup(latency)
+    out = runs.copy()
     keys = list(zip(*(out[c] for c in LATENCY_KEY)))
     for b in BATCHES:
         at = latency[latency["batch_size"] == b].set_index(LATENCY_KEY)["ms_per_query"]
