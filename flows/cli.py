@@ -19,6 +19,9 @@ COMMANDS = {
     "scale": ("flows.scale", "the scale table: every method at several sample sizes (index s, memory, ms/query, disk)"),
     "growth": ("flows.growth", "what an update costs against a full build: a held-out share added back, every method"),
     "report": ("flows.report", "results table and figures from the catalog → artifacts/reports/<name>/report.md"),
+    "query": ("flows.query", "ranked passages (and answers) for your own questions from a built index"),
+    "serve": ("flows.serve", "an HTTP service over a built index: micro-batched /retrieve, /answer, a search page"),
+    "loadtest": ("flows.loadtest", "served throughput and latency at several concurrencies, batching on and off"),
     "schedule": ("flows.schedule", "serve index/evaluate as Prefect deployments on cron schedules (conf/schedule.yaml)"),
 }
 
@@ -51,7 +54,7 @@ def main(argv: list[str] | None = None, default: str | None = None) -> int:
         print(f"dagrag: {what}\n\n{USAGE}", file=sys.stderr)
         return 2
     module = COMMANDS[command][0]
-    if command in NEEDS_API and not NO_RUN_FLAGS.intersection(rest):
+    if (command in NEEDS_API or command == "query" and flow_run_query(rest)) and not NO_RUN_FLAGS.intersection(rest):
         from flows.api_server import launch_api
 
         launch_api()  # its start-up overlaps the command's imports and checks (flows.api_server)
@@ -75,6 +78,23 @@ def main(argv: list[str] | None = None, default: str | None = None) -> int:
         # still run (the temporary server's stop, Prefect's log and event drains, open files' flush).
         gc.freeze()
     return 0
+
+
+SEPARATOR = "--"  # dagrag query: the questions follow it, one per argument, as typed
+
+
+def split_questions(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """``dagrag query`` arguments → (overrides, the questions after ``--``, or None when there is no ``--``)."""
+    if SEPARATOR not in argv:
+        return list(argv), None
+    at = argv.index(SEPARATOR)
+    return list(argv[:at]), list(argv[at + 1:])
+
+
+def flow_run_query(args: list[str]) -> bool:
+    """Whether ``dagrag query args`` is a flow run (``query.file`` names a questions file): it needs Prefect's API."""
+    return any(o.startswith("query.file=") and o.split("=", 1)[1] not in ("", "null")
+               for o in split_questions(args)[0])
 
 
 if __name__ == "__main__":

@@ -127,6 +127,38 @@ class BenchmarkParams:
     min_batches: int = 5  # each batch size is timed on at least this many batches (passes over the questions repeat)
 
 
+@dataclass(frozen=True)
+class QueryParams:
+    """``query/``: ``dagrag query``'s questions, output and depth (:mod:`flows.query`)."""
+
+    text: str | None = None
+    file: str | None = None
+    k: int | None = None
+    format: str = "text"
+    answer: bool = False
+    build: bool = False
+    batch_size: int = 64
+    snippet_chars: int = 160
+
+
+@dataclass(frozen=True)
+class ServeParams:
+    """``serve/``: ``dagrag serve``'s address, micro-batching, limits and reloads (:mod:`flows.serve`)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_batch: int = 64
+    max_wait_ms: float = 5.0
+    max_queue: int = 1024
+    max_k: int = 100
+    max_question_chars: int = 2000
+    max_questions: int = 256
+    max_body_bytes: int = 1048576
+    watch: bool = False
+    watch_s: float = 10.0
+    drain_s: float = 10.0
+
+
 CHUNK_UNITS = ("passage", "sentence", "window")  # tasks.text.chunk.ChunkParams.unit
 
 
@@ -186,6 +218,11 @@ LIMITS: dict[str, dict[str, str | tuple | Choices]] = {
                       "evidence_recall@10", "context_recall"),
         "ks": _COUNT, "batch_size": _COUNT, "max_questions": _COUNT, "context_passages": _COUNT0,
         "max_context_tokens": _COUNT},
+    "flows.config:QueryParams": {"k": _COUNT, "format": ("text", "jsonl"), "batch_size": _COUNT,
+                                 "snippet_chars": _COUNT0},
+    "flows.config:ServeParams": {"port": "[0, 65535]", "max_batch": _COUNT, "max_wait_ms": _COUNT0, "max_queue": _COUNT,
+                                 "max_k": _COUNT, "max_question_chars": _COUNT, "max_questions": _COUNT,
+                                 "max_body_bytes": _COUNT, "watch_s": _POS, "drain_s": _COUNT0},
     "flows.config:BenchmarkParams": {"batch_sizes": _COUNT, "n_questions": _COUNT, "repeat": _COUNT,
                                      "min_batches": _COUNT},
     "tasks.methods.dense:DenseParams": {"top_k": _COUNT, "batch_size": _COUNT},
@@ -418,9 +455,11 @@ class Config:
     compare: CompareParams = CompareParams()
     scale: ScaleParams = ScaleParams()
     growth: GrowthParams = GrowthParams()
+    query: QueryParams = QueryParams()
+    serve: ServeParams = ServeParams()
 
 
-ONE_METHOD_COMMANDS = frozenset({"evaluate", "index", "update", "benchmark"})
+ONE_METHOD_COMMANDS = frozenset({"evaluate", "index", "update", "benchmark", "query", "serve"})
 
 
 def run_folder_label(command: str, method: str, dataset: str) -> str:
@@ -436,7 +475,8 @@ OmegaConf.register_new_resolver("run_label", run_folder_label, replace=True)
 
 # conf/config.yaml's keys: its groups, then its own values
 TOP_LEVEL_KEYS = frozenset({"dataset", "method", "embedder", "ner", "kg", "llm", "runner", "eval", "benchmark", "report",
-                            "compare", "scale", "growth", "data_dir", "artifacts_dir", "verbose"})
+                            "compare", "scale", "growth", "query", "serve", "data_dir", "artifacts_dir",
+                            "verbose"})
 
 
 def load_config(cfg: Mapping[str, Any]) -> Config:
@@ -479,4 +519,6 @@ def load_config(cfg: Mapping[str, Any]) -> Config:
         compare=build(CompareParams, "compare", cfg.get("compare", {})),
         scale=build(ScaleParams, "scale", cfg.get("scale", {})),
         growth=build(GrowthParams, "growth", cfg.get("growth", {})),
+        query=build(QueryParams, "query", cfg.get("query", {})),
+        serve=build(ServeParams, "serve", cfg.get("serve", {})),
     )

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from flows.config import Config, ConfigError
+from flows.serving.index import IndexNotBuilt
 from tasks.core.ingest import (
     IngestError,
     SampleParams,
@@ -55,15 +56,41 @@ class PreflightError(Exception):
 
 
 # what an entry point reports in one line (exit status 2) instead of a traceback
-USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, IngestError, PreflightError, LLMError)
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, IngestError, PreflightError, LLMError,
+                                                IndexNotBuilt)
 
 
 def preflight(conf: Config, command: str) -> None:
-    """Every check of this module for ``command`` (``evaluate``, ``index``, ``update``, ``benchmark``)."""
+    """Every check of this module for ``command`` (``evaluate``, ``index``, ``update``, ``benchmark``, ``query``)."""
     check_models(conf)
     check_dataset(conf, command)
     check_llm(conf, command)
     check_scheduler(conf)
+    if command == "query":
+        from flows.pipeline import job_overrides
+
+        check_serving(conf, command, [f"{k}={v}" for k, v in job_overrides().items()])
+
+
+def preflight_serving(conf: Config, command: str, overrides: list[str]) -> None:
+    """What ``dagrag query`` (no file) and ``dagrag serve`` check before opening the index: the models, the LLM
+    endpoint when answers are asked for, then :func:`check_serving`."""
+    check_models(conf)
+    check_llm(conf, command)
+    check_serving(conf, command, overrides)
+
+
+def check_serving(conf: Config, command: str, overrides: list[str]) -> None:
+    """The questions file parses, and the index is built (unless ``query.build=true``): a missing one is
+    refused with the ``dagrag index …`` command that builds it (:class:`flows.serving.index.IndexNotBuilt`)."""
+    from flows.serving.index import resolve
+
+    if command == "query" and conf.query.file:
+        from tasks.core.ingest import read_user_questions
+
+        read_user_questions(Path(conf.query.file))
+    if not (command == "query" and conf.query.build):
+        resolve(conf, overrides)
 
 
 def check_scheduler(conf: Config, timeout_s: float = 5.0) -> None:
@@ -189,7 +216,11 @@ def llm_uses(conf: Config, command: str) -> list[str]:
             uses.append(f"method.summariser={p.summariser}")
         if command == "evaluate" and conf.eval.generate:
             uses.append("eval.generate=true")
-    if name == "serag" and p.self_query and command in ("evaluate", "benchmark"):
+        if command == "query" and conf.query.answer:
+            uses.append("query.answer=true")
+        if command == "serve":
+            uses.append("POST /answer")
+    if name == "serag" and p.self_query and command in ("evaluate", "benchmark", "query", "serve"):
         uses.append("method.self_query=true")
     return uses
 

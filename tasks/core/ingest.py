@@ -214,6 +214,62 @@ def parse_questions(records: list[Any], source: str) -> tuple[pd.DataFrame, list
     return questions, gold_keys
 
 
+def read_user_questions(path: Path) -> pd.DataFrame:
+    """A user's own questions → ``questions(qid, question)``; no gold, no answers needed.
+
+    ``.jsonl``: one JSON object per line with a ``question`` field (``id``/``_id`` kept as the qid), or a JSON
+    string; ``.json``: a list of such objects (any HippoRAG shape, with or without gold) or of strings; any other
+    file: one question per non-empty line. A problem names the file, the line or record, and the field.
+    """
+    source = str(path)
+    if not path.is_file():
+        raise IngestError(source, "file not found")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise IngestError(source, f"not UTF-8 at line {line} (byte offset {err.start})") from None
+    if path.suffix == ".json":
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise IngestError(source, f"not valid JSON ({err})") from None
+        if not isinstance(records, list):
+            raise IngestError(source, f"expected a JSON list of questions, got {type(records).__name__}")
+        where = "record"
+    elif path.suffix == ".jsonl":
+        records = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                try:
+                    records.append((number, json.loads(line)))
+                except json.JSONDecodeError as err:
+                    raise IngestError(source, f"line {number} is not valid JSON ({err})") from None
+        where = "line"
+    else:
+        records = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        where = "line"
+    rows = []
+    for i, item in enumerate(records):
+        number, rec = item if where == "line" and path.suffix == ".jsonl" else (i + 1, item)
+        if isinstance(rec, dict):
+            question, qid = rec.get("question"), rec.get("_id", rec.get("id"))
+        else:
+            question, qid = rec, None
+        if not isinstance(question, str) or not question.strip():
+            raise IngestError(source, f"{where} {number}: expected a non-empty question string"
+                              + (" in field 'question'" if isinstance(rec, dict) else ""))
+        rows.append((str(qid) if qid is not None else f"q{len(rows) + 1}", question.strip()))
+    if not rows:
+        raise IngestError(source, "holds no questions")
+    frame = pd.DataFrame(rows, columns=["qid", "question"])
+    dup = frame["qid"].duplicated()
+    if dup.any():
+        raise IngestError(source, f"duplicate question id {frame['qid'][dup].iloc[0]!r}")
+    return frame
+
+
 def match_gold(docs: pd.DataFrame, gold_keys: Iterable[tuple[str, list]], report: IngestReport) -> pd.DataFrame:
     """Resolve (title, text) gold keys to doc ids: exact text first, else the title if unique."""
     by_title: dict[str, list[int]] = {}

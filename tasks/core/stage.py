@@ -38,10 +38,21 @@ class RunContext:
     dataset: str
     run_id: str
     llm_dry_run: bool = False  # LLM stages estimate their calls and raise tasks.llm.params.LLMDryRun instead
+    # open a built index: every stage is looked up in the catalog, none computed, no event recorded; a stage
+    # that is not there raises StageNotBuilt (flows.serving.index)
+    resolve_only: bool = False
 
     @property
     def store(self) -> Store:
         return Store(self.artifacts_dir)
+
+
+class StageNotBuilt(LookupError):
+    """A stage of the index being opened is not in the catalog (``RunContext.resolve_only``)."""
+
+    def __init__(self, stage: str, fp: str) -> None:
+        super().__init__(f"stage {stage!r} [{fp}] is not in the catalog")
+        self.stage, self.fp = stage, fp
 
 
 def params_dict(params: Any) -> Any:
@@ -77,6 +88,10 @@ def run_stage(ctx: RunContext, stage: str, code: str, params: Any, inputs: Mappi
     fp = fingerprint(stage, code, params_dict(params), inputs)
     t0 = time.perf_counter()
     hit = store.lookup(stage, fp)
+    if ctx.resolve_only:
+        if hit is None:
+            raise StageNotBuilt(stage, fp)
+        return hit
     if hit is None:
         def waiting(pid: int | None) -> None:
             log.info("waiting for %s [%s], being computed by another run%s", stage, fp,

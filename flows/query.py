@@ -1,0 +1,226 @@
+"""``dagrag query [overrides] [-- QUESTION ...]``: ranked passages for your own questions from a built index.
+
+The overrides are the ones that built the index (``method=…``, ``dataset=…``, ``experiment=…``, ``artifacts_dir=…``);
+the index is opened, never built, unless ``query.build=true`` (:mod:`flows.serving.index`). Questions come from
+
+* the arguments after ``--``, one question each, as typed: spaces, quotes, ``=`` and any letters need no Hydra
+  quoting (``dagrag query method=bm25 -- "Who wrote 'Dune'?" "x = y?"``);
+* ``query.text=…`` (one question, Hydra's quoting rules);
+* stdin, one question per line, when neither is given;
+* ``query.file=PATH`` (plain lines, JSONL with a ``question`` field, or a HippoRAG JSON list with or without
+  gold): then the command is a flow run like ``evaluate`` (it shows in the Prefect UI, and ``conf/schedule.yaml``
+  can run it nightly) and writes ``hits.parquet`` (``answers.parquet`` with ``query.answer=true``) into its run
+  folder; the last line is ``query: {json}``.
+
+Without a file nothing is written and no Prefect server starts. ``query.format=jsonl`` prints one JSON object
+per question (``question``, ``results``, ``trace``; ``answer`` with ``query.answer=true``).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import hydra
+import pandas as pd
+from omegaconf import DictConfig
+from prefect import flow
+
+from flows.cli import flow_run_query, split_questions
+from flows.config import Config, load_config
+from flows.observe import RUN_END_HOOKS, untagged_tasks
+from flows.pipeline import format_table, run_command, start_run, write_json
+from flows.serving.index import Index, Ranked, open_index
+from tasks.core.ingest import read_user_questions
+from tasks.core.store import Store
+from tasks.eval.metrics import latency_summary
+
+def stdin_questions() -> list[str]:
+    """Questions from stdin, one per non-empty line (UTF-8; a byte that is not gives a ValueError naming it)."""
+    if sys.stdin is None or sys.stdin.isatty():
+        return []
+    raw = sys.stdin.buffer.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise ValueError(f"stdin is not UTF-8: line {line}, byte offset {err.start}") from None
+    return [ln.strip() for ln in text.splitlines() if ln.strip()]
+
+
+def batches(items: Sequence[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(items), size):
+        yield list(items[start:start + size])
+
+
+# ----------------------------------------------------------------------------- printing
+
+def trace_line(trace: dict[str, Any], width: int = 200) -> str:
+    """A method's trace in one line: each field, lists cut to their first three items."""
+    parts = []
+    for key, value in trace.items():
+        if isinstance(value, list):
+            head = ", ".join(_short(v) for v in value[:3])
+            more = f", +{len(value) - 3}" if len(value) > 3 else ""
+            parts.append(f"{key}=[{head}{more}]")
+        elif isinstance(value, dict):
+            parts.append(f"{key}={{{len(value)} keys}}")
+        else:
+            parts.append(f"{key}={_short(value)}")
+    line = "; ".join(parts)
+    return line if len(line) <= width else line[:width - 1] + "…"
+
+
+def _short(value: Any, n: int = 40) -> str:
+    text = f"{value:.4g}" if isinstance(value, float) else " ".join(str(value).split())
+    return text if len(text) <= n else text[:n - 1] + "…"
+
+
+def snippet(text: str, n: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= n else flat[:max(n - 1, 0)] + "…"
+
+
+def render_text(number: int, ranked: Ranked, snippet_chars: int, answer: str | None = None) -> str:
+    """The human-readable block of one question."""
+    lines = [f"Q{number}  {ranked.question}"]
+    if answer is not None:
+        lines.append(f"    answer: {answer}")
+    for p in ranked:
+        lines.append(f"  {p.rank:>3}  {p.score:9.4f}  {p.title}")
+        if snippet_chars:
+            lines.append(f"                  {snippet(p.text, snippet_chars)}")
+    if ranked.trace:
+        lines.append(f"    trace: {trace_line(ranked.trace)}")
+    return "\n".join(lines) + "\n"
+
+
+def render_jsonl(ranked: Ranked, answer: Any = None) -> str:
+    out = ranked.to_dict()
+    if answer is not None:
+        out = {**answer.to_dict()}
+    return json.dumps(out, ensure_ascii=False)
+
+
+# ----------------------------------------------------------------------------- ask (no flow run)
+
+def ask(index: Index, questions: Iterable[str], conf: Config, out: Any = None) -> int:
+    """Retrieve (and answer) in batches and print each question as it is done; returns how many were asked."""
+    out = out or sys.stdout
+    q = conf.query
+    n = 0
+    for batch in batches(list(questions), q.batch_size):
+        if q.answer:
+            answers = index.answer(batch, q.k)
+            pairs = [(a.passages, a) for a in answers]
+        else:
+            pairs = [(r, None) for r in index.retrieve(batch, q.k)]
+        for ranked, answer in pairs:
+            n += 1
+            if q.format == "jsonl":
+                out.write(render_jsonl(ranked, answer) + "\n")
+            else:
+                out.write(render_text(n, ranked, q.snippet_chars, answer.answer if answer else None) + "\n")
+        out.flush()
+    return n
+
+
+def main_interactive(overrides: list[str], questions: list[str] | None) -> int:
+    """``dagrag query`` without a file: open the index, ask, print; nothing written, no Prefect server."""
+    from flows.preflight import USER_ERRORS, fail, verbose
+    from flows.serving.index import NoLLM, compose
+
+    cfg: dict[str, Any] = {}
+    try:
+        cfg = compose(overrides)
+        conf = load_config(cfg)
+        from flows.preflight import preflight_serving
+
+        preflight_serving(conf, "query", overrides)
+        asked = list(questions or []) + ([conf.query.text] if conf.query.text else [])
+        if not asked:
+            asked = stdin_questions()
+        if not asked:
+            raise ValueError("no questions: give them after `--` (dagrag query method=… -- \"your question\"), "
+                             "with query.text=…, query.file=PATH, or one per line on stdin")
+        index = open_index(*overrides, config=cfg, build=conf.query.build)
+        ask(index, asked, conf)
+    except (*USER_ERRORS, ValueError, NoLLM) as err:
+        fail(err, verbose(cfg))
+    return 0
+
+
+# ----------------------------------------------------------------------------- a questions file: a flow run
+
+@flow(name="query", **RUN_END_HOOKS)
+@untagged_tasks
+def query_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
+    """Answer a questions file from a built index: ``hits.parquet`` (``answers.parquet``) in the run folder."""
+    from tasks.eval.retrieve import retrieve_all
+
+    conf = load_config(cfg)
+    ctx, manifest = start_run(conf, "query")
+    questions = read_user_questions(Path(conf.query.file))
+    index = open_index(config=cfg, build=conf.query.build)
+    k = conf.query.k or index.default_k
+    hits, latency, traces = retrieve_all(index.retriever, questions, k, conf.query.batch_size)
+    out = Path(run_dir)
+    docs = Store.read(index.data["documents"], ["doc_id", "title"])
+    hits = hits.merge(docs, on="doc_id", how="left")
+    Store.write_parquet(questions, out / "questions.parquet")
+    Store.write_parquet(hits, out / "hits.parquet")
+    if traces:
+        Store.write_parquet(pd.DataFrame([{k_: json.dumps(v, default=str) if isinstance(v, (list, dict)) else v
+                                           for k_, v in t.items()} for t in traces]), out / "trace.parquet")
+    lat = latency_summary(latency)
+    summary: dict[str, Any] = {
+        "method": conf.method.name, "dataset": ctx.dataset, "n_questions": len(questions), "k": k,
+        "questions_file": str(Path(conf.query.file).resolve()), "query_ms_mean": lat["mean"],
+        "index_fingerprint": index.info.fingerprint, "index_built_at": index.info.built_at,
+        "hits": str(out / "hits.parquet"), "run_id": ctx.run_id, "overrides": manifest["overrides"]}
+    if conf.query.answer:
+        t0 = time.perf_counter()
+        answers = index.answer(questions["question"].tolist(), k)
+        table = pd.DataFrame({"qid": questions["qid"], "question": questions["question"],
+                              "answer": [a.answer for a in answers], "raw": [a.raw for a in answers]})
+        Store.write_parquet(table, out / "answers.parquet")
+        summary.update(answers=str(out / "answers.parquet"), answer_seconds=round(time.perf_counter() - t0, 3))
+    ctx.store.record_metrics(ctx.run_id, "query", conf.method.name, ctx.dataset, summary, manifest["overrides"])
+    write_json(out / "manifest.json", manifest)
+    top = hits[hits["rank"] == 1].set_index("qid")["title"]
+    rows = [{"qid": q, "question": _short(t, 60), "top passage": _short(top.get(q, ""), 40)}
+            for q, t in zip(questions["qid"].head(10), questions["question"].head(10))]
+    print(f"\n{conf.method.name} on {ctx.dataset}: {len(questions)} questions → {out / 'hits.parquet'}")
+    print(format_table(rows, ["qid", "question", "top passage"]), flush=True)
+    return summary
+
+
+def hydra_run_dir() -> str:
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().runtime.output_dir
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def flow_main(cfg: DictConfig) -> None:
+    """Hydra entry point of a questions-file query (a flow run with a run folder)."""
+    run_command(query_flow, cfg, "query", hydra_run_dir())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``dagrag query``: a flow run with ``query.file``, else questions asked in this process."""
+    for stream in (sys.stdout, sys.stderr):  # questions and passages in any language, whatever the locale
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(encoding="utf-8")
+    overrides, questions = split_questions(sys.argv[1:] if argv is None else argv)
+    if flow_run_query(overrides) or any(o.startswith("-") for o in overrides):  # a file, or Hydra's own flags
+        sys.argv = [sys.argv[0], *overrides]
+        flow_main()
+        return 0
+    return main_interactive(overrides, questions)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

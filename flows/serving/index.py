@@ -1,0 +1,397 @@
+"""Open a built index and ask it questions: the one loading path of ``dagrag query``, ``dagrag serve`` and Python.
+
+>>> from flows.serving import open_index
+>>> index = open_index("method=bm25", "dataset=sample")          # the overrides that built it
+>>> [p.title for p in index.retrieve(["Who founded the Vell Guild?"], k=3)[0]]
+
+:func:`open_index` composes ``conf/`` with the overrides (as a command does), then *resolves* the index: the
+method's index DAG is walked with every stage looked up in the catalog by its fingerprint and none computed
+(:attr:`tasks.core.stage.RunContext.resolve_only`), as plain function calls (no Prefect run, no server). The
+refs it finds are exactly the ones ``dagrag index`` with the same overrides would reuse, so a retriever opened
+here is the one ``dagrag evaluate`` ranks with. A stage that is missing raises :class:`IndexNotBuilt`, whose
+message is the ``dagrag index …`` command that builds it; ``build=True`` builds it instead (a flow run).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import datetime as dt
+import functools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from flows.config import Config, load_config
+from flows.methods import METHODS
+from tasks.core.ingest import dataset_label, ingest
+from tasks.core.stage import RunContext, StageNotBuilt
+from tasks.core.store import CATALOG, ArtifactRef, Store, release_arrow_memory, short_hash
+from tasks.eval.retrieve import Hits
+
+log = logging.getLogger("dagrag")
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+# overrides that configure the serving side only: they do not name an index, so they are left out of the
+# `dagrag index …` command an IndexNotBuilt error prints
+SERVING_GROUPS = ("query.", "serve.", "loadtest.", "eval.", "llm", "verbose", "report.", "hydra.")
+
+
+class IndexNotBuilt(LookupError):
+    """The index these settings name is not in the store; the message is the command that builds it."""
+
+
+# ----------------------------------------------------------------------------- stages as plain calls
+
+_IN_PROCESS: contextvars.ContextVar[bool] = contextvars.ContextVar("dagrag_stages_in_process", default=False)
+
+
+class _Done:
+    """What ``task.submit(...)`` returns while stages run in process: the value, already computed."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def result(self, *args: Any, **kwargs: Any) -> Any:
+        return self.value
+
+    def wait(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+@functools.cache
+def _install_in_process_calls() -> None:
+    """Let :func:`stages_in_process` turn a Prefect task call into a call of its function. Outside that block
+    (this thread's context) every task behaves as Prefect's own: a flow run in the same process is untouched."""
+    from prefect import Task
+
+    call, submit = Task.__call__, Task.submit
+
+    def __call__(self: Task, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs) if _IN_PROCESS.get() else call(self, *args, **kwargs)
+
+    def submit_(self: Task, *args: Any, **kwargs: Any) -> Any:
+        return _Done(self.fn(*args, **kwargs)) if _IN_PROCESS.get() else submit(self, *args, **kwargs)
+
+    Task.__call__, Task.submit = __call__, submit_  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def stages_in_process() -> Iterator[None]:
+    """Within the block, in this thread, a method's index DAG runs its stage tasks as plain functions: resolving
+    an index is a few catalog lookups, and a Prefect task called outside a flow would start a temporary server."""
+    _install_in_process_calls()
+    token = _IN_PROCESS.set(True)
+    try:
+        yield
+    finally:
+        _IN_PROCESS.reset(token)
+
+
+# ----------------------------------------------------------------------------- configuration
+
+def compose(overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """``conf/`` composed with command-line style overrides → the resolved config (a plain dict)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from flows.config import ConfigError
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = hydra_compose("config", overrides=list(overrides))
+    except Exception as err:  # Hydra's own override and missing-group errors
+        if type(err).__module__.startswith(("hydra", "omegaconf")):
+            raise ConfigError(str(err).strip().splitlines()[0]) from None
+        raise
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def build_command(overrides: Sequence[str]) -> str:
+    """The ``dagrag index …`` command line that builds the index these overrides name."""
+    import shlex
+
+    kept = [o for o in overrides if not o.lstrip("+~").startswith(SERVING_GROUPS)]
+    return " ".join(["dagrag", "index", *(shlex.quote(o) for o in kept)])
+
+
+# ----------------------------------------------------------------------------- what a question gets back
+
+@dataclass(frozen=True)
+class Passage:
+    """One ranked passage: its id, title and text, the method's score and its rank (1 = best)."""
+
+    doc_id: str
+    title: str
+    text: str
+    score: float
+    rank: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"doc_id": self.doc_id, "title": self.title, "text": self.text, "score": self.score,
+                "rank": self.rank}
+
+
+class Ranked(list):
+    """A question's passages, best first (a ``list[Passage]``), with the question and the method's own trace:
+    ZoomRAG's kept chunks and seed entities, LinearRAG's activated entities, ArchRAG's communities, …"""
+
+    def __init__(self, question: str, passages: Sequence[Passage], trace: Mapping[str, Any] | None) -> None:
+        super().__init__(passages)
+        self.question = question
+        self.trace: dict[str, Any] = plain(dict(trace or {}))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"question": self.question, "results": [p.to_dict() for p in self], "trace": self.trace}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An LLM's answer to one question, with the passages (or the method's own context) it was given."""
+
+    question: str
+    answer: str
+    raw: str
+    context: list[str]
+    passages: Ranked
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"question": self.question, "answer": self.answer, "raw": self.raw, "context": self.context,
+                "results": [p.to_dict() for p in self.passages], "trace": self.passages.trace}
+
+
+def plain(value: Any) -> Any:
+    """A trace value as JSON data: numpy scalars and arrays become Python numbers and lists."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return plain(value.tolist())
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+@dataclass(frozen=True)
+class IndexInfo:
+    """What ``GET /index`` shows: which index is served, built when, from which settings."""
+
+    method: str
+    dataset: str
+    fingerprint: str          # a hash of the fingerprints of the stages the retriever reads
+    built_at: str             # when the newest of those stages was written
+    n_documents: int
+    artifacts_dir: str
+    config: dict[str, Any]    # the method's, embedder's and NER's settings
+    loaded_at: str = field(default_factory=lambda: dt.datetime.now().isoformat(timespec="seconds"))
+    load_seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+# ----------------------------------------------------------------------------- the index
+
+def resolve(conf: Config, overrides: Sequence[str] = ()) -> tuple[dict[str, ArtifactRef], dict[str, ArtifactRef]]:
+    """(data refs, index refs) of the built index ``conf`` names, from the catalog alone; nothing computed."""
+    root = Path(conf.artifacts_dir).resolve()
+    how = f"build it with: {build_command(overrides)}"
+    if not (root / CATALOG).is_file():
+        raise IndexNotBuilt(f"no index in {root} (no {CATALOG} there); {how}")
+    ctx = RunContext(str(root), dataset_label(conf.dataset), "open-index", resolve_only=True)
+    try:
+        with stages_in_process():
+            data = ingest(ctx, conf.dataset, conf.data_dir)
+            index = METHODS[conf.method.name].index(ctx, data, conf)
+    except StageNotBuilt as missing:
+        raise IndexNotBuilt(f"the {conf.method.name} index on {ctx.dataset} with these settings is not built "
+                            f"(stage {missing.stage!r} is not in {root / CATALOG}); {how}") from None
+    return data, index
+
+
+def built_at(store: Store, refs: Mapping[str, ArtifactRef]) -> str:
+    """When the newest of these stage outputs was recorded."""
+    fps = sorted({r.fp for r in refs.values()})
+    if not fps:
+        return ""
+    marks = ",".join("?" * len(fps))
+    frame = store.query(f"SELECT max(created_at) AS t FROM stages WHERE fp IN ({marks})", fps)
+    value = frame["t"].iloc[0]
+    return "" if pd.isna(value) else pd.Timestamp(value).isoformat(timespec="seconds")
+
+
+class Index:
+    """A built index, opened: :meth:`retrieve` (and :meth:`answer` with an LLM) over the method's retriever.
+
+    ``retriever.search`` is not safe to call from two threads at once; :meth:`search` serialises callers
+    (``dagrag serve`` calls it from one worker anyway).
+    """
+
+    def __init__(self, conf: Config, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef],
+                 retriever: Any, load_seconds: float) -> None:
+        self.conf, self.data, self.refs, self.retriever = conf, data, index, retriever
+        docs = Store.read(data["documents"], ["doc_id", "title", "text"])
+        self._row = pd.Series(np.arange(len(docs)), index=pd.Index(docs["doc_id"]))
+        self._title = docs["title"].to_numpy(dtype=object)
+        self._text = docs["text"].to_numpy(dtype=object)
+        # the retriever's doc positions → rows of the documents table, once
+        self._doc_rows = self._row.loc[retriever.doc_ids].to_numpy()
+        self._lock = threading.Lock()
+        store = Store(conf.artifacts_dir)
+        used = {**index, "documents": data["documents"]}
+        raw = conf.raw
+        self.info = IndexInfo(
+            method=conf.method.name, dataset=dataset_label(conf.dataset),
+            fingerprint=short_hash(sorted((k, r.fp) for k, r in used.items())), built_at=built_at(store, used),
+            n_documents=len(docs), artifacts_dir=str(Path(conf.artifacts_dir).resolve()),
+            config={k: raw.get(k) for k in ("method", "dataset", "embedder", "ner")}, load_seconds=round(load_seconds, 3))
+
+    @property
+    def default_k(self) -> int:
+        return int(self.conf.method.top_k)
+
+    def search(self, questions: list[str], k: int) -> Hits:
+        """The retriever's batched ``search`` (one call for the whole batch), one caller at a time."""
+        with self._lock:
+            return self.retriever.search(list(questions), k)
+
+    def ranked(self, questions: Sequence[str], hits: Hits) -> list[Ranked]:
+        """A batch's :class:`Hits` → one :class:`Ranked` per question."""
+        out = []
+        for i, question in enumerate(questions):
+            keep = hits.doc_idx[i] >= 0
+            rows = self._doc_rows[hits.doc_idx[i][keep]]
+            scores = hits.scores[i][keep]
+            passages = [Passage(str(self.retriever.doc_ids[d]), str(self._title[r]), str(self._text[r]),
+                                float(s), rank)
+                        for rank, (d, r, s) in enumerate(zip(hits.doc_idx[i][keep], rows, scores), start=1)]
+            out.append(Ranked(question, passages, hits.trace[i] if hits.trace else None))
+        return out
+
+    def retrieve(self, questions: Sequence[str] | str, k: int | None = None) -> list[Ranked]:
+        """Ranked passages for each question (one batched search), ``k`` deep (default: ``method.top_k``)."""
+        batch = [questions] if isinstance(questions, str) else list(questions)
+        check_questions(batch)
+        k = self.default_k if k is None else int(k)
+        if k < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        if not batch:
+            return []
+        return self.ranked(batch, self.search(batch, k))
+
+    def llm_client(self):  # -> tasks.llm.client.LLMClient
+        """The configured LLM (cache, ledger and retries of :mod:`tasks.llm`), or an error naming the setting."""
+        client = _client(self.conf.llm, str(Path(self.conf.artifacts_dir).resolve() / "llm_cache.duckdb"))
+        if client is None:
+            raise NoLLM("no LLM is configured (llm=none): add llm=local llm.base_url=http://HOST:PORT/v1 "
+                        "or llm=openai (key from OPENAI_API_KEY) to answer")
+        return client
+
+    def answer(self, questions: Sequence[str] | str, k: int | None = None) -> list[Answer]:
+        """Retrieve, then answer each question with the configured LLM from what was retrieved: the top
+        ``eval.context_passages`` passages (ZoomRAG: its kept chunks) within ``eval.max_context_tokens``, through
+        the shared reader prompt; a method with its own generation (ArchRAG's adaptive filtering) uses it."""
+        client = self.llm_client()
+        ranked = self.retrieve(questions, k)
+        if not ranked:
+            return []
+        own = METHODS[self.conf.method.name].answer
+        if own is not None:
+            predictions, contexts = self._own_answers(own, client, ranked)
+        else:
+            from tasks.llm.generate import build_reader_messages, extract_answer
+
+            contexts = [reader_context(r, self.conf.eval.context_passages) for r in ranked]
+            msgs = [build_reader_messages(r.question, c, self.conf.eval.max_context_tokens)
+                    for r, c in zip(ranked, contexts)]
+            replies = client.chat_many(msgs, stage="answer")
+            predictions = [(extract_answer(x.text), x.text or "") for x in replies]
+        return [Answer(r.question, a, raw, c, r) for r, (a, raw), c in zip(ranked, predictions, contexts)]
+
+    def _own_answers(self, own: Any, client: Any, ranked: list[Ranked]) -> tuple[list[tuple[str, str]], list[list[str]]]:
+        """A method's own generation (``Method.answer``) over these questions and their traces."""
+        import json
+
+        qids = [f"q{i}" for i in range(len(ranked))]
+        questions = pd.DataFrame({"qid": qids, "question": [r.question for r in ranked],
+                                  "answers": [[] for _ in ranked]})
+        traces = pd.DataFrame([{"qid": q, **{k: json.dumps(v) if isinstance(v, (list, dict)) else v
+                                             for k, v in r.trace.items()}} for q, r in zip(qids, ranked)])
+        table, _ = own(client, self.data, self.refs, self.conf, questions, traces, False)
+        return list(zip(table["prediction"], table["raw"])), [[] for _ in ranked]
+
+
+class NoLLM(RuntimeError):
+    """``answer`` was asked of an index opened without an LLM."""
+
+
+@functools.lru_cache(maxsize=4)
+def _client(llm: Any, cache_path: str):
+    from tasks.llm.client import make_client
+
+    return make_client(llm, cache_path)
+
+
+def reader_context(ranked: Ranked, n_passages: int) -> list[str]:
+    """What the shared reader is given for a question (:func:`tasks.llm.generate.contexts_for`'s rule): the
+    method's kept chunks when it keeps some, else its top passages as ``title: text``."""
+    kept = ranked.trace.get("kept_chunks")
+    if kept:
+        return [str(c) for c in kept]
+    return [f"{p.title}: {p.text}" for p in ranked[:n_passages]]
+
+
+def check_questions(questions: Sequence[Any]) -> None:
+    """Every question is a non-empty string."""
+    for i, q in enumerate(questions):
+        if not isinstance(q, str):
+            raise ValueError(f"question {i + 1} is a {type(q).__name__}, not a string")
+        if not q.strip():
+            raise ValueError(f"question {i + 1} is empty")
+
+
+def open_index(*overrides: str, config: Mapping[str, Any] | None = None, build: bool = False) -> Index:
+    """Open the index that ``dagrag index <overrides>`` builds (or ``config``, an already resolved one).
+
+    Raises :class:`IndexNotBuilt` (its message: the command that builds it) when it is not in the store, unless
+    ``build=True``, which builds it first as an ``index`` flow run. Nothing else is computed or written.
+    """
+    cfg = dict(config) if config is not None else compose(overrides)
+    conf = load_config(cfg)
+    if config is not None and not overrides:
+        overrides = tuple(config_overrides(cfg))
+    t0 = time.perf_counter()
+    try:
+        data, refs = resolve(conf, overrides)
+    except IndexNotBuilt:
+        if not build:
+            raise
+        build_index(cfg)
+        data, refs = resolve(conf, overrides)
+    retriever = METHODS[conf.method.name].retriever(data, refs, conf)
+    release_arrow_memory()
+    return Index(conf, data, refs, retriever, time.perf_counter() - t0)
+
+
+def build_index(cfg: Mapping[str, Any]) -> None:
+    """Build the index ``cfg`` names: the ``index`` flow, run as ``dagrag index`` runs it."""
+    from flows.api_server import ensure_api
+    from flows.config import with_runner
+    from flows.index import index_flow
+
+    ensure_api()
+    with_runner(index_flow, cfg)(dict(cfg))
+
+
+def config_overrides(cfg: Mapping[str, Any]) -> list[str]:
+    """The overrides of this Hydra job as typed, when it is one (for the build command an error prints)."""
+    from flows.pipeline import job_overrides
+
+    return [f"{k}={v}" for k, v in job_overrides().items()]
