@@ -216,6 +216,12 @@ def resolve(conf: Config, overrides: Sequence[str] = ()) -> tuple[dict[str, Arti
     return data, index
 
 
+def index_fingerprint(data: Mapping[str, ArtifactRef], refs: Mapping[str, ArtifactRef]) -> str:
+    """One hash of the fingerprints of what the retriever reads: the index's stage outputs and the documents."""
+    used = {**refs, "documents": data["documents"]}
+    return short_hash(sorted((k, r.fp) for k, r in used.items()))
+
+
 def built_at(store: Store, refs: Mapping[str, ArtifactRef]) -> str:
     """When the newest of these stage outputs was recorded."""
     fps = sorted({r.fp for r in refs.values()})
@@ -249,7 +255,7 @@ class Index:
         raw = conf.raw
         self.info = IndexInfo(
             method=conf.method.name, dataset=dataset_label(conf.dataset),
-            fingerprint=short_hash(sorted((k, r.fp) for k, r in used.items())), built_at=built_at(store, used),
+            fingerprint=index_fingerprint(data, index), built_at=built_at(store, used),
             n_documents=len(docs), artifacts_dir=str(Path(conf.artifacts_dir).resolve()),
             config={k: raw.get(k) for k in ("method", "dataset", "embedder", "ner")}, load_seconds=round(load_seconds, 3))
 
@@ -295,11 +301,15 @@ class Index:
         return client
 
     def answer(self, questions: Sequence[str] | str, k: int | None = None) -> list[Answer]:
-        """Retrieve, then answer each question with the configured LLM from what was retrieved: the top
+        """Retrieve, then answer each question with the configured LLM (:meth:`answer_ranked`)."""
+        self.llm_client()  # no LLM: refused before anything is retrieved
+        return self.answer_ranked(self.retrieve(questions, k))
+
+    def answer_ranked(self, ranked: list[Ranked]) -> list[Answer]:
+        """Answer each retrieved question with the configured LLM from what was retrieved: the top
         ``eval.context_passages`` passages (ZoomRAG: its kept chunks) within ``eval.max_context_tokens``, through
         the shared reader prompt; a method with its own generation (ArchRAG's adaptive filtering) uses it."""
         client = self.llm_client()
-        ranked = self.retrieve(questions, k)
         if not ranked:
             return []
         own = METHODS[self.conf.method.name].answer

@@ -1,0 +1,289 @@
+"""The HTTP service over one opened index (``dagrag serve``): FastAPI, served by uvicorn.
+
+Endpoints: ``POST /retrieve`` and ``POST /answer`` (micro-batched, :mod:`flows.serving.batcher`), ``GET /health``,
+``GET /index`` (what is served), ``GET /metrics`` (Prometheus text), ``POST /admin/reload`` (hot swap),
+``GET /`` (the search page), ``GET /docs`` (OpenAPI).
+
+Bad input is answered with a 4xx status and ``{"error": "<one line>"}``, never a 500: the body is read here
+(size-limited, UTF-8, JSON) and checked against a strict schema (unknown fields, wrong types, empty or
+over-long questions, ``k`` out of range). With an API key (``DAGRAG_API_KEY``) every endpoint but
+``/health`` needs ``Authorization: Bearer <key>``; ``/admin/*`` always needs it. The key is never logged.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
+
+from flows.config import ServeParams
+from flows.serving.batcher import BatchStats, MicroBatcher, QueueFull
+from flows.serving.index import Index, IndexNotBuilt, NoLLM
+from flows.serving.metrics import ServeMetrics
+
+log = logging.getLogger("dagrag.serve")
+
+API_KEY_ENV = "DAGRAG_API_KEY"
+PUBLIC = frozenset({"/health"})
+
+
+class RetrieveRequest(BaseModel):
+    """``{"questions": [...], "k": 5}`` or ``{"question": "...", "k": 5}``; ``k`` defaults to ``method.top_k``."""
+
+    model_config = ConfigDict(extra="forbid")
+    questions: list[StrictStr] | None = None
+    question: StrictStr | None = None
+    k: StrictInt | None = None
+
+
+class BadRequest(Exception):
+    """A request the service refuses: a status and a one-line reason."""
+
+    def __init__(self, status: int, reason: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(reason)
+        self.status, self.reason, self.headers = status, reason, headers or {}
+
+
+class Service:
+    """The served index (swapped atomically on reload), its batcher, limits and metrics."""
+
+    def __init__(self, index: Index, params: ServeParams, api_key: str | None,
+                 reopen: Callable[[], Index] | None = None, resolve_fp: Callable[[], str] | None = None) -> None:
+        self.index, self.params, self.api_key = index, params, api_key
+        self.reopen, self.resolve_fp = reopen, resolve_fp
+        self.metrics = ServeMetrics()
+        self.metrics.index_loaded(index.info)
+        self.batcher: MicroBatcher | None = None
+        self._reload_lock = asyncio.Lock()
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dagrag-reload")
+        self.reloads = 0
+
+    # -- request checks ----------------------------------------------------------
+    def authorise(self, request: Request) -> None:
+        path = request.url.path
+        admin = path.startswith("/admin/")
+        if path in PUBLIC or (self.api_key is None and not admin):
+            return
+        if self.api_key is None:
+            raise BadRequest(403, f"/admin/ endpoints need an API key: start the server with {API_KEY_ENV} set and "
+                                  "send Authorization: Bearer <key>")
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), self.api_key.encode()):
+            raise BadRequest(401, "missing or wrong API key: send Authorization: Bearer <key>",
+                             {"WWW-Authenticate": "Bearer"})
+
+    async def body(self, request: Request) -> Any:
+        """The request's JSON body: at most ``serve.max_body_bytes``, UTF-8, valid JSON."""
+        limit = self.params.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise BadRequest(413, f"body of {declared} bytes is over serve.max_body_bytes={limit}")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise BadRequest(413, f"body is over serve.max_body_bytes={limit}")
+            chunks.append(chunk)
+        raw = b"".join(chunks)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise BadRequest(400, f"body is not UTF-8 (byte offset {err.start})") from None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            raise BadRequest(400, f"body is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+
+    def questions_of(self, payload: Any) -> tuple[list[str], int]:
+        """(questions, k) of a checked request body."""
+        if not isinstance(payload, dict):
+            raise BadRequest(422, f"body must be a JSON object, not {type(payload).__name__}")
+        try:
+            req = RetrieveRequest.model_validate(payload)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+            raise BadRequest(422, f"{where}: {first.get('msg', 'invalid')}") from None
+        if (req.questions is None) == (req.question is None):
+            raise BadRequest(422, "give exactly one of 'question' (a string) or 'questions' (a list of strings)")
+        questions = req.questions if req.questions is not None else [req.question]
+        p = self.params
+        if not questions:
+            raise BadRequest(422, "questions is empty")
+        if len(questions) > p.max_questions:
+            raise BadRequest(422, f"{len(questions)} questions in one request; serve.max_questions={p.max_questions}")
+        for i, q in enumerate(questions):
+            if not q.strip():
+                raise BadRequest(422, f"question {i + 1} is empty")
+            if len(q) > p.max_question_chars:
+                raise BadRequest(422, f"question {i + 1} has {len(q)} characters; "
+                                      f"serve.max_question_chars={p.max_question_chars}")
+        k = self.index.default_k if req.k is None else req.k
+        if not 1 <= k <= p.max_k:
+            raise BadRequest(422, f"k must be between 1 and serve.max_k={p.max_k}, got {k}")
+        return questions, k
+
+    # -- answering ---------------------------------------------------------------
+    async def retrieve(self, questions: list[str], k: int) -> tuple[list[Any], Index]:
+        """Each question's :class:`~flows.serving.index.Ranked`, from the index served when it arrived."""
+        index = self.index
+        try:
+            return await self.batcher.submit(index, questions, k), index
+        except QueueFull as err:
+            self.metrics.errors.labels("queue_full").inc()
+            raise BadRequest(503, f"busy: {err}; retry shortly", {"Retry-After": "1"}) from None
+
+    def on_batch(self, stats: BatchStats) -> None:
+        self.metrics.batch(stats)
+
+    # -- reloads -----------------------------------------------------------------
+    async def reload(self, force: bool = False) -> dict[str, Any]:
+        """Open the index the settings now name beside the served one, then swap; the old one serves what was
+        queued on it. Unchanged fingerprint: nothing is loaded."""
+        if self.reopen is None:
+            raise BadRequest(501, "this service was started without a way to reopen its index")
+        async with self._reload_lock:
+            loop = asyncio.get_running_loop()
+            try:
+                if not force and self.resolve_fp is not None:
+                    fp = await loop.run_in_executor(self._loader, self.resolve_fp)
+                    if fp == self.index.info.fingerprint:
+                        return {"reloaded": False, "index": self.index.info.to_dict()}
+                new = await loop.run_in_executor(self._loader, self.reopen)
+            except IndexNotBuilt as err:
+                raise BadRequest(409, str(err)) from None
+            old = self.index
+            if new.info.fingerprint == old.info.fingerprint and not force:
+                return {"reloaded": False, "index": old.info.to_dict()}
+            self.index = new  # one assignment: every request after it is queued on the new index
+            self.reloads += 1
+            self.metrics.index_loaded(new.info)
+            log.info("now serving index %s (built %s); was %s", new.info.fingerprint, new.info.built_at,
+                     old.info.fingerprint)
+            return {"reloaded": True, "index": new.info.to_dict(), "previous": old.info.fingerprint}
+
+    async def watch(self) -> None:
+        """``serve.watch``: reload when the catalog holds a newer build of the same settings."""
+        while True:
+            await asyncio.sleep(self.params.watch_s)
+            try:
+                await self.reload()
+            except BadRequest as err:  # a grown corpus whose index is not built yet: keep serving the old one
+                log.debug("watch: %s", err.reason)
+            except Exception as err:  # noqa: BLE001 - a watch must not stop the service
+                log.warning("watch: reload failed: %s", err)
+
+    def close(self) -> None:
+        self._loader.shutdown(wait=False)
+
+
+def index_payload(index: Index, service: Service) -> dict[str, Any]:
+    return {**index.info.to_dict(), "reloads": service.reloads}
+
+
+def create_app(service: Service) -> FastAPI:
+    """The FastAPI app over ``service``."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service.batcher = MicroBatcher(lambda ix, qs, k: ix.retrieve(qs, k), service.params.max_batch,
+                                       service.params.max_wait_ms, service.params.max_queue, service.on_batch)
+        service.batcher.start()
+        watcher = asyncio.get_running_loop().create_task(service.watch()) if service.params.watch else None
+        try:
+            yield
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            await service.batcher.stop()
+            service.close()
+
+    app = FastAPI(title="dagrag", version="1", lifespan=lifespan,
+                  description="Retrieve from a built dagrag index: micro-batched, one method, one index at a time.")
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):  # auth, one-line errors, metrics for every request
+        started = time.perf_counter()
+        endpoint = request.url.path if request.url.path in ENDPOINTS else "other"
+        try:
+            service.authorise(request)
+            response = await call_next(request)
+        except BadRequest as err:
+            response = JSONResponse({"error": err.reason}, err.status, headers=err.headers)
+        except Exception as err:  # noqa: BLE001 - a bug: still one line, and the service goes on
+            log.exception("unexpected error on %s", request.url.path)
+            service.metrics.errors.labels("internal").inc()
+            response = JSONResponse({"error": f"internal error: {type(err).__name__}"}, 500)
+        service.metrics.request(endpoint, response.status_code, time.perf_counter() - started)
+        return response
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(request: Request, err: BadRequest) -> JSONResponse:
+        if err.status < 500 or err.status == 503:
+            service.metrics.errors.labels(f"http_{err.status}").inc()
+        return JSONResponse({"error": err.reason}, err.status, headers=err.headers)
+
+    schema = {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": RetrieveRequest.model_json_schema()}}}}
+
+    @app.post("/retrieve", openapi_extra=schema, summary="Ranked passages for one or several questions")
+    async def retrieve(request: Request) -> JSONResponse:
+        questions, k = service.questions_of(await service.body(request))
+        results, index = await service.retrieve(questions, k)
+        return JSONResponse({"results": [[p.to_dict() for p in r] for r in results],
+                             "traces": [r.trace for r in results], "index": index_payload(index, service)})
+
+    @app.post("/answer", openapi_extra=schema, summary="Answers from the configured LLM, with their passages")
+    async def answer(request: Request) -> JSONResponse:
+        index = service.index
+        try:
+            index.llm_client()
+        except NoLLM as err:
+            raise BadRequest(501, str(err)) from None
+        questions, k = service.questions_of(await service.body(request))
+        results, index = await service.retrieve(questions, k)
+        answers = await asyncio.get_running_loop().run_in_executor(None, index.answer_ranked, results)
+        return JSONResponse({"answers": [a.to_dict() for a in answers], "index": index_payload(index, service)})
+
+    @app.get("/health", summary="Liveness: the process serves")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "index": service.index.info.fingerprint}
+
+    @app.get("/index", summary="The served index: method, dataset, settings, fingerprint, build time")
+    async def index_info() -> dict[str, Any]:
+        return index_payload(service.index, service)
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def metrics() -> Response:
+        service.metrics.queue_depth.set(service.batcher.depth if service.batcher else 0)
+        body, kind = service.metrics.render()
+        return Response(body, media_type=kind)
+
+    @app.post("/admin/reload", summary="Load the newest build of the served settings and swap it in")
+    async def reload(request: Request) -> dict[str, Any]:
+        force = request.query_params.get("force", "false").lower() in ("1", "true", "yes")
+        return await service.reload(force=force)
+
+    @app.get("/", response_class=HTMLResponse, summary="The search page")
+    async def page() -> HTMLResponse:
+        return HTMLResponse(search_page())
+
+    return app
+
+
+ENDPOINTS = frozenset({"/retrieve", "/answer", "/health", "/index", "/metrics", "/admin/reload", "/"})
+
+
+def search_page() -> str:
+    """The search page (plain HTML, CSS and JS in ``flows/serving/page.html``; nothing fetched from elsewhere)."""
+    return resources.files("flows.serving").joinpath("page.html").read_text(encoding="utf-8")
