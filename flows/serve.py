@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import signal
 import sys
 from typing import Any
 
@@ -66,6 +67,12 @@ def serve(service: Any, host: str, port: int, drain_s: float) -> None:
     from flows.serving.app import create_app
 
     class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            if not self.should_exit:
+                print("stopping: no new requests; finishing those in flight", file=sys.stderr, flush=True)
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()  # a stop asked for: exit 0 after the drain, not the signal's own death
+
         async def startup(self, sockets=None) -> None:
             await super().startup(sockets)
             if self.started:
@@ -79,6 +86,10 @@ def serve(service: Any, host: str, port: int, drain_s: float) -> None:
     Server(config).run()
 
 
+def _interrupt(sig: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     from flows.preflight import USER_ERRORS, fail, preflight_serving, verbose
     from flows.serving.index import compose
@@ -87,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     if {"-h", "--help"} & set(overrides):
         print(__doc__)
         return 0
+    signal.signal(signal.SIGTERM, _interrupt)  # while the index loads: the same one-line stop as Ctrl-C
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpcore", "httpx2", "faiss.loader", "sentence_transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

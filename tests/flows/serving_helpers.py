@@ -1,0 +1,96 @@
+"""Real servers for the serving tests: uvicorn in a thread of this process, or ``dagrag serve`` as a process."""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def uvicorn_thread(service, port: int | None = None) -> Iterator[str]:
+    """A real uvicorn server over ``service`` on a loopback port, in a thread; yields its base URL."""
+    import uvicorn
+
+    from flows.serving.app import create_app
+
+    port = port or free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning",
+                                           access_log=False, lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+class ServeProcess:
+    """``dagrag serve`` started as a user starts it (``python -m flows.cli serve …``), on a free port."""
+
+    def __init__(self, overrides: list[str], env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", "serve", *overrides, f"serve.port={self.port}"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, **(env or {})}, start_new_session=True)
+        self.lines: list[str] = []
+
+    def wait_ready(self, timeout_s: float = 120.0) -> "ServeProcess":
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"dagrag serve exited {self.proc.returncode}: {self.proc.stderr.read()}")
+            line = self.proc.stdout.readline()
+            if line:
+                self.lines.append(line)
+                if re.match(r"serving \S+ on ", line):
+                    return self
+        raise RuntimeError("dagrag serve did not print its address in time")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60.0) -> tuple[int, str]:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            _, err = self.proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            _, err = self.proc.communicate()
+            raise
+        return self.proc.returncode, err
+
+    def __enter__(self) -> "ServeProcess":
+        return self.wait_ready()
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.communicate()
+
+
+def post(url: str, payload, **kwargs) -> httpx.Response:
+    return httpx.post(url, json=payload, timeout=60, **kwargs)
