@@ -1,0 +1,48 @@
+"""The search page in real headless Chromium: type a question, submit, and the ranked titles shown are
+``/retrieve``'s; the page says which index is served and marks the question's linked names. A screenshot is
+kept at ``artifacts/search-page.png``."""
+from __future__ import annotations
+
+import shutil
+
+import httpx
+import pytest
+
+from flows.config import ServeParams
+from flows.evaluate import evaluate_flow
+from flows.serving.app import Service
+from flows.serving.index import open_index
+from tasks.core.sample import generate_sample
+from tests.flows.cdp import chromium
+from tests.flows.conftest import make_config
+from tests.flows.serving_helpers import REPO, uvicorn_thread
+
+SAMPLE = ["method=zoomrag", "dataset=sample", "dataset.n_passages=60", "dataset.n_questions=12"]
+SCREENSHOT = REPO / "artifacts" / "search-page.png"
+
+
+def test_search_page_shows_what_retrieve_returns(tmp_path):
+    binary = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)),
+                  None)
+    if binary is None:
+        pytest.skip("no chromium on PATH (Debian: apt-get install -y chromium; .ci/run installs it)")
+    cfg = make_config(tmp_path, *SAMPLE)
+    evaluate_flow(cfg, str(tmp_path / "run"))
+    index = open_index(*SAMPLE, f"artifacts_dir={cfg['artifacts_dir']}")
+    question = generate_sample(60, 12, 0)[1][0]["question"]
+    with uvicorn_thread(Service(index, ServeParams(), api_key=None)) as url:
+        expected = httpx.post(f"{url}/retrieve", json={"question": question, "k": 10}).json()
+        with chromium(binary, url + "/") as page:
+            page.wait_for("document.getElementById('served').dataset.fingerprint")
+            page.type("#q", question)
+            page.click("#go")
+            assert page.wait_for("document.body.dataset.done") == "1"
+            titles = page.eval("[...document.querySelectorAll('li.passage .title')].map(e => e.textContent)")
+            served = page.eval("document.getElementById('served').textContent")
+            marks = page.eval("[...document.querySelectorAll('li.passage mark')].map(e => e.textContent)")
+            page.screenshot(SCREENSHOT)
+    assert titles == [p["title"] for p in expected["results"][0]] and len(titles) == 10
+    assert index.info.fingerprint in served and "zoomrag" in served
+    seeds = {s.lower() for s in expected["traces"][0].get("seed_entities", [])}
+    assert marks and (not seeds or {m.lower() for m in marks} <= seeds)
+    assert SCREENSHOT.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and SCREENSHOT.stat().st_size > 10_000
