@@ -156,6 +156,12 @@ def report_flow(cfg: dict) -> dict[str, Any]:
         md += ["## Accuracy against latency", "", "![accuracy against latency](accuracy_latency.png)", "",
                f"*{params.metric} against ms per query, one point per method and batch size (benchmark runs; "
                f"an evaluate run's own batch where none). {note}*", ""]
+    from flows.loadtest import report_section
+
+    serving = report_section(store, out_dir)
+    if serving:
+        figures.append("serving_throughput.png")
+    md += serving
     text = "\n".join(md)
     Store.write_bytes(text.encode(), out_dir / "report.md")
     create_markdown_artifact(key=f"report-{name}", markdown=text, description=f"dagrag report {name}")

@@ -1,0 +1,327 @@
+"""``dagrag loadtest [overrides]``: served throughput and latency, batching on and off, at several concurrencies.
+
+For each setup of ``loadtest.setups`` (a name and the overrides that built its index, on top of the command's
+own ``dataset=…``, ``artifacts_dir=…``), and for each ``loadtest.max_batch`` (the server's ``serve.max_batch``:
+64 batches, 1 does not), one ``dagrag serve`` process is started on a free loopback port; a bounded asyncio
+``httpx`` client then sends the dataset's questions, one per request, from 1, 8, 64 and 256 concurrent clients
+(``loadtest.concurrency``), each level at most ``loadtest.requests`` requests and ``loadtest.duration_s``
+seconds. Beside it, in this process, the same index's in-process batched ``search`` is timed at batch 1 and at
+``loadtest.ceiling_batch``: the ceiling the server's queue can approach.
+
+Rows: setup, max_batch, clients, questions/s, p50/p95/p99 ms, mean batch size and queue wait (the server's
+own /metrics), failures. They go to the catalog (metrics kind ``loadtest``), to
+``<artifacts_dir>/reports/loadtest-<dataset>/loadtest.md`` with a throughput–concurrency figure, and to
+``dagrag report``. Traffic goes to 127.0.0.1 only and every level stops by itself.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+log = logging.getLogger("dagrag.loadtest")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class LoadtestParams:
+    """``loadtest/``: what is served, how hard it is pushed, and for how long."""
+
+    setups: dict[str, tuple[str, ...]] = field(default_factory=lambda: {
+        "dense": ("method=dense",), "zoomrag": ("method=zoomrag", "experiment=beyond_paper"),
+        "linearrag": ("method=linearrag", "experiment=beyond_paper"), "hybrid": ("method=hybrid",)})
+    concurrency: tuple[int, ...] = (1, 8, 64, 256)
+    max_batch: tuple[int, ...] = (64, 1)
+    requests: int = 768         # at most this many requests per level
+    duration_s: float = 15.0    # and at most this many seconds per level
+    warmup: int = 32            # requests sent before a server is measured
+    k: int = 10
+    ceiling_batch: int = 64     # the in-process batch the ceiling is timed at
+    ceiling_repeats: int = 5
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+async def drive(url: str, questions: list[str], clients: int, requests: int, duration_s: float, k: int
+                ) -> dict[str, Any]:
+    """``clients`` concurrent loops, each sending one question per request, until ``requests`` are sent or
+    ``duration_s`` has passed: questions/s and latency percentiles of the answered ones."""
+    import httpx
+
+    latencies: list[float] = []
+    failures = 0
+    sent = 0
+    deadline = time.perf_counter() + duration_s
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        async def loop(worker: int) -> None:
+            nonlocal sent, failures
+            while sent < requests and time.perf_counter() < deadline:
+                q = questions[sent % len(questions)]
+                sent += 1
+                t0 = time.perf_counter()
+                try:
+                    reply = await client.post("/retrieve", json={"question": q, "k": k})
+                    ok = reply.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if ok:
+                    latencies.append((time.perf_counter() - t0) * 1000)
+                else:
+                    failures += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(loop(w) for w in range(clients)))
+        elapsed = time.perf_counter() - started
+    return {"clients": clients, "requests": len(latencies) + failures, "failures": failures,
+            "questions_per_s": round(len(latencies) / elapsed, 2), "p50_ms": round(percentile(latencies, 50), 2),
+            "p95_ms": round(percentile(latencies, 95), 2), "p99_ms": round(percentile(latencies, 99), 2)}
+
+
+def server_batches(url: str) -> tuple[float, float, float]:
+    """(batches, questions batched, queue wait seconds summed) from the server's /metrics."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+
+    def value(name: str) -> float:
+        found = re.search(rf"^{name} (\S+)$", text, re.M)
+        return float(found.group(1)) if found else 0.0
+    return (value("dagrag_batch_size_count"), value("dagrag_batch_size_sum"),
+            value("dagrag_queue_wait_seconds_sum"))
+
+
+def ceiling(index: Any, questions: list[str], batch: int, k: int, repeats: int) -> dict[str, float]:
+    """In-process ``search``: questions/s at ``batch`` (median of ``repeats`` passes) and ms for one question."""
+    index.search(questions[:batch], k)  # warm
+    rates = []
+    for r in range(repeats):
+        chunk = [questions[(r * batch + i) % len(questions)] for i in range(batch)]
+        t0 = time.perf_counter()
+        index.search(chunk, k)
+        rates.append(batch / (time.perf_counter() - t0))
+    singles = []
+    for i in range(max(repeats * 4, 20)):
+        t0 = time.perf_counter()
+        index.retrieve([questions[i % len(questions)]], k)
+        singles.append((time.perf_counter() - t0) * 1000)
+    return {"ceiling_batch": batch, "inprocess_qps": round(statistics.median(rates), 2),
+            "inprocess_ms_one": round(statistics.median(singles), 2)}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(overrides: list[str], timeout_s: float = 300.0) -> tuple[subprocess.Popen, str, float]:
+    """``dagrag serve overrides`` on a free loopback port: (process, URL, seconds until it printed its address)."""
+    port = free_port()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", *overrides, f"serve.port={port}"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    while time.perf_counter() - t0 < timeout_s:
+        line = proc.stdout.readline()
+        if line.startswith("serving "):
+            return proc, f"http://127.0.0.1:{port}", time.perf_counter() - t0
+        if not line and proc.poll() is not None:
+            raise RuntimeError(f"dagrag serve {' '.join(overrides)} exited {proc.returncode}: "
+                               f"{proc.stderr.read().strip()[-300:]}")
+    proc.kill()
+    raise RuntimeError(f"dagrag serve {' '.join(overrides)} did not start in {timeout_s:.0f} s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    import signal
+
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+
+
+def run_setup(name: str, overrides: list[str], params: LoadtestParams, questions: list[str]) -> list[dict]:
+    """Every (max_batch, clients) level of one setup; each ``max_batch`` a fresh ``dagrag serve`` process."""
+    from flows.serving.index import open_index
+
+    index = open_index(*overrides)
+    top = ceiling(index, questions, params.ceiling_batch, params.k, params.ceiling_repeats)
+    base = {"setup": name, "method": index.info.method, "dataset": index.info.dataset,
+            "index_fingerprint": index.info.fingerprint, **top}
+    del index
+    rows = []
+    for max_batch in params.max_batch:
+        proc, url, start_s = start_server([*overrides, f"serve.max_batch={max_batch}", f"serve.max_k={params.k}"])
+        try:
+            asyncio.run(drive(url, questions, min(8, params.warmup), params.warmup, 60.0, params.k))
+            for clients in params.concurrency:
+                before = server_batches(url)
+                row = asyncio.run(drive(url, questions, clients, params.requests, params.duration_s, params.k))
+                after = server_batches(url)
+                batches, batched, waited = (a - b for a, b in zip(after, before))
+                rows.append({**base, "max_batch": max_batch, **row, "serve_start_s": round(start_s, 2),
+                             "mean_batch": round(batched / batches, 2) if batches else None,
+                             "queue_wait_ms": round(1000 * waited / batched, 2) if batched else None})
+                log.info("%s max_batch=%d clients=%d: %.1f q/s, p50 %.1f ms, p99 %.1f ms, mean batch %s",
+                         name, max_batch, clients, row["questions_per_s"], row["p50_ms"], row["p99_ms"],
+                         rows[-1]["mean_batch"])
+        finally:
+            stop_server(proc)
+    return rows
+
+
+# ----------------------------------------------------------------------------- table and figure
+
+COLUMNS = ["setup", "max_batch", "clients", "questions_per_s", "p50_ms", "p95_ms", "p99_ms", "mean_batch",
+           "queue_wait_ms", "failures", "ceiling_batch", "inprocess_qps", "inprocess_ms_one"]
+
+
+def table(rows: pd.DataFrame) -> str:
+    from tasks.eval.report import markdown_table
+
+    return markdown_table(rows[[c for c in COLUMNS if c in rows.columns]])
+
+
+def figure(rows: pd.DataFrame, caption: str) -> bytes:
+    """Throughput against concurrency, one panel line per setup and batching mode (log-2 x axis)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.6), dpi=120)
+    for (setup, max_batch), g in rows.groupby(["setup", "max_batch"], sort=False):
+        g = g.sort_values("clients")
+        ax.plot(g["clients"], g["questions_per_s"], marker="o", linestyle="-" if max_batch > 1 else "--",
+                label=f"{setup}, max_batch={max_batch}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent clients")
+    ax.set_ylabel("questions / s")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("dagrag serve: throughput against concurrency", fontsize=10)
+    fig.text(0.01, 0.005, caption, fontsize=6, color="#555")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def latest_rows(store: Any) -> pd.DataFrame:
+    """The rows of the latest loadtest run per dataset in the catalog (empty when none)."""
+    runs = store.query("SELECT run_id, dataset, created_at, metrics FROM metrics WHERE kind = 'loadtest' "
+                       "ORDER BY created_at")
+    if runs.empty:
+        return pd.DataFrame()
+    latest = runs.groupby("dataset").tail(1)
+    rows = [dict(r, dataset=d) for d, m in zip(latest["dataset"], latest["metrics"]) for r in json.loads(m)["rows"]]
+    return pd.DataFrame(rows)
+
+
+def report_section(store: Any, out_dir: Path) -> list[str]:
+    """``dagrag report``'s serving section: the latest loadtest's table and figure (nothing when none ran)."""
+    rows = latest_rows(store)
+    if rows.empty:
+        return []
+    from tasks.core.store import Store
+
+    Store.write_bytes(figure(rows, "latest dagrag loadtest per dataset"), out_dir / "serving_throughput.png")
+    return ["## Serving (dagrag loadtest)", "", table(rows), "",
+            "![throughput against concurrency](serving_throughput.png)", "",
+            "*questions/s and latency of `dagrag serve` from a loopback client, one question per request; "
+            "max_batch=1 turns micro-batching off. inprocess_*: the same index's batched `search` in one process "
+            "(the ceiling) and one question's in-process `retrieve`.*", ""]
+
+
+# ----------------------------------------------------------------------------- the command
+
+def loadtest_params(values: dict[str, Any]) -> LoadtestParams:
+    """``loadtest.*`` overrides → :class:`LoadtestParams` (lists become tuples; an unknown key is refused)."""
+    from flows.config import ConfigError
+
+    known = set(LoadtestParams.__dataclass_fields__)
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"loadtest: unknown key(s) {unknown}; it accepts {sorted(known)}")
+    fixed = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    if "setups" in fixed:
+        fixed["setups"] = {name: tuple(o) for name, o in dict(fixed["setups"]).items()}
+    params = LoadtestParams(**fixed)
+    if min(params.concurrency) < 1 or min(params.max_batch) < 1 or params.requests < 1 or params.duration_s <= 0:
+        raise ConfigError("loadtest: concurrency, max_batch and requests must be at least 1, duration_s above 0")
+    return params
+
+
+def main(argv: list[str] | None = None) -> int:
+    from omegaconf import OmegaConf
+
+    from flows.config import load_config
+    from flows.pipeline import git_sha, write_json
+    from flows.preflight import USER_ERRORS, fail
+    from flows.serving.index import compose
+    from tasks.core.ingest import load_dataset
+    from tasks.core.store import Store
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpcore", "faiss.loader"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    args = sys.argv[1:] if argv is None else list(argv)
+    own = [a for a in args if a.startswith("loadtest.")]
+    common = [a for a in args if not a.startswith("loadtest.")]
+    try:
+        base = load_config(compose(common))
+        values = OmegaConf.to_container(OmegaConf.from_dotlist(own), resolve=True).get("loadtest", {}) if own else {}
+        params = loadtest_params(values)
+        questions = load_dataset(base.dataset, base.data_dir)[1]["question"].tolist()
+        if not questions:
+            raise ValueError("the dataset has no questions to send: pick one with questions (dataset.name=2wiki-dev)")
+    except (*USER_ERRORS, ValueError) as err:
+        fail(err)
+    rows = []
+    for name, overrides in params.setups.items():
+        rows += run_setup(name, [*common, *overrides], params, questions)
+    frame = pd.DataFrame(rows)
+    store = Store(base.artifacts_dir)
+    run_id = f"loadtest-{time.strftime('%Y%m%d-%H%M%S')}"
+    dataset = frame["dataset"].iloc[0]
+    payload = {"rows": rows, "params": {k: v for k, v in params.__dict__.items()}, "git_sha": git_sha(),
+               "command": "dagrag loadtest " + " ".join(args)}
+    store.record_run(run_id, "loadtest", payload)
+    store.record_metrics(run_id, "loadtest", "serve", dataset, payload, {})
+    store.end_run(run_id, "completed")
+    out = store.root / "reports" / f"loadtest-{dataset}"
+    Store.write_bytes(figure(frame, f"{payload['command']} @ {payload['git_sha'][:10]}"), out / "throughput.png")
+    md = [f"# dagrag loadtest on {dataset}", "", f"`{payload['command']}` at {payload['git_sha'][:10]}", "",
+          table(frame), "", "![throughput against concurrency](throughput.png)", ""]
+    Store.write_bytes("\n".join(md).encode(), out / "loadtest.md")
+    write_json(out / "loadtest.json", payload)
+    print(table(frame))
+    print("loadtest: " + json.dumps({"report": str(out / "loadtest.md"), "run_id": run_id}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
