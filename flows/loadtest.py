@@ -289,6 +289,13 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("httpx", "httpcore", "faiss.loader"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     args = sys.argv[1:] if argv is None else list(argv)
+    if {"-h", "--help"} & set(args):
+        print(__doc__)
+        return 0
+    if "--cfg" in args:
+        from flows.serve import print_config
+
+        return print_config([a for a in args if not a.startswith("loadtest.")])
     own = [a for a in args if a.startswith("loadtest.")]
     common = [a for a in args if not a.startswith("loadtest.")]
     try:

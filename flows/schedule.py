@@ -40,7 +40,7 @@ from tasks.core.store import Store
 log = logging.getLogger("dagrag")
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-COMMANDS = ("index", "evaluate")
+COMMANDS = ("index", "evaluate", "query")
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,23 @@ def scheduled_evaluate(cfg: dict) -> dict[str, Any]:
     return _summarise(cfg, evaluate_flow.fn(cfg, str(run_dir)))
 
 
-SCHEDULED = {"index": scheduled_index, "evaluate": scheduled_evaluate}
+@flow(name="query", **RUN_END_HOOKS)
+def scheduled_query(cfg: dict) -> dict[str, Any]:
+    """``dagrag query query.file=…`` as a scheduled run ("answer today's questions"): hits.parquet in its run
+    folder, ``<artifacts_dir>/runs/<date>/<time>-scheduled-query-…``. The file is read when the run starts."""
+    from flows.query import query_flow
+
+    if not cfg.get("query", {}).get("file"):
+        raise ConfigError("a scheduled query needs query.file=PATH in its overrides")
+    _checked(cfg, "query")
+    method, dataset = run_label(cfg)
+    run_dir = Path(cfg["artifacts_dir"]) / "runs" / datetime.now().strftime("%Y-%m-%d/%H-%M-%S") / \
+        f"scheduled-query-{method}-{dataset}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return query_flow.fn(cfg, str(run_dir))
+
+
+SCHEDULED = {"index": scheduled_index, "evaluate": scheduled_evaluate, "query": scheduled_query}
 
 
 def planned_runs(schedule: Schedule) -> list[tuple[ScheduleEntry, dict[str, Any], Any]]:

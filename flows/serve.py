@@ -86,6 +86,25 @@ def serve(service: Any, host: str, port: int, drain_s: float) -> None:
     Server(config).run()
 
 
+def print_config(args: list[str]) -> int:
+    """``--cfg job``: print the config these overrides compose (Hydra's flag, for the commands without Hydra's
+    job folder); exit status 2 on a bad override."""
+    from omegaconf import OmegaConf
+
+    from flows.preflight import USER_ERRORS, fail
+    from flows.serving.index import compose
+
+    at = args.index("--cfg")
+    overrides = args[:at] + args[at + 2:]
+    try:
+        cfg = compose(overrides)
+        load_config(cfg)
+    except USER_ERRORS as err:
+        fail(err)
+    print(OmegaConf.to_yaml(cfg))
+    return 0
+
+
 def _interrupt(sig: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -98,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     if {"-h", "--help"} & set(overrides):
         print(__doc__)
         return 0
+    if "--cfg" in overrides:  # as Hydra's flag: the composed config, nothing run
+        return print_config(overrides)
     signal.signal(signal.SIGTERM, _interrupt)  # while the index loads: the same one-line stop as Ctrl-C
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpcore", "httpx2", "faiss.loader", "sentence_transformers"):

@@ -58,7 +58,8 @@ class Plan:
     """What the check decided for one command: the argv to run it with, or why it is not run."""
 
     run: list[str] | None = None
-    prefix: str | None = None      # the last line's prefix when it runs
+    before: list[str] | None = None  # run first (dagrag query: the index it opens)
+    prefix: str | None = None      # the last line's prefix when it runs (None: a plain answer, exit 0 checked)
     skip: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -165,6 +166,12 @@ def plan_dagrag(cmd: Command, sub: str, args: list[str]) -> Plan:
         raise ReadmeCommandError(f"line {cmd.line}: `dagrag {sub}` is not a command ({sorted(COMMANDS)})")
     if sub == "schedule":  # its own config (conf/schedule.yaml); it serves until stopped
         return Plan(skip="a long-lived process serving scheduled runs (needs `prefect server start`)")
+    questions: list[str] = []
+    if sub == "query" and "--" in args:  # the questions after `--` are not overrides
+        at = args.index("--")
+        args, questions = args[:at], args[at + 1:]
+        if not questions:
+            raise ReadmeCommandError(f"line {cmd.line}: `dagrag query … --` names no question")
     flags = [a for a in args if a.startswith("-")]
     overrides = [a for a in args if not a.startswith("-")]
     other_flags = [f for f in flags if f not in HYDRA_FLAGS_OFFLINE]
@@ -191,14 +198,21 @@ def plan_dagrag(cmd: Command, sub: str, args: list[str]) -> Plan:
         return Plan(skip=f"needs the environment exported above it ({', '.join(cmd.block_env)})")
     if set(flags) & HYDRA_FLAGS_OFFLINE:
         return Plan(skip=f"a sweep of {len(configs)} jobs (method={method}: minutes)")
+    if sub == "serve":
+        return Plan(skip="a long-lived server (runs until stopped; tests/flows/test_serve_http.py runs it)")
+    if sub == "loadtest":
+        return Plan(skip="minutes of load on every setup's server (needs their indexes)")
     if dataset["kind"] == "hipporag":
         return Plan(skip=f"needs ../shared/datasets ({dataset['name']})")
     if dataset["kind"] != "sample":
         return Plan(skip=f"needs the user's own files (dataset.path={dataset.get('path')})")
     if dataset["n_passages"] > CHEAP_PASSAGES:
         return Plan(skip=f"a long run (dataset.n_passages={dataset['n_passages']})")
-    if method not in CHEAP_METHODS or sub not in {"evaluate", "index"}:
+    if method not in CHEAP_METHODS or sub not in {"evaluate", "index", "query"}:
         return Plan(skip=f"a long run (dagrag {sub} method={method}: minutes on 2 cores)")
+    if sub == "query":  # its index first, in the same artifacts_dir; then the questions
+        return Plan(run=[*dagrag_argv(), sub, *args, "--", *questions], before=[*dagrag_argv(), "index", *args],
+                    prefix=None if questions else "query")
     return Plan(run=[*dagrag_argv(), sub, *args], prefix=LAST_LINE[sub])
 
 
@@ -271,9 +285,22 @@ def test_readme_command_runs(cmd: Command, tmp_path, prefect_home):
         pytest.skip(p.skip)
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.update(dict(cmd.env), PREFECT_HOME=prefect_home)
-    out = subprocess.run([*p.run, f"artifacts_dir={tmp_path / 'artifacts'}"], capture_output=True, text=True,
-                         timeout=600, cwd=REPO, env=env)
+    store = f"artifacts_dir={tmp_path / 'artifacts'}"
+    if p.before:
+        first = subprocess.run([*p.before, store], capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+        assert first.returncode == 0, first.stderr[-3000:]
+    run = list(p.run)
+    at = run.index("--") if "--" in run else len(run)
+    out = subprocess.run([*run[:at], store, *run[at:]], capture_output=True, text=True, timeout=600, cwd=REPO,
+                         env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    if p.prefix is None:  # dagrag query: one block (or JSON line) per question, every one answered
+        asked = run[at + 1:]
+        jsonl = "query.format=jsonl" in run
+        shown = [json.loads(x)["question"] for x in out.stdout.splitlines()] if jsonl else \
+            [ln.split("  ", 1)[1] for ln in out.stdout.splitlines() if re.match(r"Q\d+  ", ln)]
+        assert shown == asked, out.stdout[-2000:]
+        return
     last = out.stdout.strip().splitlines()[-1]
     assert last.startswith(f"{p.prefix}: "), last
     payload = json.loads(last.split(": ", 1)[1])
