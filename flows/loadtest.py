@@ -135,16 +135,21 @@ def start_server(overrides: list[str], timeout_s: float = 300.0) -> tuple[subpro
     """``dagrag serve overrides`` on a free loopback port: (process, URL, seconds until it printed its address)."""
     port = free_port()
     t0 = time.perf_counter()
+    import tempfile
+    import threading
+
+    errors = tempfile.TemporaryFile(mode="w+")  # the server's log: never a pipe that fills and blocks it
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", *overrides, f"serve.port={port}"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=errors, text=True, start_new_session=True)
     while time.perf_counter() - t0 < timeout_s:
         line = proc.stdout.readline()
         if line.startswith("serving "):
+            threading.Thread(target=proc.stdout.read, daemon=True).start()  # drained until it exits
             return proc, f"http://127.0.0.1:{port}", time.perf_counter() - t0
         if not line and proc.poll() is not None:
+            errors.seek(0)
             raise RuntimeError(f"dagrag serve {' '.join(overrides)} exited {proc.returncode}: "
-                               f"{proc.stderr.read().strip()[-300:]}")
+                               f"{errors.read().strip()[-300:]}")
     proc.kill()
     raise RuntimeError(f"dagrag serve {' '.join(overrides)} did not start in {timeout_s:.0f} s")
 

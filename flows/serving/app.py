@@ -21,8 +21,9 @@ from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any, Callable
 
+import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, ORJSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
 
 from flows.config import ServeParams
@@ -231,8 +232,9 @@ def create_app(service: Service) -> FastAPI:
     async def retrieve(request: Request) -> JSONResponse:
         questions, k = service.questions_of(await service.body(request))
         results, index = await service.retrieve(questions, k)
-        return ORJSONResponse({"results": [[p.to_dict() for p in r] for r in results],
-                               "traces": [r.trace for r in results], "index": index_payload(index, service)})
+        return Response(orjson.dumps({"results": [[p.to_dict() for p in r] for r in results],
+                                      "traces": [r.trace for r in results], "index": index_payload(index, service)}),
+                        media_type="application/json")
 
     @app.post("/answer", openapi_extra=schema, summary="Answers from the configured LLM, with their passages")
     async def answer(request: Request) -> JSONResponse:

@@ -59,16 +59,21 @@ class ServeProcess:
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, **(env or {})}, start_new_session=True)
         self.lines: list[str] = []
+        self.errors: list[str] = []  # its stderr, read all along (a full pipe would block the server)
+        self._reader = threading.Thread(target=lambda: self.errors.extend(self.proc.stderr), daemon=True)
+        self._reader.start()
 
     def wait_ready(self, timeout_s: float = 120.0) -> "ServeProcess":
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"dagrag serve exited {self.proc.returncode}: {self.proc.stderr.read()}")
+                self._reader.join(10)
+                raise RuntimeError(f"dagrag serve exited {self.proc.returncode}: {''.join(self.errors)}")
             line = self.proc.stdout.readline()
             if line:
                 self.lines.append(line)
                 if re.match(r"serving \S+ on ", line):
+                    threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
                     return self
         raise RuntimeError("dagrag serve did not print its address in time")
 
@@ -76,12 +81,13 @@ class ServeProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
-            _, err = self.proc.communicate(timeout=timeout_s)
+            self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
-            _, err = self.proc.communicate()
+            self.proc.wait()
             raise
-        return self.proc.returncode, err
+        self._reader.join(10)
+        return self.proc.returncode, "".join(self.errors)
 
     def __enter__(self) -> "ServeProcess":
         return self.wait_ready()
@@ -89,7 +95,7 @@ class ServeProcess:
     def __exit__(self, *exc) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.communicate()
+            self.proc.wait()
 
 
 def post(url: str, payload, **kwargs) -> httpx.Response:
