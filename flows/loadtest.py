@@ -56,37 +56,88 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
+class Connection:
+    """One keep-alive HTTP/1.1 connection to the server, on asyncio streams: a load generator's client must cost
+    the box far less than the server it measures (httpx's pool cost several ms a request here at 64 clients)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        head = (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        self.writer.write(head + body)
+        await self.writer.drain()
+        status_line = await self.reader.readline()
+        if not status_line:
+            raise ConnectionError("the server closed the connection")
+        status = int(status_line.split()[1])
+        length, close = 0, False
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+            elif name.lower() == "connection" and value.strip().lower() == "close":
+                close = True
+        payload = await self.reader.readexactly(length)
+        if close:
+            await self.close()
+        return status, payload
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            try:
+                await self.writer.wait_closed()
+            except OSError:
+                pass
+        self.reader = self.writer = None
+
+
 async def drive(url: str, questions: list[str], clients: int, requests: int, duration_s: float, k: int
                 ) -> dict[str, Any]:
-    """``clients`` concurrent loops, each sending one question per request, until ``requests`` are sent or
-    ``duration_s`` has passed: questions/s and latency percentiles of the answered ones."""
-    import httpx
+    """``clients`` concurrent loops, each on its own keep-alive connection sending one question per request,
+    until ``requests`` are sent or ``duration_s`` has passed: questions/s and latency percentiles of the
+    answered ones (a reply that is not 200 counts as a failure)."""
+    from urllib.parse import urlsplit
 
+    where = urlsplit(url)
+    bodies = [json.dumps({"question": q, "k": k}).encode() for q in questions]
     latencies: list[float] = []
     failures = 0
     sent = 0
     deadline = time.perf_counter() + duration_s
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
-        async def loop(worker: int) -> None:
-            nonlocal sent, failures
+
+    async def loop() -> None:
+        nonlocal sent, failures
+        conn = Connection(where.hostname, where.port)
+        try:
             while sent < requests and time.perf_counter() < deadline:
-                q = questions[sent % len(questions)]
+                body = bodies[sent % len(bodies)]
                 sent += 1
                 t0 = time.perf_counter()
                 try:
-                    reply = await client.post("/retrieve", json={"question": q, "k": k})
-                    ok = reply.status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                if ok:
+                    status, _ = await conn.post("/retrieve", body)
+                except (OSError, ConnectionError, asyncio.IncompleteReadError, ValueError):
+                    status = 0
+                    await conn.close()
+                if status == 200:
                     latencies.append((time.perf_counter() - t0) * 1000)
                 else:
                     failures += 1
+        finally:
+            await conn.close()
 
-        started = time.perf_counter()
-        await asyncio.gather(*(loop(w) for w in range(clients)))
-        elapsed = time.perf_counter() - started
+    started = time.perf_counter()
+    await asyncio.gather(*(loop() for _ in range(clients)))
+    elapsed = time.perf_counter() - started
     return {"clients": clients, "requests": len(latencies) + failures, "failures": failures,
             "questions_per_s": round(len(latencies) / elapsed, 2), "p50_ms": round(percentile(latencies, 50), 2),
             "p95_ms": round(percentile(latencies, 95), 2), "p99_ms": round(percentile(latencies, 99), 2)}

@@ -64,6 +64,7 @@ class Service:
         self.metrics = ServeMetrics()
         self.metrics.index_loaded(index.info)
         self.batcher: MicroBatcher | None = None
+        self.arriving = 0  # retrieve/answer requests accepted whose questions are not queued yet
         self._reload_lock = asyncio.Lock()
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dagrag-reload")
         self.reloads = 0
@@ -197,7 +198,8 @@ def create_app(service: Service) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         service.batcher = MicroBatcher(lambda ix, qs, k: ix.retrieve(qs, k), service.params.max_batch,
-                                       service.params.max_wait_ms, service.params.max_queue, service.on_batch)
+                                       service.params.max_wait_ms, service.params.max_queue, service.on_batch,
+                                       arriving=lambda: service.arriving)
         service.batcher.start()
         watcher = asyncio.get_running_loop().create_task(service.watch()) if service.params.watch else None
         try:
@@ -230,7 +232,11 @@ def create_app(service: Service) -> FastAPI:
 
     @app.post("/retrieve", openapi_extra=schema, summary="Ranked passages for one or several questions")
     async def retrieve(request: Request) -> JSONResponse:
-        questions, k = service.questions_of(await service.body(request))
+        service.arriving += 1
+        try:
+            questions, k = service.questions_of(await service.body(request))
+        finally:
+            service.arriving -= 1
         results, index = await service.retrieve(questions, k)
         return Response(orjson.dumps({"results": [[p.to_dict() for p in r] for r in results],
                                       "traces": [r.trace for r in results], "index": index_payload(index, service)}),

@@ -1,8 +1,10 @@
 """Micro-batching: questions from concurrent requests answered by one batched ``search`` call.
 
 A request's questions join a FIFO queue, each with the index that was served when it arrived. One asyncio task
-forms batches: after the first waiting question it gathers more for up to ``max_wait_ms``, or until
-``max_batch`` questions wait, then runs the batch on one worker thread, while the next batch gathers. A
+forms batches: while more requests are on their way (accepted, their bodies still being read and checked) it
+gathers for up to ``max_wait_ms`` after the first waiting question, or until ``max_batch`` questions wait; with
+nothing else arriving it starts at once, so a lone client pays no wait. The batch runs on one worker thread,
+while the next one gathers (the questions that arrive during a search form the next batch). A
 batch is cut into groups of the same (index, k), one ``search`` each, so every question gets exactly what it
 would get alone at its own k, from the index it was queued on: a hot swap never answers a queued question
 from the other index, and the old index is released once its last question is done.
@@ -52,8 +54,10 @@ class MicroBatcher:
     """Gathers questions into batches and runs ``search(index, questions, k)`` on one worker thread."""
 
     def __init__(self, search: Callable[[Any, list[str], int], list[Any]], max_batch: int, max_wait_ms: float,
-                 max_queue: int, on_batch: Callable[[BatchStats], None] | None = None) -> None:
+                 max_queue: int, on_batch: Callable[[BatchStats], None] | None = None,
+                 arriving: Callable[[], int] = lambda: 0) -> None:
         self.search, self.max_batch, self.max_wait_s, self.max_queue = search, max_batch, max_wait_ms / 1000, max_queue
+        self.arriving = arriving  # requests accepted but not yet queued: worth waiting for
         self.on_batch = on_batch or (lambda stats: None)
         self._queue: deque[_Item] = deque()
         self._arrived = asyncio.Event()
@@ -103,7 +107,7 @@ class MicroBatcher:
         while True:
             await self._arrived.wait()
             deadline = loop.time() + self.max_wait_s
-            while len(self._queue) < self.max_batch and loop.time() < deadline:
+            while len(self._queue) < self.max_batch and loop.time() < deadline and self.arriving() > 0:
                 self._arrived.clear()
                 try:
                     await asyncio.wait_for(self._arrived.wait(), deadline - loop.time())

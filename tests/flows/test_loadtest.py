@@ -1,0 +1,35 @@
+"""``dagrag loadtest`` end to end, bounded and small: real servers (batching on and off), rows in the catalog,
+its report and ``dagrag report``'s serving section."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from flows.index import index_flow
+from flows.loadtest import latest_rows
+from tasks.core.store import Store
+from tests.flows.conftest import make_config
+from tests.flows.serving_helpers import REPO
+
+SAMPLE = ["dataset=sample", "dataset.n_passages=60", "dataset.n_questions=12"]
+
+
+def test_loadtest_measures_both_modes_and_reports(tmp_path):
+    index_flow(make_config(tmp_path, "method=bm25", *SAMPLE))
+    store = tmp_path / "artifacts"
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "loadtest", *SAMPLE, f"artifacts_dir={store}",
+                           "loadtest.setups={bm25:[method=bm25]}", "loadtest.concurrency=[1,16]",
+                           "loadtest.max_batch=[16,1]", "loadtest.requests=48", "loadtest.duration_s=20",
+                           "loadtest.warmup=4"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = json.loads(done.stdout.strip().splitlines()[-1].split("loadtest: ", 1)[1])
+    rows = latest_rows(Store(store))
+    assert len(rows) == 4 and set(zip(rows["max_batch"], rows["clients"])) == {(16, 1), (16, 16), (1, 1), (1, 16)}
+    assert (rows["failures"] == 0).all() and (rows["requests"] == 48).all() and (rows["questions_per_s"] > 0).all()
+    assert (rows[rows["max_batch"] == 1]["mean_batch"] == 1).all()
+    assert rows.loc[(rows["max_batch"] == 16) & (rows["clients"] == 16), "mean_batch"].iloc[0] >= 1
+    assert (rows["p50_ms"] <= rows["p99_ms"]).all()
+    assert (store / "reports" / "loadtest-sample-60-s0" / "throughput.png").stat().st_size > 5000
+    assert "| bm25 | 16 | 16 |" in (store / "reports" / "loadtest-sample-60-s0" / "loadtest.md").read_text()
+    assert last["run_id"].startswith("loadtest-")
