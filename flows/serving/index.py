@@ -385,6 +385,9 @@ def open_index(*overrides: str, config: Mapping[str, Any] | None = None, build: 
             raise
         build_index(cfg)
         data, refs = resolve(conf, overrides)
+    from flows.pipeline import spacy_without_torch
+
+    spacy_without_torch(cfg.get("ner") or {})  # the query NER's spaCy without torch's 1.4 s import, as commands do
     retriever = METHODS[conf.method.name].retriever(data, refs, conf)
     release_arrow_memory()
     return Index(conf, data, refs, retriever, time.perf_counter() - t0)
