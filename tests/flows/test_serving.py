@@ -113,3 +113,33 @@ def test_a_request_of_several_questions_equals_each_alone(built):
         assert [p.doc_id for p in alone] == [p.doc_id for p in r]
         assert all(abs(a.score - b.score) <= 1e-6 for a, b in zip(alone, r))
         assert r.trace.get("kept_chunks") == alone.trace.get("kept_chunks")
+
+
+def test_answer_through_the_llm_layer_python_and_http(built):
+    """With an LLM (a real local OpenAI-compatible server), ``answer`` and ``POST /answer`` give the reader's
+    answer and the passages it was given; without one, ``/answer`` is a 501 that says what to configure."""
+    from flows.serving.index import NoLLM
+    from tests.llm_server import FakeLLMServer
+
+    questions = built["dense"][2]["question"].tolist()[:3]
+    store = built["dense"][0]["artifacts_dir"]
+    with pytest.raises(NoLLM, match="llm=local"):
+        opened(built, "dense").answer(questions[:1])
+    with FakeLLMServer() as server:
+        llm = ["llm=local", f"llm.base_url={server.base_url}"]
+        dense = open_index("method=dense", *SAMPLE, *llm, f"artifacts_dir={store}")
+        answers = dense.answer(questions, k=4)
+        for a, q, r in zip(answers, questions, opened(built, "dense").retrieve(questions, k=4)):
+            assert a.answer == q.split()[-1].strip("?")  # the test server answers with the question's last word
+            assert [p.doc_id for p in a.passages] == [p.doc_id for p in r]
+            assert a.context == [f"{p.title}: {p.text}" for p in r]
+        arch = open_index("method=archrag", *SAMPLE, *llm, "method.summariser=extractive", f"artifacts_dir={store}")
+        own = arch.answer(questions[:2], k=5)  # ArchRAG's own adaptive-filtering generation
+        assert len(own) == 2 and all(isinstance(a.answer, str) and a.raw for a in own)
+        with uvicorn_thread(Service(dense, ServeParams(), api_key=None)) as url:
+            reply = httpx.post(f"{url}/answer", json={"questions": questions, "k": 4}, timeout=60)
+        assert reply.status_code == 200
+        assert [a["answer"] for a in reply.json()["answers"]] == [a.answer for a in answers]
+    with uvicorn_thread(Service(opened(built, "dense"), ServeParams(), api_key=None)) as url:
+        refused = httpx.post(f"{url}/answer", json={"question": questions[0]})
+    assert refused.status_code == 501 and "llm=local" in refused.json()["error"]
