@@ -220,3 +220,23 @@ def test_sigterm_finishes_requests_in_flight_and_exits_0(grown):
         assert "stopping: no new requests" in err and "Traceback" not in err
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{server.url}/health")
+
+
+def test_watch_swaps_in_a_newer_build_by_itself(grown, tmp_path):
+    overrides, corpus, path, questions = grown
+    before = open_index(*overrides).info.fingerprint
+    with ServeProcess([*overrides, "serve.watch=true", "serve.watch_s=0.5"]) as server:
+        write_jsonl(path, corpus[:80])
+        try:
+            index_flow(make_config(tmp_path, *overrides))  # the scheduled build of the grown corpus
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                info = httpx.get(f"{server.url}/index").json()
+                if info["fingerprint"] != before:
+                    break
+                time.sleep(0.2)
+        finally:
+            write_jsonl(path, corpus[:50])
+        assert info["fingerprint"] != before and info["n_documents"] == 80 and info["reloads"] == 1
+        assert post(f"{server.url}/retrieve", {"question": questions[0]}).status_code == 200
+        assert server.stop()[0] == 0
