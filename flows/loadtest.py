@@ -30,7 +30,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-log = logging.getLogger("dagrag.loadtest")
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -239,9 +238,9 @@ def run_setup(name: str, overrides: list[str], params: LoadtestParams, questions
                 rows.append({**base, "max_batch": max_batch, **row, "serve_start_s": round(start_s, 2),
                              "mean_batch": round(batched / batches, 2) if batches else None,
                              "queue_wait_ms": round(1000 * waited / batched, 2) if batched else None})
-                log.info("%s max_batch=%d clients=%d: %.1f q/s, p50 %.1f ms, p99 %.1f ms, mean batch %s",
-                         name, max_batch, clients, row["questions_per_s"], row["p50_ms"], row["p99_ms"],
-                         rows[-1]["mean_batch"])
+                print(f"{name} max_batch={max_batch} clients={clients}: {row['questions_per_s']:.1f} q/s, "
+                      f"p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms, mean batch {rows[-1]['mean_batch']}",
+                      file=sys.stderr, flush=True)
         finally:
             stop_server(proc)
     return rows
