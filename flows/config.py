@@ -228,7 +228,10 @@ LIMITS: dict[str, dict[str, str | tuple | Choices]] = {
         "dist_window": _COUNT0, "max_entity_chunks": _COUNT, "gamma_c": _PROB, "gamma_f": _PROB, "k_coarse": _COUNT,
         "tau": "[-1, inf)", "entity_sim": ("embedding", "exact"), "chunk_unit": CHUNK_UNITS,
         "self_query_max_tokens": _COUNT, "batch_size": _COUNT, "knn_search": _SEARCHES, "knn_exact_max": _COUNT,
-        "ivf_nlist": _COUNT0, "ivf_nprobe": _COUNT},
+        "ivf_nlist": _COUNT0, "ivf_nprobe": _COUNT, "query_ngram_max_words": _COUNT0,
+        "community_filter": Choices("tasks.methods.serag.algorithm:COMMUNITY_FILTERS"),
+        "bonus_norm": Choices("tasks.methods.serag.algorithm:BONUS_NORMS"),
+        "ner_input": Choices("tasks.methods.serag.stages:NER_INPUTS")},
     "tasks.methods.archrag.stages:ArchParams": {
         "top_k": _COUNT, "chunk_unit": CHUNK_UNITS, "window_tokens": _COUNT, "overlap_tokens": _COUNT0,
         "k_scale": _COUNT0, "percentile": _PROB, "edge_weight": Choices("tasks.methods.archrag.algorithm:EDGE_WEIGHTS"),
