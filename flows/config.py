@@ -69,6 +69,9 @@ class EvalParams:
     dev_fraction: float = 0.5      # share of the questions in the seeded dev split (the rest: test)
     split_seed: int = 0            # seed of the dev/test split
     objective: str = "recall@5"    # the dev-split metric a sweep maximises (the command's return value)
+    experiment: str = "paper"      # set by the experiment group (conf/experiment/): the label reports group runs by
+    answer_budgets: tuple[int, ...] = (1000, 2000, 4000)  # answer_in_context@B: the reader's context packed to B tokens
+    answer_depth: int = 64         # passages ranked per question, so a passage method can fill the largest budget
 
 
 # every method flows.methods.METHODS runs, in the order compare, scale and growth take them
@@ -185,7 +188,8 @@ LIMITS: dict[str, dict[str, str | tuple | Choices]] = {
         "objective": ("recall@2", "recall@5", "recall@10", "evidence_recall@2", "evidence_recall@5",
                       "evidence_recall@10", "context_recall"),
         "ks": _COUNT, "batch_size": _COUNT, "max_questions": _COUNT, "context_passages": _COUNT0,
-        "max_context_tokens": _COUNT},
+        "max_context_tokens": _COUNT, "answer_budgets": _COUNT, "answer_depth": _COUNT,
+        "experiment": ("paper", "beyond_paper")},
     "flows.config:BenchmarkParams": {"batch_sizes": _COUNT, "n_questions": _COUNT, "repeat": _COUNT,
                                      "min_batches": _COUNT},
     "tasks.methods.dense:DenseParams": {"top_k": _COUNT, "batch_size": _COUNT},
