@@ -237,7 +237,7 @@ LIMITS: dict[str, dict[str, str | tuple | Choices]] = {
         "bonus_norm": Choices("tasks.methods.serag.algorithm:BONUS_NORMS"),
         "ner_input": Choices("tasks.methods.serag.stages:NER_INPUTS")},
     "tasks.methods.archrag.stages:ArchParams": {
-        "top_k": _COUNT, "chunk_unit": CHUNK_UNITS, "window_tokens": _COUNT, "overlap_tokens": _COUNT0,
+        "top_k": _COUNT, "topk_chunk": _COUNT0, "chunk_unit": CHUNK_UNITS, "window_tokens": _COUNT, "overlap_tokens": _COUNT0,
         "k_scale": _COUNT0, "percentile": _PROB, "edge_weight": Choices("tasks.methods.archrag.algorithm:EDGE_WEIGHTS"),
         "clustering": Choices("tasks.methods.archrag.algorithm:CLUSTERINGS"), "max_cluster_size": _COUNT,
         "resolution": _POS, "min_clusters": _COUNT, "max_level": _COUNT0,
