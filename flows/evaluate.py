@@ -160,10 +160,13 @@ def evidence_scorer(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef],
             q_emb.update(zip(missing, encode_queries(missing, conf.embedder)))
         return np.stack([q_emb[t] for t in texts]) if texts else np.zeros((0, 0), dtype=np.float32)
 
+    # a method with its own generation has a passage context only where its trace names each item's passages
+    passage_context = method.answer is None or (traces is not None and "context_docs" in traces.columns)
+
     def score(hits: pd.DataFrame) -> dict[str, Any]:
         return score_evidence(
             hits, docs, gold, sentences, questions, traces, list(conf.eval.ks), method.evidence_units,
-            method.answer is None, conf.eval.context_passages, conf.eval.max_context_tokens,
+            passage_context, conf.eval.context_passages, conf.eval.max_context_tokens,
             lambda texts: cached_encode(ctx.store, texts, conf.embedder, EVIDENCE_EMB), encode_questions)
     return score
 

@@ -29,10 +29,16 @@ def test_archrag_llm_free_end_to_end_then_fully_cached(tmp_path):
     assert 0.0 < first["recall@10"] <= 100.0 and first["recall@2"] <= first["recall@5"] <= first["recall@10"]
     assert "harness" in first["passage_rule"]
     hits = pd.read_parquet(tmp_path / "a" / "hits.parquet")
-    assert not hits.duplicated(["qid", "doc_id"]).any() and hits.groupby("qid").size().max() <= 10
+    depth = max(10, cfg["eval"]["answer_depth"])  # evaluate ranks as deep as answer_in_context reads
+    assert not hits.duplicated(["qid", "doc_id"]).any() and hits.groupby("qid").size().max() <= depth
     trace = pd.read_parquet(tmp_path / "a" / "trace.parquet")
     retrieved = [json.loads(r) for r in trace["retrieved"]]
     assert all(len(r) == first["layers"] and len(r[0]) == 5 for r in retrieved)
+    # the reader's context: 5 entity descriptions, the relations among them, 5 community reports per layer above
+    for r, kept, docs in zip(retrieved, trace["kept_chunks"].map(json.loads), trace["context_docs"].map(json.loads)):
+        assert len(kept) == len(docs) >= sum(len(x) for x in r) and all(docs[:5])
+    assert 0.0 <= first["context_recall"] <= 100.0 and first["answer_in_context_n"] > 0
+    assert all(0.0 <= first[f"answer_in_context@{b}"] <= 100.0 for b in (1000, 2000, 4000))
     row = Store(cfg["artifacts_dir"]).query("SELECT params FROM stages WHERE stage = 'archrag_kg_cooccur'")
     assert json.loads(row["params"].iloc[0])["builder"] == "cooccur"  # the catalog says which builder ran
 
