@@ -73,6 +73,24 @@ def test_table4_ablations_run_and_rebuild_only_what_they_change(tmp_path):
     assert sum(a == b for a, b in zip(graph, exact)) >= 0.9 * len(graph)  # C-HNSW ~ brute force per layer
 
 
+def test_the_old_passage_rule_and_the_authors_topk_chunk(tmp_path):
+    base = evaluate_flow(make_config(tmp_path, *SMALL), str(tmp_path / "base"))
+    old = evaluate_flow(make_config(tmp_path, *SMALL, "method.passage_rule=similarity_sum"), str(tmp_path / "old"))
+    assert old["stages_computed"] == 0 and "similarity_sum" in old["passage_rule"]  # an online switch
+    assert old["context_recall"] == base["context_recall"]  # the rule ranks passages; the context is the items'
+    cfg = make_config(tmp_path, *SMALL, "method.topk_chunk=3")
+    chunk = evaluate_flow(cfg, str(tmp_path / "chunk"))
+    ev = Store(cfg["artifacts_dir"]).events(chunk["run_id"])
+    assert set(ev.loc[ev["status"] == "computed", "stage"]) == {"embed"}  # the passages' dense index, alone
+    trace = pd.read_parquet(tmp_path / "chunk" / "trace.parquet")
+    hits = pd.read_parquet(tmp_path / "chunk" / "hits.parquet")
+    base_trace = pd.read_parquet(tmp_path / "base" / "trace.parquet")
+    for qid, kept, docs, before in zip(trace["qid"], trace["kept_chunks"].map(json.loads),
+                                       trace["context_docs"].map(json.loads), base_trace["kept_chunks"].map(json.loads)):
+        assert kept[:-3] == before and all(len(d) == 1 for d in docs[-3:])  # three passages after the items
+        assert {d[0] for d in docs[-3:]} <= set(hits.loc[hits["qid"] == qid, "doc_id"])  # and in the ranking
+
+
 def test_kg_llm_without_an_llm_is_refused_before_any_work(tmp_path):
     with pytest.raises(ConfigError, match="kg=llm"):
         load_config(make_config(tmp_path, *SMALL, "kg=llm"))
