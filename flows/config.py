@@ -392,9 +392,9 @@ def build(cls: type, group: str, values: Mapping[str, Any]) -> Any:
 
         linking = {f.name for f in dataclasses.fields(LinkingParams)}
         if group == "method" and set(unknown) <= linking:  # the keys experiment=beyond_paper sets
-            raise ConfigError(f"method={values.get('name', '?')} has no title-aware linking: {unknown} (set by "
-                              "experiment=beyond_paper) apply to method=zoomrag, linearrag and serag only; "
-                              "drop experiment=beyond_paper or pick one of those methods")
+            raise ConfigError(f"method={values.get('name', '?')} has no title-aware linking: {unknown} "
+                              "apply to method=zoomrag, linearrag and serag only; drop them or pick one of those "
+                              "methods")
         raise ConfigError(f"{group}: unknown key(s) {unknown}; {cls.__name__} accepts {sorted(fields)}")
     kwargs = check_values(cls, group, values)
     try:
