@@ -36,7 +36,9 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
     hierarchy = hierarchy_stage(ctx, kg["entities"], kg["relations"], entity_embeddings, kg["kg_meta"], p, cfg.llm,
                                 cfg.embedder)
     chnsw = chnsw_stage(ctx, entity_embeddings, hierarchy["community_embeddings"], p)
-    return {"chunks": chunks, **kg, "entity_embeddings": entity_embeddings, **hierarchy, **chnsw}
+    dense = ({"passage_embeddings": embed(ctx, documents, "doc_id", cfg.embedder, use_template=True)["embeddings"]}
+             if p.topk_chunk else {})  # the authors' code: a separate dense index of the passages (topk_chunk)
+    return {"chunks": chunks, **kg, "entity_embeddings": entity_embeddings, **hierarchy, **chnsw, **dense}
 
 
 def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> ArchRetriever:

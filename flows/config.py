@@ -69,6 +69,9 @@ class EvalParams:
     dev_fraction: float = 0.5      # share of the questions in the seeded dev split (the rest: test)
     split_seed: int = 0            # seed of the dev/test split
     objective: str = "recall@5"    # the dev-split metric a sweep maximises (the command's return value)
+    experiment: str = "paper"      # set by the experiment group (conf/experiment/): the label reports group runs by
+    answer_budgets: tuple[int, ...] = (1000, 2000, 4000)  # answer_in_context@B: the reader's context packed to B tokens
+    answer_depth: int = 64         # passages ranked per question, so a passage method can fill the largest budget
 
 
 # every method flows.methods.METHODS runs, in the order compare, scale and growth take them
@@ -217,7 +220,8 @@ LIMITS: dict[str, dict[str, str | tuple | Choices]] = {
         "objective": ("recall@2", "recall@5", "recall@10", "evidence_recall@2", "evidence_recall@5",
                       "evidence_recall@10", "context_recall"),
         "ks": _COUNT, "batch_size": _COUNT, "max_questions": _COUNT, "context_passages": _COUNT0,
-        "max_context_tokens": _COUNT},
+        "max_context_tokens": _COUNT, "answer_budgets": _COUNT, "answer_depth": _COUNT,
+        "experiment": ("paper", "beyond_paper")},
     "flows.config:QueryParams": {"k": _COUNT, "format": ("text", "jsonl"), "batch_size": _COUNT,
                                  "snippet_chars": _COUNT0},
     "flows.config:ServeParams": {"port": "[0, 65535]", "max_batch": _COUNT, "max_wait_ms": _COUNT0, "max_queue": _COUNT,
@@ -265,9 +269,12 @@ LIMITS: dict[str, dict[str, str | tuple | Choices]] = {
         "dist_window": _COUNT0, "max_entity_chunks": _COUNT, "gamma_c": _PROB, "gamma_f": _PROB, "k_coarse": _COUNT,
         "tau": "[-1, inf)", "entity_sim": ("embedding", "exact"), "chunk_unit": CHUNK_UNITS,
         "self_query_max_tokens": _COUNT, "batch_size": _COUNT, "knn_search": _SEARCHES, "knn_exact_max": _COUNT,
-        "ivf_nlist": _COUNT0, "ivf_nprobe": _COUNT},
+        "ivf_nlist": _COUNT0, "ivf_nprobe": _COUNT, "query_ngram_max_words": _COUNT0,
+        "community_filter": Choices("tasks.methods.serag.algorithm:COMMUNITY_FILTERS"),
+        "bonus_norm": Choices("tasks.methods.serag.algorithm:BONUS_NORMS"),
+        "ner_input": Choices("tasks.methods.serag.stages:NER_INPUTS")},
     "tasks.methods.archrag.stages:ArchParams": {
-        "top_k": _COUNT, "chunk_unit": CHUNK_UNITS, "window_tokens": _COUNT, "overlap_tokens": _COUNT0,
+        "top_k": _COUNT, "topk_chunk": _COUNT0, "chunk_unit": CHUNK_UNITS, "window_tokens": _COUNT, "overlap_tokens": _COUNT0,
         "k_scale": _COUNT0, "percentile": _PROB, "edge_weight": Choices("tasks.methods.archrag.algorithm:EDGE_WEIGHTS"),
         "clustering": Choices("tasks.methods.archrag.algorithm:CLUSTERINGS"), "max_cluster_size": _COUNT,
         "resolution": _POS, "min_clusters": _COUNT, "max_level": _COUNT0,
@@ -422,9 +429,9 @@ def build(cls: type, group: str, values: Mapping[str, Any]) -> Any:
 
         linking = {f.name for f in dataclasses.fields(LinkingParams)}
         if group == "method" and set(unknown) <= linking:  # the keys experiment=beyond_paper sets
-            raise ConfigError(f"method={values.get('name', '?')} has no title-aware linking: {unknown} (set by "
-                              "experiment=beyond_paper) apply to method=zoomrag, linearrag and serag only; "
-                              "drop experiment=beyond_paper or pick one of those methods")
+            raise ConfigError(f"method={values.get('name', '?')} has no title-aware linking: {unknown} "
+                              "apply to method=zoomrag, linearrag and serag only; drop them or pick one of those "
+                              "methods")
         raise ConfigError(f"{group}: unknown key(s) {unknown}; {cls.__name__} accepts {sorted(fields)}")
     kwargs = check_values(cls, group, values)
     try:

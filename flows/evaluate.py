@@ -36,6 +36,7 @@ from flows.pipeline import (
 from tasks.core.ingest import gold_evidence
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef, Store
+from tasks.eval.answer_context import answer_in_context
 from tasks.eval.evidence import score_evidence
 from tasks.eval.metrics import dev_split, latency_summary, recall_at_k, recall_by_title_mention, recall_by_type
 from tasks.eval.retrieve import retrieve_all
@@ -59,8 +60,7 @@ def retrieve(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index:
     retriever, load_s = load_retriever(data, index, conf)
     ner_client = getattr(getattr(retriever, "recogniser", None), "client", None)
     try:
-        hits, latency, traces = retrieve_all(retriever, questions, max(conf.eval.ks + (conf.method.top_k,)),
-                                             conf.eval.batch_size)
+        hits, latency, traces = retrieve_all(retriever, questions, retrieval_depth(conf), conf.eval.batch_size)
     finally:  # ner=llm: the questions' entity calls (failed ones too), in the ledger like the corpus's
         if ner_client is not None:
             ctx.store.record_ledger(ctx.run_id, QUERY_NER_STAGE, ner_client.ledger_summary(QUERY_NER_STAGE))
@@ -73,6 +73,23 @@ def retrieve(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index:
     extra = getattr(retriever, "run_stats", dict)()
     return {"hits": str(out / "hits.parquet"), "latency": str(out / "latency.parquet"),
             "qids": questions["qid"].tolist(), "load_seconds": load_s, **extra}
+
+
+def retrieval_depth(conf: Config) -> int:
+    """Passages ranked per question: enough for recall@k, the method's own top_k and answer_in_context's depth."""
+    return max(conf.eval.ks + (conf.method.top_k, conf.eval.answer_depth))
+
+
+def answers_in_context(conf: Config, data: dict[str, ArtifactRef], hits: pd.DataFrame, run_dir: str,
+                       qids: list[str]) -> dict[str, Any]:
+    """``answer_in_context@B`` for each of ``eval.answer_budgets`` (:mod:`tasks.eval.answer_context`) on the
+    context each method hands its reader (:func:`contexts_for`: its own items, else all its ranked passages)."""
+    trace_path = Path(run_dir) / "trace.parquet"
+    traces = Store.read(trace_path) if trace_path.exists() else None
+    contexts = contexts_for(hits, Store.read(data["documents"]), traces, retrieval_depth(conf))
+    questions = Store.read(data["questions"], ["qid", "answers"]).set_index("qid")["answers"]
+    answers = {q: list(questions[q]) for q in qids}
+    return answer_in_context(contexts, answers, list(conf.eval.answer_budgets))
 
 
 @flow(name="evaluate", **RUN_END_HOOKS)
@@ -91,7 +108,8 @@ def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
     split = stage_split(ctx.store, ctx.run_id)
     lat = latency_summary(latency)
     metrics = {
-        "method": conf.method.name, "dataset": ctx.dataset, "overrides": manifest["overrides"],
+        "method": conf.method.name, "dataset": ctx.dataset, "experiment": conf.eval.experiment,
+        "overrides": manifest["overrides"],
         "n_documents": data["documents"].rows,
         "n_questions": len(result["qids"]), **recall_at_k(hits, gold, list(conf.eval.ks), result["qids"]),
         "index_seconds": round(index_seconds, 3),
@@ -114,6 +132,7 @@ def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
     sentences = Store.read(gold_evidence(ctx, conf.dataset, conf.data_dir)["gold_sentences"])
     score_evidence_of = evidence_scorer(ctx, conf, data, sentences, run_dir)
     metrics.update(score_evidence_of(hits))
+    metrics.update(answers_in_context(conf, data, hits, run_dir, result["qids"]))
     metrics.update(split_metrics(conf, hits, gold, result["qids"], score_evidence_of))
     metrics.update(sweep_info())
     metrics.update(answer(ctx, conf, data, index, hits, run_dir))
@@ -141,10 +160,13 @@ def evidence_scorer(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef],
             q_emb.update(zip(missing, encode_queries(missing, conf.embedder)))
         return np.stack([q_emb[t] for t in texts]) if texts else np.zeros((0, 0), dtype=np.float32)
 
+    # a method with its own generation has a passage context only where its trace names each item's passages
+    passage_context = method.answer is None or (traces is not None and "context_docs" in traces.columns)
+
     def score(hits: pd.DataFrame) -> dict[str, Any]:
         return score_evidence(
             hits, docs, gold, sentences, questions, traces, list(conf.eval.ks), method.evidence_units,
-            method.answer is None, conf.eval.context_passages, conf.eval.max_context_tokens,
+            passage_context, conf.eval.context_passages, conf.eval.max_context_tokens,
             lambda texts: cached_encode(ctx.store, texts, conf.embedder, EVIDENCE_EMB), encode_questions)
     return score
 
@@ -229,6 +251,7 @@ def report(metrics: dict[str, Any], split: pd.DataFrame) -> None:
     keys = [k for k in metrics if k.startswith("recall@")] + ["query_ms_mean", *spread, "index_seconds"]
     keys += [k for k in metrics if k.startswith("evidence_recall@")] + (
         ["context_recall"] if metrics.get("context_recall") is not None else [])
+    keys += [k for k in metrics if k.startswith("answer_in_context@")]
     keys += [k for k in ["em", "f1", "contain_acc", "accuracy", "recall", "llm_acc", "prompt_tokens", "completion_tokens"] if k in metrics]
     print(f"\n{metrics['method']} on {metrics['dataset']} ({metrics['n_questions']} questions, "
           f"{metrics['n_documents']} passages)")

@@ -36,14 +36,16 @@ INDEX_EXCLUDED = ("evidence",)  # stages an evaluate run adds that are not part 
 
 def select_runs(store: Store, runs: tuple[str, ...], sweep: str | None) -> pd.DataFrame:
     """The ``evaluate`` metrics rows of the selection, metrics parsed."""
-    base = "SELECT run_id, method, dataset, created_at, metrics FROM metrics WHERE kind = 'evaluate'"
+    base = ("SELECT run_id, method, dataset, metrics->>'experiment' AS experiment, created_at, metrics FROM metrics "
+            "WHERE kind = 'evaluate'")
     if runs:
         frame = store.query(base + f" AND run_id IN ({', '.join('?' * len(runs))})", list(runs))
     elif sweep:
         frame = store.query(base + " AND metrics->>'sweep_id' = ?", [sweep])
     else:
         frame = store.query(base + " AND metrics->>'sweep_id' IS NULL")
-        frame = frame.sort_values("created_at").groupby(["method", "dataset"], sort=False).tail(1)
+        frame = frame.sort_values("created_at").groupby(["method", "dataset", "experiment"], sort=False,
+                                                         dropna=False).tail(1)
     return frame.assign(metrics=frame["metrics"].map(json.loads)).reset_index(drop=True)
 
 
@@ -156,6 +158,13 @@ def report_flow(cfg: dict) -> dict[str, Any]:
         md += ["## Accuracy against latency", "", "![accuracy against latency](accuracy_latency.png)", "",
                f"*{params.metric} against ms per query, one point per method and batch size (benchmark runs; "
                f"an evaluate run's own batch where none). {note}*", ""]
+    curves = answer_points(shown)
+    if not curves.empty:
+        Store.write_bytes(rep.answer_context_figure(curves, note), out_dir / "answer_in_context.png")
+        figures.append("answer_in_context.png")
+        md += ["## Answer in context against tokens", "", "![answer in context](answer_in_context.png)", "",
+               f"*answer_in_context@B against the mean tokens the reader's context held at each budget B, one line "
+               f"per method (dashed: experiment=beyond_paper). {note}*", ""]
     from flows.loadtest import report_section
 
     serving = report_section(store, out_dir)
@@ -173,6 +182,8 @@ TABLE_NOTES = (
     "\nrecall@k: gold passages in the top k. evidence_recall@k: gold supporting sentences among the top-k "
     "evidence units (ZoomRAG: ChunkZoom's chunks; others: sentences of the top-k passages ranked by "
     "query–sentence cosine). context_recall: gold passages whose text reaches the reader's context. "
+    "answer_in_context@B: questions (yes/no left out; answer_in_context_n scored) with a gold answer, SQuAD-"
+    "normalised, in the context the method hands its reader packed to B tokens. "
     "index_build_s: seconds each index stage took when it was computed, summed (also when this run found it "
     "cached). ms/q@b: mean ms per query at batch b (the latest benchmark run with the run's method, embedder, "
     "NER and KG settings; empty where none). peak_mem_mb: the larger of the "
@@ -187,6 +198,15 @@ def selection_line(params: Any, n: int) -> str:
     if params.sweep:
         return f"Sweep {params.sweep}: {n} trials."
     return "The latest evaluate run of each method on each dataset (sweep trials excluded)."
+
+
+def answer_points(runs: pd.DataFrame) -> pd.DataFrame:
+    """One point per run and budget: ``(dataset, method, experiment, budget, tokens, answer_in_context)``."""
+    budgets = sorted(int(c.split("@")[1]) for c in runs.columns if c.startswith("answer_in_context@"))
+    rows = [(r["dataset"], r["method"], r.get("experiment"), b, r.get(f"context_tokens@{b}"),
+             r.get(f"answer_in_context@{b}")) for _, r in runs.iterrows() for b in budgets]
+    frame = pd.DataFrame(rows, columns=["dataset", "method", "experiment", "budget", "tokens", "answer_in_context"])
+    return frame.dropna(subset=["tokens", "answer_in_context"])
 
 
 def accuracy_points(runs: pd.DataFrame, latency: pd.DataFrame, metric: str) -> pd.DataFrame:

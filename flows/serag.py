@@ -17,8 +17,8 @@ from tasks.methods.serag.stages import (
     stored_update,
 )
 from tasks.text.chunk import chunk
-from tasks.text.embed import embed
-from tasks.text.entities import entity_graph, entity_texts
+from tasks.text.embed import embed, embedded_texts
+from tasks.text.entities import entity_graph, entity_texts, passage_text_mentions
 from tasks.text.gazetteer import linked_entity_graph
 from tasks.text.ner import QueryRecogniser, ner
 
@@ -27,7 +27,12 @@ __all__ = ["SeRAGParams", "index", "retriever", "update"]
 
 def _dag(ctx: RunContext, data: dict[str, ArtifactRef], cfg, incremental: bool) -> dict[str, ArtifactRef]:
     p, documents = cfg.method, data["documents"]
-    mentions = ner.submit(ctx, documents, "doc_id", cfg.ner, cfg.llm)
+    if p.ner_input == "embedded" and p.chunk_unit == "passage":  # NER reads the text embedded: title + text
+        rendered = embedded_texts(ctx, documents, "doc_id", cfg.embedder)["embedded_texts"]
+        mentions = ner.submit(ctx, rendered, "doc_id", cfg.ner, cfg.llm)
+        mentions = passage_text_mentions.submit(ctx, mentions.result()["mentions"], rendered, "doc_id")
+    else:  # chunks are embedded as their text (or ner_input=text): NER reads the passage text
+        mentions = ner.submit(ctx, documents, "doc_id", cfg.ner, cfg.llm)
     chunks = chunk(ctx, documents, p.chunking())["chunks"]
     if p.chunk_unit == "passage":  # one chunk per passage, in passage order: embed it as dense does (title + text)
         chunk_embeddings = embed(ctx, documents, "doc_id", cfg.embedder, use_template=True)["embeddings"]

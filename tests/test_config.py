@@ -191,10 +191,24 @@ def test_beyond_paper_experiment_changes_exactly_its_keys(method):
     assert (paper.method.graph_linking, paper.method.query_linking) == ("ner", "ner")
 
 
-@pytest.mark.parametrize("method", ["dense", "archrag", "erarag"])
-def test_beyond_paper_experiment_is_refused_with_a_clear_error_for_other_methods(method):
+@pytest.mark.parametrize("method", ["dense", "bm25", "hybrid", "archrag", "erarag"])
+def test_beyond_paper_experiment_is_the_paper_for_other_methods_under_its_label(method):
+    paper = load_config(_compose([f"method={method}"]))
+    beyond = load_config(_compose([f"method={method}", "experiment=beyond_paper"]))
+    assert beyond.method == paper.method and beyond.embedder == paper.embedder and beyond.ner == paper.ner
+    assert (paper.eval.experiment, beyond.eval.experiment) == ("paper", "beyond_paper")
+    assert dataclasses.replace(beyond.eval, experiment="paper") == paper.eval
     with pytest.raises(ConfigError, match="apply to method=zoomrag, linearrag and serag only"):
-        load_config(_compose([f"method={method}", "experiment=beyond_paper"]))
+        load_config(_compose([f"method={method}", "+method.graph_linking=gazetteer"]))
+
+
+def test_the_three_beyond_paper_parts_link_entities_the_same_way():
+    from tasks.text.gazetteer import LinkingParams
+
+    linking = {f.name for f in dataclasses.fields(LinkingParams)}
+    parts = [{k: v for k, v in _experiment_keys(m, "beyond_paper").items() if k in linking}
+             for m in ("zoomrag", "linearrag", "serag")]
+    assert parts[0] == parts[1] == parts[2] and parts[0]["graph_linking"] == "gazetteer"
 
 
 def test_title_walk_needs_the_gazetteer_graph():

@@ -111,8 +111,8 @@ def score_evidence(hits: pd.DataFrame, docs: pd.DataFrame, gold: pd.DataFrame, g
                    passage_context: bool, n_passages: int, max_tokens: int,
                    encode_sentences: Callable[[list[str]], np.ndarray],
                    encode_questions: Callable[[list[str]], np.ndarray]) -> dict[str, Any]:
-    """``evidence_recall@k`` for each k and ``context_recall`` (None where the reader's context is not
-    passages, e.g. ArchRAG's community and entity descriptions)."""
+    """``evidence_recall@k`` for each k and ``context_recall`` (None where the reader's context cannot be traced to
+    passages: a method with its own generation whose trace has no ``context_docs``)."""
     qids = hits["qid"].unique().tolist()
     out: dict[str, Any] = {}
     asked = gold_sentences[gold_sentences["qid"].isin(set(qids))]

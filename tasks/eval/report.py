@@ -53,8 +53,11 @@ def results_table(runs: pd.DataFrame, latency: pd.DataFrame, ks: list[int]) -> p
     """Every method on every dataset: recall@k, evidence recall, context recall, EM/F1 (where an LLM ran),
     index build seconds, ms/query at batch 1 and 256, peak memory and tokens. ``runs`` and ``latency`` both carry
     ``setup``: a run gets the latency of its own :data:`LATENCY_KEY`."""
-    cols = ["dataset", "method"] + [f"recall@{k}" for k in ks] + [f"evidence_recall@{k}" for k in ks]
-    cols += ["context_recall", "em", "f1", "index_build_s"] + [f"ms/q@{b}" for b in BATCHES]
+    budgets = sorted(int(c.split("@")[1]) for c in runs.columns if str(c).startswith("answer_in_context@"))
+    cols = ["dataset", "method", "experiment"] + [f"recall@{k}" for k in ks] + [f"evidence_recall@{k}" for k in ks]
+    cols += ["context_recall"] + [f"answer_in_context@{b}" for b in budgets] + (
+        ["answer_in_context_n"] if budgets else [])
+    cols += ["em", "f1", "index_build_s"] + [f"ms/q@{b}" for b in BATCHES]
     cols += ["peak_mem_mb", "tokens", "run_id"]
     out = runs.copy()
     keys = list(zip(*(out[c] for c in LATENCY_KEY)))
@@ -69,7 +72,7 @@ def results_table(runs: pd.DataFrame, latency: pd.DataFrame, ks: list[int]) -> p
     for c in cols:
         if c not in out:
             out[c] = np.nan
-    return out[cols].sort_values(["dataset", "method"]).reset_index(drop=True)
+    return out[cols].sort_values(["dataset", "method", "experiment"]).reset_index(drop=True)
 
 
 def markdown_table(frame: pd.DataFrame, digits: int = 1) -> str:
@@ -103,6 +106,34 @@ def _save(fig: Any, note: str) -> bytes:
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
     return buf.getvalue()
+
+
+def answer_context_figure(points: pd.DataFrame, note: str) -> bytes:
+    """answer_in_context@B against the mean context tokens at B, a line per method and experiment (dashed:
+    beyond_paper), one panel per dataset. ``points``: ``(dataset, method, experiment, budget, tokens,
+    answer_in_context)``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    datasets = sorted(points["dataset"].unique())
+    fig, axes = plt.subplots(1, max(len(datasets), 1), figsize=(5.2 * max(len(datasets), 1), 4.2), squeeze=False)
+    methods = sorted(points["method"].unique())
+    colours = {m: plt.cm.tab10(i % 10) for i, m in enumerate(methods)}
+    for ax, ds in zip(axes[0], datasets):
+        sub = points[points["dataset"] == ds]
+        for (m, exp), g in sub.groupby(["method", sub["experiment"].fillna("paper")]):
+            g = g.sort_values("budget")
+            label = m if exp == "paper" else f"{m} ({exp})"
+            ax.plot(g["tokens"], g["answer_in_context"], "--" if exp == "beyond_paper" else "-", marker="o",
+                    color=colours[m], label=label, markersize=4)
+        ax.set_xlabel("mean tokens in the reader's context")
+        ax.set_ylabel("answer in context (%)")
+        ax.set_title(ds)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, loc="lower right")
+    return _save(fig, note)
 
 
 def accuracy_latency_figure(points: pd.DataFrame, metric: str, note: str) -> bytes:

@@ -20,7 +20,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.core.code_identity import code_version
 from tasks.core.progress import progress_bar
-from tasks.core.stage import RunContext, input_fps, run_row_stage
+from tasks.core.stage import RunContext, input_fps, run_row_stage, run_stage
 from tasks.core.store import (
     ArtifactRef,
     Store,
@@ -292,6 +292,30 @@ def embed(ctx: RunContext, table: ArtifactRef, id_col: str, params: EmbedderPara
     stage_params = {**row_params, "template": params.doc_template if use_template else None}
     return run_row_stage(ctx, "embed", code_version(embed), stage_params, row_params,
                          input_fps(table=table), keys, compute_rows, "key", assemble)
+
+
+def text_starts(frame: pd.DataFrame, template: str | None) -> list[int]:
+    """Where each row's own ``text`` begins in its :func:`render_texts` text (0 without a template)."""
+    if template is None or "title" not in frame.columns:
+        return [0] * len(frame)
+    head = template.split("{text}")[0]
+    return [len(head.format(title=t)) for t in frame["title"].tolist()]
+
+
+@task(name="embedded_texts", cache_policy=NO_CACHE)
+def embedded_texts(ctx: RunContext, table: ArtifactRef, id_col: str, params: EmbedderParams
+                   ) -> dict[str, ArtifactRef]:
+    """Stage: ``embedded_texts(<id_col>, text, text_start)``, each passage as :func:`embed` with ``use_template``
+    embeds it (``title + "\n" + text``), and where its own text starts there: the input of a NER that must
+    read what is embedded (SeRAG, issue #52)."""
+    def compute() -> tuple[dict[str, pd.DataFrame], int]:
+        frame = ctx.store.read(table, [id_col, "text", "title"])
+        out = pd.DataFrame({id_col: frame[id_col].to_numpy(), "text": render_texts(frame, params.doc_template),
+                            "text_start": np.asarray(text_starts(frame, params.doc_template), np.int32)})
+        return {"embedded_texts": out}, len(out)
+
+    return run_stage(ctx, "embedded_texts", code_version(embedded_texts), {"template": params.doc_template},
+                     input_fps(table=table), compute)
 
 
 def load_embeddings(ref: ArtifactRef, id_col: str) -> tuple[np.ndarray, np.ndarray]:

@@ -45,6 +45,31 @@ def chunk_mentions(doc_mentions: pd.DataFrame, chunks: pd.DataFrame) -> pd.DataF
     return joined[["chunk_id", "surface", "label", "start", "end", "entity"]].reset_index(drop=True)
 
 
+def text_mentions(mentions: pd.DataFrame, id_col: str, text_start: pd.Series) -> pd.DataFrame:
+    """Mentions found in a rendered text (``title + "\n" + text``) → offsets into the row's own text.
+
+    ``text_start`` (indexed by ``id_col``): where the text begins in the rendered one. A mention in the title
+    (before it) gets ``start = end = 0``, so it belongs to the row's first chunk (:func:`chunk_mentions`)."""
+    shift = text_start.reindex(mentions[id_col]).to_numpy(np.int64)
+    start = np.maximum(mentions["start"].to_numpy(np.int64) - shift, 0)
+    end = np.maximum(mentions["end"].to_numpy(np.int64) - shift, 0)
+    return mentions.assign(start=start.astype(mentions["start"].dtype), end=end.astype(mentions["end"].dtype))
+
+
+@task(name="text_mentions", cache_policy=NO_CACHE)
+def passage_text_mentions(ctx: RunContext, mentions: ArtifactRef, rendered: ArtifactRef, id_col: str
+                          ) -> dict[str, ArtifactRef]:
+    """Stage: the mentions NER found in ``rendered`` (:func:`tasks.text.embed.embedded_texts`), with offsets into
+    each passage's own text (:func:`text_mentions`), the shape every entity stage reads."""
+    def compute() -> tuple[dict[str, pd.DataFrame], int]:
+        starts = Store.read(rendered, [id_col, "text_start"]).set_index(id_col)["text_start"]
+        out = text_mentions(Store.read(mentions), id_col, starts)
+        return {"mentions": out}, len(out)
+
+    return run_stage(ctx, "text_mentions", code_version(passage_text_mentions), {"id_col": id_col},
+                     input_fps(mentions=mentions, rendered=rendered), compute)
+
+
 _WORD = re.compile(r"\w+")
 
 

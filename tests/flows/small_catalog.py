@@ -12,6 +12,9 @@ SWEEP = "swp-test000001"
 COMMIT = "abcdef1234567890abcdef1234567890abcdef12"
 
 
+BUDGETS = (1000, 2000, 4000)
+
+
 def _metrics(method: str, dataset: str, base: float, run_id: str) -> dict:
     shift = 5.0 * list(DATASETS).index(dataset)
     r5 = base - shift
@@ -20,7 +23,9 @@ def _metrics(method: str, dataset: str, base: float, run_id: str) -> dict:
             "evidence_recall@10": r5 - 15, "context_recall": r5 + 1, "index_seconds": 0.5, "query_ms_mean": 3.0,
             "batch_size": 256, "index_peak_rss_mb": 500.0, "run_id": run_id,
             "dev": {"n_questions": 10, "recall@5": r5 + 2}, "test": {"n_questions": 10, "recall@5": r5 - 2},
-            "split": {"dev_fraction": 0.5, "seed": 0}}
+            "split": {"dev_fraction": 0.5, "seed": 0}, "experiment": "paper", "answer_in_context_n": 18,
+            **{f"answer_in_context@{b}": r5 - 8 / (i + 1) for i, b in enumerate(BUDGETS)},
+            **{f"context_tokens@{b}": 0.9 * b for b in BUDGETS}}
 
 
 def _run(store: Store, run_id: str, dataset: str, command: str = "evaluate") -> None:
@@ -54,6 +59,11 @@ def build_small_catalog(root: Path) -> Store:
             rows = [{"batch_size": b, "ms_per_query_mean": ms, "peak_rss_mb": 900.0}
                     for b, ms in [(1, 20.0 if method == "zoomrag" else 8.0), (16, 4.0), (256, 1.5)]]
             store.record_metrics(bench, "benchmark", method, dataset, {"rows": rows})
+    beyond = "run-zoomrag-beyond"  # the other experiment: a row of its own, the paper run kept beside it
+    dataset = next(iter(DATASETS))
+    _run(store, beyond, dataset)
+    store.record_metrics(beyond, "evaluate", "zoomrag", dataset,
+                         {**_metrics("zoomrag", dataset, METHODS["zoomrag"] + 30, beyond), "experiment": "beyond_paper"})
     for trial, (alpha, k) in enumerate([(0.6, 5), (0.6, 10), (0.7, 5), (0.7, 10), (0.8, 5), (0.8, 10)]):
         run_id = f"trial-{trial}"
         _run(store, run_id, "hotpot-mini")

@@ -29,10 +29,16 @@ def test_archrag_llm_free_end_to_end_then_fully_cached(tmp_path):
     assert 0.0 < first["recall@10"] <= 100.0 and first["recall@2"] <= first["recall@5"] <= first["recall@10"]
     assert "harness" in first["passage_rule"]
     hits = pd.read_parquet(tmp_path / "a" / "hits.parquet")
-    assert not hits.duplicated(["qid", "doc_id"]).any() and hits.groupby("qid").size().max() <= 10
+    depth = max(10, cfg["eval"]["answer_depth"])  # evaluate ranks as deep as answer_in_context reads
+    assert not hits.duplicated(["qid", "doc_id"]).any() and hits.groupby("qid").size().max() <= depth
     trace = pd.read_parquet(tmp_path / "a" / "trace.parquet")
     retrieved = [json.loads(r) for r in trace["retrieved"]]
     assert all(len(r) == first["layers"] and len(r[0]) == 5 for r in retrieved)
+    # the reader's context: 5 entity descriptions, the relations among them, 5 community reports per layer above
+    for r, kept, docs in zip(retrieved, trace["kept_chunks"].map(json.loads), trace["context_docs"].map(json.loads)):
+        assert len(kept) == len(docs) >= sum(len(x) for x in r) and all(docs[:5])
+    assert 0.0 <= first["context_recall"] <= 100.0 and first["answer_in_context_n"] > 0
+    assert all(0.0 <= first[f"answer_in_context@{b}"] <= 100.0 for b in (1000, 2000, 4000))
     row = Store(cfg["artifacts_dir"]).query("SELECT params FROM stages WHERE stage = 'archrag_kg_cooccur'")
     assert json.loads(row["params"].iloc[0])["builder"] == "cooccur"  # the catalog says which builder ran
 
@@ -65,6 +71,24 @@ def test_table4_ablations_run_and_rebuild_only_what_they_change(tmp_path):
     assert single["layers"] == 2 and entity["layers_searched"] == [0]
     graph, exact = (pd.read_parquet(tmp_path / x / "trace.parquet")["retrieved"] for x in ("base", "exact_search"))
     assert sum(a == b for a, b in zip(graph, exact)) >= 0.9 * len(graph)  # C-HNSW ~ brute force per layer
+
+
+def test_the_old_passage_rule_and_the_authors_topk_chunk(tmp_path):
+    base = evaluate_flow(make_config(tmp_path, *SMALL), str(tmp_path / "base"))
+    old = evaluate_flow(make_config(tmp_path, *SMALL, "method.passage_rule=similarity_sum"), str(tmp_path / "old"))
+    assert old["stages_computed"] == 0 and "similarity_sum" in old["passage_rule"]  # an online switch
+    assert old["context_recall"] == base["context_recall"]  # the rule ranks passages; the context is the items'
+    cfg = make_config(tmp_path, *SMALL, "method.topk_chunk=3")
+    chunk = evaluate_flow(cfg, str(tmp_path / "chunk"))
+    ev = Store(cfg["artifacts_dir"]).events(chunk["run_id"])
+    assert set(ev.loc[ev["status"] == "computed", "stage"]) == {"embed"}  # the passages' dense index, alone
+    trace = pd.read_parquet(tmp_path / "chunk" / "trace.parquet")
+    hits = pd.read_parquet(tmp_path / "chunk" / "hits.parquet")
+    base_trace = pd.read_parquet(tmp_path / "base" / "trace.parquet")
+    for qid, kept, docs, before in zip(trace["qid"], trace["kept_chunks"].map(json.loads),
+                                       trace["context_docs"].map(json.loads), base_trace["kept_chunks"].map(json.loads)):
+        assert kept[:-3] == before and all(len(d) == 1 for d in docs[-3:])  # three passages after the items
+        assert {d[0] for d in docs[-3:]} <= set(hits.loc[hits["qid"] == qid, "doc_id"])  # and in the ranking
 
 
 def test_kg_llm_without_an_llm_is_refused_before_any_work(tmp_path):

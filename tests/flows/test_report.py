@@ -28,7 +28,8 @@ def _rows(md: str) -> dict[tuple[str, str], dict[str, str]]:
         cells = [c.strip() for c in line.strip("|").split("|")]
         if len(cells) == len(head) and "dataset" in head:
             row = dict(zip(head, cells))
-            rows[(row["dataset"], row["method"])] = row
+            paper = row.get("experiment", "paper") == "paper"
+            rows[(row["dataset"], row["method"]) if paper else (row["dataset"], row["method"], row["experiment"])] = row
     return rows
 
 
@@ -40,7 +41,12 @@ def test_latest_report_matches_the_catalog(catalog):
     png = (out / "accuracy_latency.png").read_bytes()
     assert png.startswith(PNG) and len(png) > 5000
     rows = _rows(md)
-    assert set(rows) == {(d, m) for d in DATASETS for m in METHODS}  # the latest run each, not the old ones
+    first = next(iter(DATASETS))  # the latest run of each method, dataset and experiment, not the old ones
+    assert set(rows) == {(d, m) for d in DATASETS for m in METHODS} | {(first, "zoomrag", "beyond_paper")}
+    beyond = rows.pop((first, "zoomrag", "beyond_paper"))
+    assert beyond["run_id"] == "run-zoomrag-beyond" and float(beyond["recall@5"]) == METHODS["zoomrag"] + 30
+    aic = (out / "answer_in_context.png").read_bytes()
+    assert aic.startswith(PNG) and len(aic) > 5000
     for (dataset, method), row in rows.items():
         r5 = METHODS[method] - 5.0 * list(DATASETS).index(dataset)
         assert float(row["recall@5"]) == r5 and float(row["recall@10"]) == r5 + 10
@@ -49,6 +55,8 @@ def test_latest_report_matches_the_catalog(catalog):
         assert float(row["index_build_s"]) == 5.0  # cached stages count at the cost they were built at
         assert float(row["ms/q@1"]) == (20.0 if method == "zoomrag" else 8.0) and float(row["ms/q@256"]) == 1.5
         assert float(row["peak_mem_mb"]) == 900.0 and row["em"] == "–"
+        assert [float(row[f"answer_in_context@{b}"]) for b in (1000, 2000, 4000)] == [r5 - 8, r5 - 4, round(r5 - 8 / 3, 1)]
+        assert row["answer_in_context_n"] == "18" and row["experiment"] == "paper"
     caption = re.search(r"\*recall@5 against ms per query.*\*", md).group(0)
     assert COMMIT[:10] in caption and all(h in caption for h in DATASETS.values())
     assert re.search(r"\d{4}-\d{2}-\d{2}", caption)

@@ -2,9 +2,22 @@
 and the retrieved entities / relations / community reports that adaptive filtering (§3.2.2) reads.
 
 Passage ranking is the HARNESS's rule, not the paper's (ArchRAG retrieves entities and communities, never
-passages): a passage scores the sum, over the retrieved items that involve an entity it mentions, of the
-item's similarity to the query (clipped at 0), where a retrieved community spreads its similarity evenly
-over its member entities. Passages that involve no retrieved item are not returned.
+passages), ``method.passage_rule``:
+
+- ``entity_rank`` (default; its principle fixed before it was measured, issue #52): the passages of the retrieved
+  entities, in the order of their rank. A passage ranks at the best-ranked retrieved entity it mentions; passages
+  of one entity by how many retrieved entities they mention, then corpus order. Communities rank no passage.
+- ``similarity_sum`` (the rule before issue #52): a passage scores the sum, over the retrieved items that involve
+  an entity it mentions, of the item's similarity to the query (clipped at 0), where a retrieved community
+  spreads its similarity evenly over its member entities.
+
+Passages that involve no retrieved item are not returned. ``method.topk_chunk`` (from the authors' code) adds the
+top passages of a dense index after them.
+
+The reader's context (the trace's ``kept_chunks``, what answer_in_context and context_recall read): per layer,
+the retrieved items' texts as adaptive filtering reads them (layer 0: entity descriptions, then the relations
+among them; above: community reports), then the ``topk_chunk`` passages. ``context_docs``: the passages an item
+was made from: an entity's, a relation's (both ends mentioned), a community's member entities', a passage itself.
 """
 from __future__ import annotations
 
@@ -21,7 +34,7 @@ from tasks.eval.retrieve import Hits
 from tasks.methods.archrag import algorithm as alg
 from tasks.methods.archrag.chnsw import CHNSW
 from tasks.methods.archrag.stages import ArchParams
-from tasks.text.embed import EmbedderParams, encode_queries
+from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
 
 
 def entity_documents(entities: pd.DataFrame, chunks: pd.DataFrame, doc_ids: np.ndarray) -> sp.csr_array:
@@ -79,6 +92,42 @@ def rank_passages(found: list[tuple[np.ndarray, np.ndarray]], doc_spread: list[s
     return top.astype(np.int64), top_scores
 
 
+def entity_rank_passages(entity_ids: np.ndarray, entity_sims: np.ndarray, entity_docs: sp.csr_array,
+                         k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``entity_rank`` rule (module doc), per query: (doc_idx (B, k) with -1 padding, score = minus the rank of
+    the passage's best-ranked entity). Entities rank by their similarity (``entity_ids < 0``: none)."""
+    b = entity_ids.shape[0]
+    docs_out, scores_out = np.full((b, k), -1, np.int64), np.full((b, k), -np.inf)
+    for i in range(b):
+        ok = entity_ids[i] >= 0
+        ids = entity_ids[i][ok][np.argsort(-entity_sims[i][ok], kind="stable")]
+        sub = entity_docs[ids].tocoo()  # rows in rank order
+        if sub.nnz == 0:
+            continue
+        docs, inv = np.unique(sub.col, return_inverse=True)
+        best = np.full(docs.size, ids.size, np.int64)
+        np.minimum.at(best, inv, sub.row.astype(np.int64))
+        count = np.bincount(inv, minlength=docs.size)
+        order = np.lexsort((docs, -count, best))[:k]
+        docs_out[i, :order.size], scores_out[i, :order.size] = docs[order], -best[order].astype(np.float64)
+    return docs_out, scores_out
+
+
+def append_passages(doc_idx: np.ndarray, scores: np.ndarray, extra: np.ndarray, k: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """``extra`` passages (B, c), in order, after each row's own (not repeated), cut at k; their score is below
+    every own score."""
+    out, out_s = np.full((doc_idx.shape[0], k), -1, np.int64), np.full((doc_idx.shape[0], k), -np.inf)
+    for i in range(doc_idx.shape[0]):
+        own = [int(d) for d in doc_idx[i] if d >= 0]
+        added = [int(d) for d in extra[i] if d >= 0 and d not in set(own)][:max(k - len(own), 0)]
+        row = own + added
+        out[i, :len(row)] = row
+        floor = min([s for s in scores[i][:len(own)]], default=0.0)
+        out_s[i, :len(row)] = list(scores[i][:len(own)]) + [floor - 1 - j for j in range(len(added))]
+    return out, out_s
+
+
 class ArchRetriever:
     """Online ArchRAG over the stored index, a batch of questions at a time."""
 
@@ -91,8 +140,15 @@ class ArchRetriever:
         self.communities = Store.read(index["communities"])
         self.index = CHNSW.from_bytes(Path(index["chnsw"].path).read_bytes())
         chunks = Store.read(index["chunks"], ["chunk_id", "doc_id"])
+        self.entity_docs = entity_documents(self.entities, chunks, self.doc_ids)
         self.doc_spread = passage_spread(spread_matrices(Store.read(index["parents"]), len(self.entities)),
-                                         entity_documents(self.entities, chunks, self.doc_ids))
+                                         self.entity_docs)
+        self.reports = {layer: g.sort_values("community")["report"].astype(str).to_numpy(dtype=object)
+                        for layer, g in self.communities.groupby("layer")}
+        docs = Store.read(data["documents"], ["title", "text"])
+        self.passage_texts = (docs["title"] + ": " + docs["text"]).to_numpy(dtype=object)  # as contexts_for renders
+        self.passage_emb = (load_embeddings(index["passage_embeddings"], "doc_id")[1] if params.topk_chunk
+                            else None)
         self.meta = Store.read(index["hierarchy_meta"]).iloc[0].to_dict()
         self.layers = [0] if params.entity_only else list(range(len(self.index.sizes)))
         encode_queries(["warm-up"], embedder)  # load the model outside the timed path
@@ -104,12 +160,51 @@ class ArchRetriever:
         ks = [self.params.k_of_layer(l) for l in range(len(self.index.sizes))]
         found = self.index.search(q, ks, layers=self.layers)
         t2 = time.perf_counter()
-        doc_idx, scores = rank_passages(found, self.doc_spread, k)
+        if self.params.passage_rule == "entity_rank":
+            doc_idx, scores = entity_rank_passages(found[0][0], found[0][1], self.entity_docs, k)
+        else:
+            doc_idx, scores = rank_passages(found, self.doc_spread, k)
+        chunks = np.zeros((len(questions), 0), np.int64)
+        if self.params.topk_chunk:  # the authors' code: a separate dense index's passages
+            top = min(self.params.topk_chunk, len(self.doc_ids))
+            chunks = np.argsort(-(q @ self.passage_emb.T), axis=1, kind="stable")[:, :top]
+            doc_idx, scores = append_passages(doc_idx, scores, chunks, k)
         t3 = time.perf_counter()
-        trace = [{"retrieved": [ids[i][ids[i] >= 0].tolist() for ids, _ in found],
-                  "similarity": [np.round(s[i][ids[i] >= 0], 4).tolist() for ids, s in found]}
-                 for i in range(len(questions))]
-        return Hits(doc_idx, scores, {"encode": t1 - t0, "search": t2 - t1, "rank": t3 - t2}, trace)
+        trace = []
+        for i in range(len(questions)):
+            retrieved = [ids[i][ids[i] >= 0].tolist() for ids, _ in found]
+            texts, docs = self.context(retrieved, chunks[i].tolist())
+            trace.append({"retrieved": retrieved, "similarity": [np.round(s[i][ids[i] >= 0], 4).tolist()
+                                                                 for ids, s in found],
+                          "kept_chunks": texts, "context_docs": docs})
+        t4 = time.perf_counter()
+        return Hits(doc_idx, scores, {"encode": t1 - t0, "search": t2 - t1, "rank": t3 - t2, "context": t4 - t3},
+                    trace)
+
+    def context(self, retrieved: list[list[int]], chunks: list[int]) -> tuple[list[str], list[list[str]]]:
+        """The reader's context items (module doc) and, for each, the passages it was made from."""
+        texts: list[str] = []
+        docs: list[list[str]] = []
+        for layer, ids in enumerate(retrieved):
+            if layer == 0:
+                ent = self.entities.iloc[ids]
+                texts += [f"{n}: {d}" if d else n for n, d in zip(ent["name"], ent["description"])]
+                docs += [self._docs(self.entity_docs, [e]) for e in ids]
+                rel = self.relation_rows(ids)
+                texts += self.relation_lines(rel)
+                docs += [self._docs(self.entity_docs, [h, t], both=True) for h, t in zip(rel["head"], rel["tail"])]
+            else:
+                texts += self.reports[layer][ids].tolist() if ids else []
+                docs += [self._docs(self.doc_spread[layer], [c]) for c in ids]
+        texts += self.passage_texts[chunks].tolist() if chunks else []
+        docs += [[str(self.doc_ids[c])] for c in chunks]
+        return texts, docs
+
+    def _docs(self, matrix: sp.csr_array, rows: list[int], both: bool = False) -> list[str]:
+        """Passage ids of the union (``both``: intersection) of ``matrix``'s rows' non-zero columns."""
+        sets = [set(matrix.indices[matrix.indptr[r]:matrix.indptr[r + 1]].tolist()) for r in rows]
+        found = set.intersection(*sets) if both else set().union(*sets)
+        return [str(self.doc_ids[d]) for d in sorted(found)]
 
     def run_stats(self) -> dict:
         """What the metrics record about this index: which KG builder and summariser made it, and its layers."""
@@ -117,8 +212,8 @@ class ArchRetriever:
                 "layers": int(self.meta["layers"]), "layer_sizes": list(self.index.sizes),
                 "layers_searched": self.layers, "k_per_layer": [self.params.k_of_layer(l) for l in self.layers],
                 "hierarchy": json.loads(self.meta["per_layer"]), "stop_reason": self.meta["stop_reason"],
-                "passage_rule": "harness: passages by the query similarity of retrieved entities / communities "
-                                "whose entities they mention (not the paper's)"}
+                "passage_rule": f"harness (not the paper's): {self.params.passage_rule}",
+                "topk_chunk": self.params.topk_chunk}
 
     # ------------------------------------------------------------ the text adaptive filtering reads
 
@@ -137,11 +232,18 @@ class ArchRetriever:
 
     def relation_texts(self, ids: list[int]) -> list[str]:
         """§3.2.1: the relations among the retrieved entities (``incident``: touching one), heaviest first."""
+        return self.relation_lines(self.relation_rows(ids))
+
+    def relation_rows(self, ids: list[int]) -> pd.DataFrame:
+        """The relations :meth:`relation_texts` gives, as rows (head, tail, description, weight)."""
         chosen = np.asarray(ids, dtype=np.int64)
         head, tail = self.relations["head"].to_numpy(), self.relations["tail"].to_numpy()
         hit_h, hit_t = np.isin(head, chosen), np.isin(tail, chosen)
         mask = hit_h & hit_t if self.params.relation_scope == "among" else hit_h | hit_t
-        rel = self.relations[mask].sort_values("weight", ascending=False, kind="stable").head(self.params.max_relations)
+        return self.relations[mask].sort_values("weight", ascending=False, kind="stable").head(self.params.max_relations)
+
+    def relation_lines(self, rel: pd.DataFrame) -> list[str]:
+        """A relation as text: ``head -- tail: description``."""
         names = self.entities["name"].to_numpy(dtype=object)
         return [f"{names[h]} -- {names[t]}: {d}" if d else f"{names[h]} -- {names[t]}"
                 for h, t, d in zip(rel["head"], rel["tail"], rel["description"])]

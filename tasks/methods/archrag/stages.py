@@ -42,6 +42,7 @@ log = logging.getLogger("dagrag.archrag")
 SUMMARISERS = ("auto", "extractive", "llm")
 GENERATIONS = ("filter", "direct")
 RELATION_SCOPES = ("among", "incident")
+PASSAGE_RULES = ("entity_rank", "similarity_sum")  # ArchParams.passage_rule (the retriever's module doc)
 REPORT_STAGE = "archrag_report"  # LLM ledger stage of the community reports
 TEXT_EMB = "archrag_text_emb"  # row cache of community-text embeddings, by content
 
@@ -52,6 +53,10 @@ class ArchParams:
 
     name: str = "archrag"
     top_k: int = 10  # passages ranked per query (the harness's recall@k rule, see retriever)
+    # ArchRAG returns no passages (§3.2.1). entity_rank: the passages of the retrieved entities, in the order of
+    # their rank (issue #52's principle, fixed before measuring) | similarity_sum: the rule before issue #52
+    passage_rule: str = "entity_rank"
+    topk_chunk: int = 0  # from the authors' code: passages of a separate dense index added (0 in their query.sh)
     # §3.1.1 chunks (code: GraphRAG's 600-token windows with 100 overlap; whitespace tokens here)
     chunk_unit: str = "window"
     window_tokens: int = 600
@@ -95,7 +100,8 @@ class ArchParams:
     answer_max_tokens: int = 512
 
     def __post_init__(self) -> None:
-        checks = {"summariser": SUMMARISERS, "generation": GENERATIONS, "relation_scope": RELATION_SCOPES}
+        checks = {"summariser": SUMMARISERS, "generation": GENERATIONS, "relation_scope": RELATION_SCOPES,
+                  "passage_rule": PASSAGE_RULES}
         for key, allowed in checks.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"method.{key} must be one of {allowed}, got {getattr(self, key)!r}")

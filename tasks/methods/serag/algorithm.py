@@ -173,6 +173,10 @@ def consolidate(emb: np.ndarray, community: np.ndarray, weight: np.ndarray, n_co
 # ---------------------------------------------------------------- §3.3: eqs. 10–13
 
 
+COMMUNITY_FILTERS = ("hard", "soft")
+BONUS_NORMS = ("none", "query_entities")
+
+
 @dataclass(frozen=True)
 class ScoreParams:
     """App. A.3 (Table 5) retrieval constants and the Table 2 ``single_layer`` ablation."""
@@ -182,6 +186,8 @@ class ScoreParams:
     k_coarse: int = 10  # candidate communities (one level at K = 2; notes §4)
     tau: float = 0.85  # entity denoising threshold (eq. 12)
     single_layer: bool = False  # Table 2: no community term and no community filter
+    community_filter: str = "hard"  # hard (App. A.3) | soft (beyond the paper: γ_c term kept, every chunk ranked)
+    bonus_norm: str = "none"  # none (eq. 13) | query_entities (beyond the paper: B over the query's gated entities)
 
 
 def gated_similarity(name_emb: np.ndarray, vocab_emb: np.ndarray, tau: float, block_rows: int = 256
@@ -230,17 +236,20 @@ def query_entity_similarity(name_emb: np.ndarray, owner: np.ndarray, vocab_emb: 
 
 
 def entity_bonus(query_entity_sim: sp.sparray, chunk_entity: sp.sparray, tau: float,
-                 log_counts: sp.csr_array | None = None) -> np.ndarray:
+                 log_counts: sp.csr_array | None = None, norm: str = "none") -> np.ndarray:
     """Eqs. 12–13, batched: B(q, v) = Σ_{e ∈ E_v, sim(e, e_q) > τ} sim(e, e_q) · log(1 + count(e, v)).
 
     ``query_entity_sim`` (q × m) holds sim(e, e_q) for each vocabulary entity e (max over the
     query's entities); ``chunk_entity`` (n × m) holds count(e, v). Natural log (eq. 13 gives no base).
     ``log_counts``: (m × n) :func:`tasks.graph.sparse.log1p_transposed` of ``chunk_entity``, for a caller that
-    scores many batches.
+    scores many batches. ``norm="query_entities"`` (beyond the paper): each query's B divided by the number of
+    vocabulary entities it gates in (at least 1).
     """
     s = sp.csr_array(query_entity_sim, dtype=np.float64, copy=True)
     s.data = np.where(s.data > tau, s.data, 0.0)
     s.eliminate_zeros()
+    if norm == "query_entities":
+        s = sp.csr_array(sp.diags_array(1.0 / np.maximum(np.diff(s.indptr), 1)) @ s)
     log_counts = log1p_transposed(chunk_entity) if log_counts is None else log_counts
     return np.asarray((s @ log_counts).toarray(), dtype=np.float64)
 
@@ -251,13 +260,16 @@ def hybrid_scores(q_emb: np.ndarray, chunk_emb: np.ndarray, comm_emb: np.ndarray
 
     S(q, v) = γ_c cos(h_q, h_β(v)) + γ_f [cos(h_q, h_v) + log(1 + B(q, v))]. Candidates: members
     of the k_coarse communities with the highest cos(h_q, h_β) (a hard filter; our reading of App.
-    A.3). ``single_layer``: S = γ_f s_fine and every chunk a candidate.
+    A.3). ``single_layer``: S = γ_f s_fine and every chunk a candidate. ``community_filter="soft"`` (beyond the
+    paper): S as above, every chunk a candidate.
     """
     community = np.asarray(community, np.int64)
     s_fine = q_emb @ chunk_emb.T + np.log1p(bonus)
     if p.single_layer:
         return p.gamma_f * s_fine, np.ones(s_fine.shape, dtype=bool)
     cos_c = q_emb @ comm_emb.T  # (q × c)
+    if p.community_filter == "soft":
+        return p.gamma_c * cos_c[:, community] + p.gamma_f * s_fine, np.ones(s_fine.shape, dtype=bool)
     kc = min(p.k_coarse, cos_c.shape[1])
     top = np.argpartition(-cos_c, kc - 1, axis=1)[:, :kc]
     chosen = np.zeros(cos_c.shape, dtype=bool)

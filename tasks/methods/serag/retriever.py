@@ -97,6 +97,7 @@ class SeRAGRetriever:
         self.m = len(vocab)
         self.vocab_index = dict(zip(vocab["entity"], vocab["entity_idx"]))
         self.entity_names = vocab["entity"].to_numpy(dtype=object)
+        # 0 (the paper): e_q from the question's NER only; > 0: also vocabulary n-grams (beyond the paper)
         self.max_words = int(min(params.query_ngram_max_words, vocab["n_words"].to_numpy().max(initial=1)))
         self.entity_emb = (load_embeddings(index["entity_embeddings"], "entity_id")[1]
                            if params.entity_sim == "embedding" else None)
@@ -157,7 +158,8 @@ class SeRAGRetriever:
         sim = self.query_entity_sim(questions, named)
         q_emb = pending.result()
         t.append(time.perf_counter())
-        bonus = se.entity_bonus(sim, self.chunk_entity, self.scoring.tau, self.entity_chunk_log)
+        bonus = se.entity_bonus(sim, self.chunk_entity, self.scoring.tau, self.entity_chunk_log,
+                                self.scoring.bonus_norm)
         scores, candidates = se.hybrid_scores(q_emb, self.chunk_emb, self.comm_emb, self.community, bonus,
                                               self.scoring)
         n_docs = len(self.doc_ids)

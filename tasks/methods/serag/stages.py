@@ -29,6 +29,9 @@ log = logging.getLogger("dagrag.serag")
 from tasks.graph.encoding_tree import MERGE_ENGINES, encoding_tree
 
 
+NER_INPUTS = ("embedded", "text")  # SeRAGParams.ner_input
+
+
 @dataclass(frozen=True)
 class SeRAGParams(LinkingParams):
     """``method=serag``: every App. A.3 (Table 5) constant, the Table 2 ablations, and our choices; the
@@ -56,7 +59,18 @@ class SeRAGParams(LinkingParams):
     k_coarse: int = 10
     tau: float = 0.85  # cosine gate of eq. 12; a value above 1 gates every entity out (no entity bonus)
     entity_sim: str = "embedding"  # sim(e, e_q) of eq. 12: embedding cosine of entity names | exact (match = 1)
-    query_ngram_max_words: int = 6  # longest question n-gram looked up in the entity vocabulary (our choice; paper silent)
+    # e_q of eq. 12 are "the target entities identified in the query" (§3.3): the question's NER names alone (0).
+    # Beyond the paper: > 0 adds every question n-gram of up to this many words found in the entity vocabulary
+    query_ngram_max_words: int = 0
+    # beyond the paper: hard (App. A.3: only chunks of the top-k_coarse communities are ranked) | soft (every
+    # chunk is ranked, eq. 10's γ_c community term kept)
+    community_filter: str = "hard"
+    # beyond the paper: none (eq. 13 as printed: a sum over the chunk's gated entities) | query_entities (B divided
+    # by the number of vocabulary entities gated in for the query, so many matched names do not add up)
+    bonus_norm: str = "none"
+    # what NER reads: embedded (§3.1 extracts each chunk's entity set; the chunk is what is embedded, with
+    # chunk_unit=passage title + "\n" + text) | text (the passage text without its title; before issue #52)
+    ner_input: str = "embedded"
     # Table 2 ablations
     self_query: bool = True  # needs an LLM (llm=local|openai); without one the retriever says it ran without
     single_layer: bool = False  # no community term (eq. 10 with γ_c = 0, no community filter)
@@ -77,8 +91,6 @@ class SeRAGParams(LinkingParams):
             raise ValueError("serag implements the paper's K = 2 encoding tree only (method.tree_height=2)")
         if self.tree_engine not in MERGE_ENGINES:
             raise ValueError(f"method.tree_engine must be one of {MERGE_ENGINES}, got {self.tree_engine!r}")
-        if self.query_ngram_max_words < 1:
-            raise ValueError(f"method.query_ngram_max_words must be >= 1, got {self.query_ngram_max_words}")
 
     def graph(self) -> se.GraphParams:
         fields = se.GraphParams.__dataclass_fields__

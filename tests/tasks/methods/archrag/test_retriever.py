@@ -5,7 +5,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tasks.methods.archrag.retriever import entity_documents, passage_spread, rank_passages, spread_matrices
+from tasks.methods.archrag.retriever import (
+    append_passages,
+    entity_documents,
+    entity_rank_passages,
+    passage_spread,
+    rank_passages,
+    spread_matrices,
+)
 
 # 4 entities in 3 documents: e0 in d0, e1 in d0 and d1 (two chunks of d1), e2 in d2, e3 in d1
 ENTITIES = pd.DataFrame({"entity_id": [0, 1, 2, 3],
@@ -59,3 +66,24 @@ def test_batched_ranking_equals_one_query_at_a_time():
         idx, scores = rank_passages(one, spread, 3)
         assert idx[0].tolist() == batch_idx[i].tolist()
         assert scores[0] == pytest.approx(batch_scores[i])
+
+
+def test_entity_rank_puts_the_passages_of_the_best_ranked_entity_first():
+    docs = entity_documents(ENTITIES, CHUNKS, DOCS)  # e0: d0; e1: d0, d1; e2: d2; e3: d1
+    # query 0 ranks e3 > e2 > e1 (by similarity, not by position); query 1 retrieved e1 only; query 2 nothing
+    ids = np.array([[1, 3, 2], [1, -1, -1], [-1, -1, -1]])
+    sims = np.array([[0.2, 0.9, 0.5], [0.7, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    top, score = entity_rank_passages(ids, sims, docs, 3)
+    # q0: d1 (e3, rank 0), d2 (e2, rank 1), d0 (e1, rank 2); q1: d0 and d1 tie on e1 and on the count: corpus order
+    assert top.tolist() == [[1, 2, 0], [0, 1, -1], [-1, -1, -1]]
+    assert score[0].tolist() == [0.0, -1.0, -2.0] and score[1][:2].tolist() == [0.0, 0.0]
+    # a passage that mentions two of the retrieved entities leads among the passages of its best entity
+    top, _ = entity_rank_passages(np.array([[1, 0]]), np.array([[0.9, 0.1]]), docs, 2)
+    assert top.tolist() == [[0, 1]]  # d0 holds e1 and e0, d1 e1 alone
+
+
+def test_appended_passages_come_after_the_own_ones_once_each():
+    own, own_s = np.array([[2, 0, -1], [-1, -1, -1]]), np.array([[0.0, -1.0, -np.inf], [-np.inf] * 3])
+    top, score = append_passages(own, own_s, np.array([[0, 1], [1, 2]]), 3)
+    assert top.tolist() == [[2, 0, 1], [1, 2, -1]]
+    assert score[0][2] < score[0][1] and score[1][0] > score[1][1]

@@ -119,6 +119,30 @@ def test_hybrid_scores_eq10_and_filter():
     np.testing.assert_allclose(single, 0.6 * (q @ chunks.T + np.log1p(bonus)), atol=1e-6)
 
 
+def test_entity_bonus_divided_by_the_query_gated_entities():
+    # query 0 gates in entities 0 and 2 (0.8 is below τ), query 1 none: B / 2 and B unchanged (0)
+    sim = sp.csr_array(np.array([[1.0, 0.8, 0.9], [0.5, 0.0, 0.0]]))
+    counts = sp.csr_array(np.array([[2.0, 5.0, 0.0], [0.0, 1.0, 3.0]]))
+    b = se.entity_bonus(sim, counts, tau=0.85, norm="query_entities")
+    np.testing.assert_allclose(b, [[np.log(3) / 2, 0.9 * np.log(4) / 2], [0.0, 0.0]])
+    np.testing.assert_allclose(b[0] * 2, se.entity_bonus(sim, counts, tau=0.85)[0])
+
+
+def test_soft_community_filter_keeps_eq10_and_ranks_every_chunk():
+    q = np.array([[1.0, 0.0]], dtype=np.float32)
+    chunks = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]], dtype=np.float32)
+    comm = np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32)
+    community = np.array([0, 1, 1])
+    bonus = np.array([[0.0, 0.0, 3.0]])
+    hard, cand = se.hybrid_scores(q, chunks, comm, community, bonus, se.ScoreParams(k_coarse=1))
+    soft, every = se.hybrid_scores(q, chunks, comm, community, bonus,
+                                   se.ScoreParams(k_coarse=1, community_filter="soft"))
+    np.testing.assert_allclose(soft, hard)  # the same S(q, v), γ_c term included
+    assert every.all() and not cand.all()
+    # chunk 2 (outside the top community, its bonus above chunk 0's score) leads only without the cut
+    assert se.rank_chunks(hard, cand)[0, 0] == 0 and se.rank_chunks(soft, every)[0, 0] == 2
+
+
 def test_batched_retrieval_equals_one_query_at_a_time():
     rng = np.random.default_rng(2)
     chunks, queries = _unit(rng, 40), _unit(rng, 7)
