@@ -36,6 +36,7 @@ from tasks.core.ingest import (
     parse_questions,
     read_json_list,
 )
+from tasks.core.store import StoreError
 from tasks.llm.params import LLMError
 from tasks.text.encoder import PACKAGED_MODEL
 
@@ -54,8 +55,9 @@ class PreflightError(Exception):
     """The run cannot succeed as configured; the message says what is missing and how to fix it."""
 
 
-# what an entry point reports in one line (exit status 2) instead of a traceback
-USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, IngestError, PreflightError, LLMError)
+# what an entry point reports in one line (exit status 2) instead of a traceback (StoreError: a damaged
+# file or catalog, a full or read-only disk, a lock held too long; each names the path and the fix)
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, IngestError, PreflightError, LLMError, StoreError)
 
 
 def preflight(conf: Config, command: str) -> None:
