@@ -20,6 +20,7 @@ COMMANDS = {
     "growth": ("flows.growth", "what an update costs against a full build: a held-out share added back, every method"),
     "report": ("flows.report", "results table and figures from the catalog → artifacts/reports/<name>/report.md"),
     "schedule": ("flows.schedule", "serve index/evaluate as Prefect deployments on cron schedules (conf/schedule.yaml)"),
+    "doctor": ("flows.doctor", "check every stored file against its hash; doctor.repair=true quarantines and repairs"),
 }
 
 # commands whose run needs Prefect's API: their temporary server is launched before their own start-up

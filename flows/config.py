@@ -117,6 +117,13 @@ class ReportParams:
 
 
 @dataclass(frozen=True)
+class DoctorParams:
+    """``doctor/``: what ``flows.doctor`` does besides checking."""
+
+    repair: bool = False  # quarantine damaged files, remove dangling rows, rebuild an unreadable catalog
+
+
+@dataclass(frozen=True)
 class BenchmarkParams:
     """``benchmark/``: batch sizes and how many questions each batch size is timed on."""
 
@@ -418,6 +425,7 @@ class Config:
     compare: CompareParams = CompareParams()
     scale: ScaleParams = ScaleParams()
     growth: GrowthParams = GrowthParams()
+    doctor: DoctorParams = DoctorParams()
 
 
 ONE_METHOD_COMMANDS = frozenset({"evaluate", "index", "update", "benchmark"})
@@ -426,17 +434,17 @@ ONE_METHOD_COMMANDS = frozenset({"evaluate", "index", "update", "benchmark"})
 def run_folder_label(command: str, method: str, dataset: str) -> str:
     """What a run folder is named after its time (``hydra.run.dir``): ``zoomrag-hotpotqa-100`` for a command that
     runs one method, ``compare-hotpotqa-100`` (``growth-…``, ``scale-…``) for one that runs several, ``report``
-    for the report, which runs none."""
+    and ``doctor`` for those, which run none."""
     if command in ONE_METHOD_COMMANDS:
         return f"{method}-{dataset}"
-    return command if command == "report" else f"{command}-{dataset}"
+    return command if command in ("report", "doctor") else f"{command}-{dataset}"
 
 
 OmegaConf.register_new_resolver("run_label", run_folder_label, replace=True)
 
 # conf/config.yaml's keys: its groups, then its own values
 TOP_LEVEL_KEYS = frozenset({"dataset", "method", "embedder", "ner", "kg", "llm", "runner", "eval", "benchmark", "report",
-                            "compare", "scale", "growth", "data_dir", "artifacts_dir", "verbose"})
+                            "compare", "scale", "growth", "doctor", "data_dir", "artifacts_dir", "verbose"})
 
 
 def load_config(cfg: Mapping[str, Any]) -> Config:
@@ -479,4 +487,5 @@ def load_config(cfg: Mapping[str, Any]) -> Config:
         compare=build(CompareParams, "compare", cfg.get("compare", {})),
         scale=build(ScaleParams, "scale", cfg.get("scale", {})),
         growth=build(GrowthParams, "growth", cfg.get("growth", {})),
+        doctor=build(DoctorParams, "doctor", cfg.get("doctor", {})),
     )

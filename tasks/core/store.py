@@ -109,6 +109,14 @@ class StoreError(RuntimeError):
     """The artifact store cannot do what was asked; the message says what to fix."""
 
 
+class CatalogDamaged(StoreError):
+    """The catalog cannot be read; ``reason`` is what DuckDB said."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class DamagedFile(StoreError):
     """A stored file failed its check when read; it has been moved to the quarantine."""
 
@@ -441,7 +449,8 @@ def catalog_error(path: Path, err: duckdb.Error) -> StoreError | None:
         if os.strerror(code).lower() in low:
             return StoreError(f"{what} writing the catalog {path}: {fix}")
     if any(sign in low for sign in _DAMAGED_CATALOG):
-        return StoreError(f"the catalog {path} is damaged ({text}): {REBUILD_HINT.format(root=path.parent)}")
+        return CatalogDamaged(f"the catalog {path} is damaged ({text}): {REBUILD_HINT.format(root=path.parent)}",
+                              text)
     return None
 
 
@@ -695,10 +704,11 @@ class Store:
         path = ref.path if isinstance(ref, ArtifactRef) else ref
         try:
             return pq.read_table(path, columns=columns, memory_map=True, page_checksum_verification=True)
-        except (OSError, pa.ArrowException) as err:
-            if not os.path.exists(path) or parquet_problem(path) is None:
+        except (OSError, pa.ArrowException):
+            problem = parquet_problem(path) if os.path.exists(path) else None
+            if problem is None:
                 raise  # not the file's fault (a wrong column name, say): the error as it is
-            raise quarantine_damaged(path, parquet_problem(path) or _first_line(err)) from None
+            raise quarantine_damaged(path, problem) from None
 
     @staticmethod
     def read_bytes(ref: ArtifactRef | str | Path) -> bytes:
@@ -831,6 +841,11 @@ class Store:
                         "(SELECT 1 FROM row_parts WHERE path = ?)", [str(path), size, digest, dt.datetime.now(),
                                                                       str(path)])
 
+    def forget_part(self, path: Path) -> None:
+        """Remove a row-cache part's registration (it was dropped)."""
+        with self.catalog() as con:
+            con.execute("DELETE FROM row_parts WHERE path = ?", [str(path)])
+
     def recorded_parts(self, folder: Path) -> dict[str, int]:
         """``{path: bytes}`` of the registered parts under ``folder``."""
         with self.catalog() as con:
@@ -871,7 +886,7 @@ class RowCache:
                     with pq.ParquetFile(p, page_checksum_verification=True) as f:
                         self._part_keys[p] = f.read(columns=[self.key]).column(self.key).combine_chunks()
                 except (OSError, pa.ArrowException) as err:
-                    problem = _first_line(err)
+                    problem = f"is unreadable ({_first_line(err)})"
             if problem is not None:
                 self._drop(p, problem)
             elif str(p) not in recorded and self.store is not None:
@@ -885,6 +900,8 @@ class RowCache:
         if not part.exists():  # another process dropped it first
             return
         dst = quarantine(part, self.store.root if self.store is not None else None)
+        if self.store is not None:
+            self.store.forget_part(part)
         log.warning("row cache part %s %s: moved to %s, and its rows are computed again", part, problem, dst)
 
     def keys(self) -> set[str]:
@@ -930,9 +947,10 @@ class RowCache:
             try:
                 part = pq.read_table(parts[i], memory_map=True, page_checksum_verification=True)
             except (OSError, pa.ArrowException) as err:
-                problem = parquet_problem(parts[i]) if parts[i].exists() else "is missing"
+                problem = parquet_problem(parts[i])
                 if problem is None:
                     raise
+                problem = f"is unreadable ({problem})"
                 self._drop(parts[i], problem)
                 raise DamagedFile(f"row cache part {parts[i]} {problem}") from err
             tables.append(current_layout(part.take(rows)))
