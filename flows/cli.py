@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import runpy
 import sys
+from pathlib import Path
 
 COMMANDS = {
     "evaluate": ("flows.evaluate", "index (cached) → batched retrieval → recall@k, latency [, answers]"),
@@ -27,6 +28,8 @@ COMMANDS = {
 # (scale, growth: one server that each child process inherits, instead of one started per child)
 NEEDS_API = {"evaluate", "index", "update", "benchmark", "compare", "scale", "growth", "report"}
 NO_RUN_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "--shell-completion", "-sc"}
+
+EXIT_USER_ERROR = 2  # flows.preflight's, not imported here: `dagrag --help` stays fast
 
 USAGE = "usage: dagrag COMMAND [overrides] [hydra flags]\n\ncommands:\n" + "\n".join(
     f"  {name:<10} {what}" for name, (_, what) in COMMANDS.items()
@@ -56,6 +59,19 @@ def main(argv: list[str] | None = None, default: str | None = None) -> int:
         from flows.api_server import launch_api
 
         launch_api()  # its start-up overlaps the command's imports and checks (flows.api_server)
+    if not NO_RUN_FLAGS.intersection(rest):  # before Hydra makes its run folder there (a traceback otherwise)
+        from flows.preflight import PreflightError, artifacts_dir_of, check_artifacts_dir
+
+        where = artifacts_dir_of(rest, Path(__file__).resolve().parents[1] / "conf")
+        try:
+            if where is not None:
+                check_artifacts_dir(where)
+        except PreflightError as err:
+            from flows.api_server import stop_api
+
+            stop_api()
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            return EXIT_USER_ERROR
     sys.argv = [module, *rest]  # runpy puts the module's file in argv[0], as `python -m` does
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
