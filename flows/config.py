@@ -151,6 +151,7 @@ class Choices:
 
 _COUNT, _COUNT0, _PROB, _POS = "[1, inf)", "[0, inf)", "[0, 1]", "(0, inf)"
 _SEED = {"shuffle_seed": _COUNT0}  # numpy's default_rng takes seeds >= 0
+_DATASET = {**_SEED, "max_text_chars": _COUNT}
 _SEARCHES = Choices("tasks.graph.knn:SEARCHES")
 
 # What a field allows beyond its annotated type: an interval ("[0, 1]", "(0, inf)", "[1, inf)"; a round
@@ -160,9 +161,9 @@ _SEARCHES = Choices("tasks.graph.knn:SEARCHES")
 # every class its code names, whole (tasks.core.code_identity), so metadata added there would rebuild cached
 # stages. Checks that tie fields together (segment_min <= segment_avg) stay in the classes' __post_init__.
 LIMITS: dict[str, dict[str, str | tuple | Choices]] = {
-    "tasks.core.ingest:SampleParams": {"n_passages": "[20, inf)", "n_questions": _COUNT0, **_SEED},  # sample: >= 20
-    "tasks.core.ingest:HippoRAGParams": _SEED,
-    "tasks.core.ingest:UserCorpusParams": {"kind": ("jsonl", "folder"), **_SEED},
+    "tasks.core.ingest:SampleParams": {"n_passages": "[20, inf)", "n_questions": _COUNT0, **_DATASET},  # >= 20
+    "tasks.core.ingest:HippoRAGParams": _DATASET,
+    "tasks.core.ingest:UserCorpusParams": {"kind": ("jsonl", "folder"), **_DATASET},
     "tasks.text.embed:EmbedderParams": {
         "batch_size": _COUNT, "max_seq_length": _COUNT, "query_batch_size": _COUNT,
         "query_runtime": Choices("tasks.text.embed:QUERY_RUNTIMES"),
