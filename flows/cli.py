@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import runpy
+import signal
 import sys
 from pathlib import Path
 
@@ -28,8 +29,6 @@ COMMANDS = {
 # (scale, growth: one server that each child process inherits, instead of one started per child)
 NEEDS_API = {"evaluate", "index", "update", "benchmark", "compare", "scale", "growth", "report"}
 NO_RUN_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "--shell-completion", "-sc"}
-
-EXIT_USER_ERROR = 2  # flows.preflight's, not imported here: `dagrag --help` stays fast
 
 USAGE = "usage: dagrag COMMAND [overrides] [hydra flags]\n\ncommands:\n" + "\n".join(
     f"  {name:<10} {what}" for name, (_, what) in COMMANDS.items()
@@ -54,13 +53,32 @@ def main(argv: list[str] | None = None, default: str | None = None) -> int:
         what = f"unknown command {args[0]!r}" if args else "no command given"
         print(f"dagrag: {what}\n\n{USAGE}", file=sys.stderr)
         return 2
+    # SIGTERM (`kill`, a scheduler's stop) ends a command as Ctrl-C does: one `interrupted:` line. Within a flow run
+    # Prefect marks the run crashed, then sends SIGTERM again to this handler (prefect.utilities.engine)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return _run(command, rest)
+    except KeyboardInterrupt:  # Ctrl-C outside a flow run (imports, checks); inside one, run_command handles it
+        from flows.preflight import EXIT_INTERRUPTED, INTERRUPTED
+
+        print(INTERRUPTED, file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    finally:
+        # The command is done: exempt every object from the full collection that ends the interpreter
+        # (1-2 s of gc_collect_main over torch's, Prefect's and pandas' objects, py-spy). The exit hooks
+        # still run (the temporary server's stop, Prefect's log and event drains, open files' flush).
+        gc.freeze()
+
+
+def _run(command: str, rest: list[str]) -> int:
+    """Check ``artifacts_dir``, then run the command's module as ``python -m`` would; its exit status."""
     module = COMMANDS[command][0]
     if command in NEEDS_API and not NO_RUN_FLAGS.intersection(rest):
         from flows.api_server import launch_api
 
         launch_api()  # its start-up overlaps the command's imports and checks (flows.api_server)
     if not NO_RUN_FLAGS.intersection(rest):  # before Hydra makes its run folder there (a traceback otherwise)
-        from flows.preflight import PreflightError, artifacts_dir_of, check_artifacts_dir
+        from flows.preflight import EXIT_USER_ERROR, PreflightError, artifacts_dir_of, check_artifacts_dir
 
         where = artifacts_dir_of(rest, Path(__file__).resolve().parents[1] / "conf")
         try:
@@ -81,16 +99,6 @@ def main(argv: list[str] | None = None, default: str | None = None) -> int:
             return code or 0
         print(code, file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # Ctrl-C outside a flow run (imports, checks); inside one, run_command handles it
-        from flows.preflight import EXIT_INTERRUPTED
-
-        print("interrupted", file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
-    finally:
-        # The command is done: exempt every object from the full collection that ends the interpreter
-        # (1-2 s of gc_collect_main over torch's, Prefect's and pandas' objects, py-spy). The exit hooks
-        # still run (the temporary server's stop, Prefect's log and event drains, open files' flush).
-        gc.freeze()
     return 0
 
 

@@ -46,6 +46,7 @@ log = logging.getLogger("dagrag")
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+INTERRUPTED = "interrupted: the stages that finished are stored; run the same command again to go on from them"
 PROBE_TIMEOUT_S = 10.0  # the endpoint probe waits at most this long (or llm.timeout_s, if shorter)
 # methods whose index runs NER on the passages (ArchRAG only with kg=cooccur), and the one that never embeds
 NER_METHODS = frozenset({"zoomrag", "linearrag", "serag"})
@@ -347,8 +348,7 @@ def fail_before_flow(err: BaseException, cfg: Any, artifacts_dir: str | None) ->
 def interrupted() -> NoReturn:
     """End the process after Ctrl-C (SIGINT): one line on stderr, exit status 130. Every stage that finished is in
     the store (each writes atomically), so the same command goes on from them."""
-    print("interrupted: the stages that finished are stored; run the same command again to go on from them",
-          file=sys.stderr, flush=True)
+    print(INTERRUPTED, file=sys.stderr, flush=True)
     raise SystemExit(EXIT_INTERRUPTED)
 
 
