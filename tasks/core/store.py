@@ -770,11 +770,16 @@ class Store:
 
     @staticmethod
     def _refresh_views(con: duckdb.DuckDBPyConnection, refs: Mapping[str, ArtifactRef]) -> None:
-        """DuckDB views named after each artifact, over its latest Parquet file."""
+        """DuckDB views named after each artifact, over its latest Parquet file (none over a file that fails the
+        cheap check: DuckDB reads its schema, and a failed statement would abort the session's transaction)."""
         for ref in refs.values():
-            if ref.path.endswith(".parquet"):
+            if not ref.path.endswith(".parquet"):
+                continue
+            if file_problem(ref.path, None) is None:
                 safe = ref.path.replace("'", "''")
                 con.execute(f'CREATE OR REPLACE VIEW "{ref.name}" AS SELECT * FROM read_parquet(\'{safe}\')')
+            else:
+                con.execute(f'DROP VIEW IF EXISTS "{ref.name}"')
 
     def event(self, run_id: str, stage: str, fp: str, dataset: str, status: str, *, rows: int,
               rows_computed: int, seconds: float, peak_rss_mb: float) -> None:
