@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import gc
 import runpy
+import signal
 import sys
+from pathlib import Path
 
 COMMANDS = {
     "evaluate": ("flows.evaluate", "index (cached) → batched retrieval → recall@k, latency [, answers]"),
@@ -23,6 +25,7 @@ COMMANDS = {
     "serve": ("flows.serve", "an HTTP service over a built index: micro-batched /retrieve, /answer, a search page"),
     "loadtest": ("flows.loadtest", "served throughput and latency at several concurrencies, batching on and off"),
     "schedule": ("flows.schedule", "serve index/evaluate as Prefect deployments on cron schedules (conf/schedule.yaml)"),
+    "doctor": ("flows.doctor", "check every stored file against its hash; doctor.repair=true quarantines and repairs"),
 }
 
 # commands whose run needs Prefect's API: their temporary server is launched before their own start-up
@@ -53,11 +56,43 @@ def main(argv: list[str] | None = None, default: str | None = None) -> int:
         what = f"unknown command {args[0]!r}" if args else "no command given"
         print(f"dagrag: {what}\n\n{USAGE}", file=sys.stderr)
         return 2
+    # SIGTERM (`kill`, a scheduler's stop) ends a command as Ctrl-C does: one `interrupted:` line. Within a flow run
+    # Prefect marks the run crashed, then sends SIGTERM again to this handler (prefect.utilities.engine)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return _run(command, rest)
+    except KeyboardInterrupt:  # Ctrl-C outside a flow run (imports, checks); inside one, run_command handles it
+        from flows.preflight import EXIT_INTERRUPTED, INTERRUPTED
+
+        print(INTERRUPTED, file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    finally:
+        # The command is done: exempt every object from the full collection that ends the interpreter
+        # (1-2 s of gc_collect_main over torch's, Prefect's and pandas' objects, py-spy). The exit hooks
+        # still run (the temporary server's stop, Prefect's log and event drains, open files' flush).
+        gc.freeze()
+
+
+def _run(command: str, rest: list[str]) -> int:
+    """Check ``artifacts_dir``, then run the command's module as ``python -m`` would; its exit status."""
     module = COMMANDS[command][0]
     if (command in NEEDS_API or command == "query" and flow_run_query(rest)) and not NO_RUN_FLAGS.intersection(rest):
         from flows.api_server import launch_api
 
         launch_api()  # its start-up overlaps the command's imports and checks (flows.api_server)
+    if not NO_RUN_FLAGS.intersection(rest):  # before Hydra makes its run folder there (a traceback otherwise)
+        from flows.preflight import EXIT_USER_ERROR, PreflightError, artifacts_dir_of, check_artifacts_dir
+
+        where = artifacts_dir_of(rest, Path(__file__).resolve().parents[1] / "conf")
+        try:
+            if where is not None:
+                check_artifacts_dir(where)
+        except PreflightError as err:
+            from flows.api_server import stop_api
+
+            stop_api()
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            return EXIT_USER_ERROR
     sys.argv = [module, *rest]  # runpy puts the module's file in argv[0], as `python -m` does
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -67,16 +102,6 @@ def main(argv: list[str] | None = None, default: str | None = None) -> int:
             return code or 0
         print(code, file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # Ctrl-C outside a flow run (imports, checks); inside one, run_command handles it
-        from flows.preflight import EXIT_INTERRUPTED
-
-        print("interrupted", file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
-    finally:
-        # The command is done: exempt every object from the full collection that ends the interpreter
-        # (1-2 s of gc_collect_main over torch's, Prefect's and pandas' objects, py-spy). The exit hooks
-        # still run (the temporary server's stop, Prefect's log and event drains, open files' flush).
-        gc.freeze()
     return 0
 
 

@@ -120,6 +120,13 @@ class ReportParams:
 
 
 @dataclass(frozen=True)
+class DoctorParams:
+    """``doctor/``: what ``flows.doctor`` does besides checking."""
+
+    repair: bool = False  # quarantine damaged files, remove dangling rows, rebuild an unreadable catalog
+
+
+@dataclass(frozen=True)
 class BenchmarkParams:
     """``benchmark/``: batch sizes and how many questions each batch size is timed on."""
 
@@ -179,6 +186,7 @@ class Choices:
 
 _COUNT, _COUNT0, _PROB, _POS = "[1, inf)", "[0, inf)", "[0, 1]", "(0, inf)"
 _SEED = {"shuffle_seed": _COUNT0}  # numpy's default_rng takes seeds >= 0
+_DATASET = {**_SEED, "max_text_chars": _COUNT}
 _SEARCHES = Choices("tasks.graph.knn:SEARCHES")
 
 # What a field allows beyond its annotated type: an interval ("[0, 1]", "(0, inf)", "[1, inf)"; a round
@@ -188,9 +196,9 @@ _SEARCHES = Choices("tasks.graph.knn:SEARCHES")
 # every class its code names, whole (tasks.core.code_identity), so metadata added there would rebuild cached
 # stages. Checks that tie fields together (segment_min <= segment_avg) stay in the classes' __post_init__.
 LIMITS: dict[str, dict[str, str | tuple | Choices]] = {
-    "tasks.core.ingest:SampleParams": {"n_passages": "[20, inf)", "n_questions": _COUNT0, **_SEED},  # sample: >= 20
-    "tasks.core.ingest:HippoRAGParams": _SEED,
-    "tasks.core.ingest:UserCorpusParams": {"kind": ("jsonl", "folder"), **_SEED},
+    "tasks.core.ingest:SampleParams": {"n_passages": "[20, inf)", "n_questions": _COUNT0, **_DATASET},  # >= 20
+    "tasks.core.ingest:HippoRAGParams": _DATASET,
+    "tasks.core.ingest:UserCorpusParams": {"kind": ("jsonl", "folder"), **_DATASET},
     "tasks.text.embed:EmbedderParams": {
         "batch_size": _COUNT, "max_seq_length": _COUNT, "query_batch_size": _COUNT,
         "query_runtime": Choices("tasks.text.embed:QUERY_RUNTIMES"),
@@ -464,6 +472,7 @@ class Config:
     growth: GrowthParams = GrowthParams()
     query: QueryParams = QueryParams()
     serve: ServeParams = ServeParams()
+    doctor: DoctorParams = DoctorParams()
 
 
 ONE_METHOD_COMMANDS = frozenset({"evaluate", "index", "update", "benchmark", "query", "serve"})
@@ -472,17 +481,17 @@ ONE_METHOD_COMMANDS = frozenset({"evaluate", "index", "update", "benchmark", "qu
 def run_folder_label(command: str, method: str, dataset: str) -> str:
     """What a run folder is named after its time (``hydra.run.dir``): ``zoomrag-hotpotqa-100`` for a command that
     runs one method, ``compare-hotpotqa-100`` (``growth-…``, ``scale-…``) for one that runs several, ``report``
-    for the report, which runs none."""
+    and ``doctor`` for those, which run none."""
     if command in ONE_METHOD_COMMANDS:
         return f"{method}-{dataset}"
-    return command if command == "report" else f"{command}-{dataset}"
+    return command if command in ("report", "doctor") else f"{command}-{dataset}"
 
 
 OmegaConf.register_new_resolver("run_label", run_folder_label, replace=True)
 
 # conf/config.yaml's keys: its groups, then its own values
 TOP_LEVEL_KEYS = frozenset({"dataset", "method", "embedder", "ner", "kg", "llm", "runner", "eval", "benchmark", "report",
-                            "compare", "scale", "growth", "query", "serve", "data_dir", "artifacts_dir",
+                            "compare", "scale", "growth", "doctor", "query", "serve", "data_dir", "artifacts_dir",
                             "verbose"})
 
 
@@ -528,4 +537,5 @@ def load_config(cfg: Mapping[str, Any]) -> Config:
         growth=build(GrowthParams, "growth", cfg.get("growth", {})),
         query=build(QueryParams, "query", cfg.get("query", {})),
         serve=build(ServeParams, "serve", cfg.get("serve", {})),
+        doctor=build(DoctorParams, "doctor", cfg.get("doctor", {})),
     )

@@ -15,6 +15,7 @@ traceback only when asked for (``verbose=true`` or ``HYDRA_FULL_ERROR=1``).
 """
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import logging
@@ -22,6 +23,7 @@ import os
 import shutil
 import socket
 import sys
+import tempfile
 import traceback
 import urllib.error
 import urllib.request
@@ -37,6 +39,7 @@ from tasks.core.ingest import (
     parse_questions,
     read_json_list,
 )
+from tasks.core.store import DISK_ERRORS, StoreError
 from tasks.llm.params import LLMError
 from tasks.text.encoder import PACKAGED_MODEL
 
@@ -44,6 +47,7 @@ log = logging.getLogger("dagrag")
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+INTERRUPTED = "interrupted: the stages that finished are stored; run the same command again to go on from them"
 PROBE_TIMEOUT_S = 10.0  # the endpoint probe waits at most this long (or llm.timeout_s, if shorter)
 # methods whose index runs NER on the passages (ArchRAG only with kg=cooccur), and the one that never embeds
 NER_METHODS = frozenset({"zoomrag", "linearrag", "serag"})
@@ -55,17 +59,19 @@ class PreflightError(Exception):
     """The run cannot succeed as configured; the message says what is missing and how to fix it."""
 
 
-# what an entry point reports in one line (exit status 2) instead of a traceback
-USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, IngestError, PreflightError, LLMError,
+# what an entry point reports in one line (exit status 2) instead of a traceback (StoreError: a damaged
+# file or catalog, a full or read-only disk, a lock held too long; each names the path and the fix)
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, IngestError, PreflightError, LLMError, StoreError,
                                                 IndexNotBuilt)
 
 
 def preflight(conf: Config, command: str) -> None:
     """Every check of this module for ``command`` (``evaluate``, ``index``, ``update``, ``benchmark``, ``query``)."""
     check_models(conf)
-    check_dataset(conf, command)
+    n_passages = check_dataset(conf, command)
     check_llm(conf, command)
     check_scheduler(conf)
+    check_disk_space(conf, n_passages)
     if command == "query":
         from flows.pipeline import job_overrides
 
@@ -91,6 +97,66 @@ def check_serving(conf: Config, command: str, overrides: list[str]) -> None:
         read_user_questions(Path(conf.query.file))
     if not (command == "query" and conf.query.build):
         resolve(conf, overrides)
+
+
+# ----------------------------------------------------------------------------- the disk
+
+# the store one method's index takes per passage: the 100k rows of the README's scale table ("disk MB"), rounded up
+DISK_BYTES_PER_PASSAGE = {"dense": 1_600, "bm25": 300, "hybrid": 1_800, "zoomrag": 10_000, "linearrag": 10_500,
+                          "erarag": 3_700, "serag": 4_500, "archrag": 5_400}
+
+
+def artifacts_dir_of(args: list[str], conf_dir: Path) -> Path | None:
+    """The ``artifacts_dir`` a command line names (its last ``artifacts_dir=`` override), else conf/config.yaml's;
+    None when it is an interpolation (known only once Hydra composes it)."""
+    given = [a.split("=", 1)[1] for a in args if a.lstrip("+").startswith("artifacts_dir=")]
+    if given:
+        value = given[-1]
+    else:
+        from omegaconf import OmegaConf
+
+        value = str(OmegaConf.load(conf_dir / "config.yaml").get("artifacts_dir", "artifacts"))
+    return None if "${" in value else Path(value).expanduser().absolute()
+
+
+def check_artifacts_dir(path: Path) -> None:
+    """``artifacts_dir`` can be made and written: no file is in its place or above it, its disk is not read-only,
+    not forbidden to this user and not full. Writes nothing (a probe file is made and removed at once)."""
+    existing = path
+    while not os.path.lexists(existing):
+        existing = existing.parent
+    if not existing.is_dir():
+        raise PreflightError(f"artifacts_dir={path}: {existing} is a file, not a folder: move that file away, "
+                             f"or point artifacts_dir at a folder")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".dagrag-probe-", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        what, fix = DISK_ERRORS.get(err.errno, (err.strerror, "point artifacts_dir at a writable folder"))
+        raise PreflightError(f"artifacts_dir={path}: {what} ({existing}): {fix}") from None
+    if shutil.disk_usage(existing).free < MIN_FREE_BYTES:
+        what, fix = DISK_ERRORS[errno.ENOSPC]
+        raise PreflightError(f"artifacts_dir={path}: {what} ({existing} has under "
+                             f"{MIN_FREE_BYTES >> 20} MB free): {fix}")
+
+
+MIN_FREE_BYTES = 1 << 20  # below this no command can write its run folder and catalog
+
+
+def check_disk_space(conf: Config, n_passages: int) -> None:
+    """Warn when the store this run's method takes for ``n_passages`` (:data:`DISK_BYTES_PER_PASSAGE`) exceeds
+    the space free under ``artifacts_dir`` (stages already stored count too: this is an upper bound)."""
+    need = n_passages * DISK_BYTES_PER_PASSAGE.get(conf.method.name, max(DISK_BYTES_PER_PASSAGE.values()))
+    existing = Path(conf.artifacts_dir).expanduser().absolute()
+    while not existing.exists():
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    if need > free:
+        log.warning("method=%s on %d passages may write up to %d MB to artifacts_dir=%s, and %d MB are free "
+                    "there: free space or point artifacts_dir at another disk (a run stopped by a full disk "
+                    "keeps its finished stages)", conf.method.name, n_passages, need >> 20, conf.artifacts_dir,
+                    free >> 20)
 
 
 def check_scheduler(conf: Config, timeout_s: float = 5.0) -> None:
@@ -174,14 +240,16 @@ def check_models(conf: Config) -> None:
 
 # ----------------------------------------------------------------------------- dataset and questions
 
-def check_dataset(conf: Config, command: str) -> None:
-    """The dataset parses (the generated sample always does) and has the questions ``command`` needs."""
+def check_dataset(conf: Config, command: str) -> int:
+    """The dataset parses (the generated sample always does) and has the questions ``command`` needs; returns
+    its number of passages."""
     if isinstance(conf.dataset, SampleParams):
-        n_questions = conf.dataset.n_questions
+        n_passages, n_questions = conf.dataset.n_passages, conf.dataset.n_questions
     else:
-        n_questions = len(load_dataset(conf.dataset, conf.data_dir)[1])  # raises IngestError: file, record, field
+        docs, questions = load_dataset(conf.dataset, conf.data_dir)[:2]  # raises IngestError: file, record, field
+        n_passages, n_questions = len(docs), len(questions)
     if n_questions or command not in ("evaluate", "benchmark"):
-        return
+        return n_passages
     where = f"dataset {conf.dataset.name!r}"
     if command == "evaluate":
         raise PreflightError(f"{where} has no questions, and flows.evaluate scores retrieval on questions: "
@@ -198,6 +266,7 @@ def check_dataset(conf: Config, command: str) -> None:
                              f"{conf.data_dir}): {err}") from None
     if questions.empty:
         raise PreflightError(f"benchmark.questions_from={conf.benchmark.questions_from!r}: {path} holds no questions")
+    return n_passages
 
 
 # ----------------------------------------------------------------------------- LLM endpoint
@@ -310,8 +379,7 @@ def fail_before_flow(err: BaseException, cfg: Any, artifacts_dir: str | None) ->
 def interrupted() -> NoReturn:
     """End the process after Ctrl-C (SIGINT): one line on stderr, exit status 130. Every stage that finished is in
     the store (each writes atomically), so the same command goes on from them."""
-    print("interrupted: the stages that finished are stored; run the same command again to go on from them",
-          file=sys.stderr, flush=True)
+    print(INTERRUPTED, file=sys.stderr, flush=True)
     raise SystemExit(EXIT_INTERRUPTED)
 
 

@@ -11,6 +11,7 @@ Bad input raises :class:`IngestError` naming file, record index and field, befor
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import json
@@ -63,13 +64,28 @@ def doc_id(title: str, text: str) -> str:
 
 # ----------------------------------------------------------------------------- reading files
 
+def read_utf8(path: Path) -> str:
+    """A file's text. Invalid UTF-8 is an :class:`IngestError` naming the line (and a JSONL file's record) and
+    the byte offset of the first bad byte."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        before = data[:err.start].split(b"\n")
+        record = sum(1 for line in before[:-1] if line.strip())  # a JSONL record's index (0-based, as elsewhere)
+        where = f"line {len(before)}" + (f", record {record}" if path.suffix == ".jsonl" else "")
+        raise IngestError(str(path), f"invalid UTF-8 at byte offset {err.start}, {where}: "
+                          f"{data[err.start:err.start + 4]!r}; save the file as UTF-8 "
+                          f"(e.g. iconv -f latin1 -t utf-8)") from None
+
+
 def read_json_list(path: Path) -> list[Any]:
     """Parse a JSON file that must hold a list."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_utf8(path))
     except FileNotFoundError:
         raise IngestError(str(path), "file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except json.JSONDecodeError as err:
         raise IngestError(str(path), f"not valid JSON ({err})") from None
     if not isinstance(data, list):
         raise IngestError(str(path), f"expected a JSON list of records, got {type(data).__name__}")
@@ -81,7 +97,7 @@ def read_jsonl(path: Path) -> list[Any]:
     if not path.exists():
         raise IngestError(str(path), "file not found")
     records = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+    for i, line in enumerate(read_utf8(path).splitlines()):
         if line.strip():
             try:
                 records.append(json.loads(line))
@@ -95,7 +111,7 @@ def read_text_folder(path: Path) -> list[dict[str, str]]:
     if not path.is_dir():
         raise IngestError(str(path), "not a folder")
     files = sorted(p for p in path.rglob("*") if p.suffix.lower() in {".txt", ".md"} and p.is_file())
-    return [{"title": p.stem, "text": p.read_text(encoding="utf-8").strip()} for p in files]
+    return [{"title": p.stem, "text": read_utf8(p).strip()} for p in files]
 
 
 # ----------------------------------------------------------------------------- canonical tables
@@ -111,8 +127,10 @@ def _require(rec: Any, key: str, kind: type | tuple[type, ...], source: str, i: 
     return rec[key]
 
 
-def canonical_documents(records: list[Any], source: str, report: IngestReport) -> pd.DataFrame:
-    """Validate ``{title, text}`` records → ``documents(doc_id, title, text)``, duplicates removed."""
+def canonical_documents(records: list[Any], source: str, report: IngestReport,
+                        max_text_chars: int | None = None) -> pd.DataFrame:
+    """Validate ``{title, text}`` records → ``documents(doc_id, title, text)``, duplicates removed; a text longer
+    than ``max_text_chars`` (None: no limit) is refused."""
     if not records:
         raise IngestError(source, "the corpus is empty")
     rows = []
@@ -121,6 +139,9 @@ def canonical_documents(records: list[Any], source: str, report: IngestReport) -
         text = _require(rec, "text", str, source, i)
         if not (title.strip() or text.strip()):
             raise IngestError(source, "both title and text are empty", i, "text")
+        if max_text_chars is not None and len(text) > max_text_chars:
+            raise IngestError(source, f"{len(text):,} characters (title {title[:60]!r}), over dataset.max_text_chars="
+                              f"{max_text_chars}: shorten or split the record, or raise the limit", i, "text")
         rows.append((doc_id(title, text), title, text))
     docs = pd.DataFrame(rows, columns=["doc_id", "title", "text"])
     report.n_records = len(docs)
@@ -302,6 +323,7 @@ class SampleParams:
     n_questions: int = 60
     seed: int = 0
     shuffle_seed: int | None = 0
+    max_text_chars: int | None = None  # a longer passage is refused, naming its record (None: any length)
 
 
 @dataclass(frozen=True)
@@ -311,6 +333,7 @@ class HippoRAGParams:
     kind: str = "hipporag"
     name: str = "hotpotqa-100"
     shuffle_seed: int | None = 0
+    max_text_chars: int | None = None  # a longer passage is refused, naming its record (None: any length)
 
 
 @dataclass(frozen=True)
@@ -322,6 +345,7 @@ class UserCorpusParams:
     path: str = ""
     questions: str | None = None
     shuffle_seed: int | None = 0
+    max_text_chars: int | None = None  # a longer passage is refused, naming its record (None: any length)
 
 
 DatasetParams = SampleParams | HippoRAGParams | UserCorpusParams
@@ -378,10 +402,16 @@ def load_dataset(params: DatasetParams, data_dir: str) -> tuple[pd.DataFrame, pd
         source = str(files[0]) if params.kind != "folder" else params.path
         qrecs = (read_jsonl(qpath) if qpath and qpath.suffix == ".jsonl" else read_json_list(qpath)) if qpath else []
         qsource = str(qpath)
-    docs = canonical_documents(corpus, source, report)
+    docs = canonical_documents(corpus, source, report, params.max_text_chars)
     questions, gold_keys = parse_questions(qrecs, qsource)
     gold = match_gold(docs, gold_keys, report)
     return shuffle_documents(docs, params.shuffle_seed), questions, gold, report
+
+
+def fingerprinted(params: DatasetParams) -> dict[str, Any]:
+    """The dataset params that can change a table: ``max_text_chars`` only refuses input, so a limit that
+    refuses nothing leaves the stages cached."""
+    return {k: v for k, v in dataclasses.asdict(params).items() if k != "max_text_chars"}
 
 
 def content_hash(paths: list[Path]) -> str:
@@ -413,7 +443,7 @@ def ingest(ctx: RunContext, params: DatasetParams, data_dir: str) -> dict[str, A
         report_df = pd.DataFrame([{"report": json.dumps(summary)}])
         return {"documents": docs, "questions": questions, "gold": gold, "ingest_report": report_df}, len(docs)
 
-    return run_stage(ctx, "ingest", code, params, raw, compute)
+    return run_stage(ctx, "ingest", code, fingerprinted(params), raw, compute)
 
 
 # ----------------------------------------------------------------------------- gold evidence sentences
@@ -470,4 +500,4 @@ def gold_evidence(ctx: RunContext, params: DatasetParams, data_dir: str) -> dict
         table = supporting_sentences(question_records(params, data_dir))
         return {"gold_sentences": table}, len(table)
 
-    return run_stage(ctx, "evidence", code, params, raw, compute)
+    return run_stage(ctx, "evidence", code, fingerprinted(params), raw, compute)

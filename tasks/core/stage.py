@@ -23,7 +23,15 @@ import pandas as pd
 import pyarrow as pa
 
 from tasks.core.progress import notice_if_slow
-from tasks.core.store import ArtifactRef, PeakRSS, Store, fingerprint, release_arrow_memory, short_hash
+from tasks.core.store import (
+    ArtifactRef,
+    DamagedFile,
+    PeakRSS,
+    Store,
+    fingerprint,
+    release_arrow_memory,
+    short_hash,
+)
 
 log = logging.getLogger("dagrag")
 
@@ -98,7 +106,7 @@ def run_stage(ctx: RunContext, stage: str, code: str, params: Any, inputs: Mappi
                      f" (pid {pid})" if pid else "")
 
         with store.stage_lock(stage, fp, on_wait=waiting):
-            hit = store.lookup(stage, fp)  # another run may have finished it while we waited
+            hit = store.lookup(stage, fp, warn=False)  # another run may have finished it while we waited
             if hit is None:
                 return _compute(ctx, store, stage, fp, params, inputs, compute, ext or {})
     rows = sum(r.rows for r in hit.values())
@@ -120,8 +128,8 @@ def _compute(ctx: RunContext, store: Store, stage: str, fp: str, params: Any, in
     del outputs
     release_arrow_memory()  # the next stage's RSS starts from what is live, not from this stage's tables
     seconds = time.perf_counter() - t0
-    store.record(stage, fp, ctx.dataset, refs, input_fps=inputs, params=params_dict(params),
-                 rows_computed=rows_computed, seconds=seconds, peak_rss_mb=mem.mb, run_id=ctx.run_id)
+    refs = store.record(stage, fp, ctx.dataset, refs, input_fps=inputs, params=params_dict(params),
+                        rows_computed=rows_computed, seconds=seconds, peak_rss_mb=mem.mb, run_id=ctx.run_id)
     rows = sum(r.rows for r in refs.values())
     store.event(ctx.run_id, stage, fp, ctx.dataset, "computed", rows=rows, rows_computed=rows_computed,
                 seconds=seconds, peak_rss_mb=mem.mb)
@@ -169,11 +177,19 @@ def run_row_stage(ctx: RunContext, stage: str, code: str, params: Any, row_param
     def compute() -> tuple[Mapping[str, Output], int]:
         wanted = list(dict.fromkeys(keys.tolist()))
         cache = store.row_cache(stage, param_fp, key)
-        missing = cache.missing(wanted)
-        for part in compute_partitions(stage, compute_rows, missing):
-            cache.append(part)  # in the flow process only: workers return rows, they write nothing
-        rows = cache.read(wanted) if wanted else None
-        return assemble(rows), len(missing)
+        computed = 0
+        for attempt in (1, 2):  # a part found damaged when read whole is dropped: its rows are computed again
+            missing = cache.missing(wanted)
+            computed += len(missing)
+            for part in compute_partitions(stage, compute_rows, missing):
+                cache.append(part)  # in the flow process only: workers return rows, they write nothing
+            try:
+                rows = cache.read(wanted) if wanted else None
+                break
+            except DamagedFile:
+                if attempt == 2:
+                    raise
+        return assemble(rows), computed
 
     return run_stage(ctx, stage, code, params, {**inputs, "_rows": param_fp}, compute)
 

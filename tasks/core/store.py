@@ -6,6 +6,7 @@ Layout under ``artifacts_dir``::
     _locks/<stage>-<fp>.lock                    held while a process computes that stage (holder's pid inside)
     <dataset>/<stage>/<name>-<fp>.parquet       a stage's outputs, addressed by its fingerprint
     _rows/<stage>/<param_fp>/part-*.parquet     row caches of per-row stages (chunk, ner, embed)
+    _quarantine/<when>/<relative path>          damaged files, moved aside (never deleted) by a run or the doctor
 
 A stage's fingerprint is a content hash of (stage name, the source of the modules
 holding it and the pure functions it calls, its config slice, its input fingerprints).
@@ -15,11 +16,18 @@ is opened only for short, file-locked transactions, so two processes sharing one
 ``artifacts_dir`` queue behind each other instead of corrupting it; and a stage being
 computed is locked (:meth:`Store.stage_lock`), so a second run waits for it and reuses it
 instead of computing it again.
+
+Every file a stage or a row cache writes has its size and content hash (BLAKE2b) recorded in the catalog
+(``stages.bytes, stages.digest``; ``row_parts``), and Parquet files are written with page checksums. A cached
+stage is trusted only after a cheap check (:func:`file_problem`: the recorded size, a readable Parquet footer
+holding the recorded rows); a non-Parquet file's hash is checked when it is read (:meth:`Store.read_bytes`),
+a Parquet page's CRC when the page is read. Full hashes are ``dagrag doctor``'s job (``flows.doctor``).
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import errno
 import fcntl
 import hashlib
 import json
@@ -46,6 +54,8 @@ log = logging.getLogger("dagrag")
 
 CATALOG = "catalog.duckdb"
 LOCKS = "_locks"
+ROWS = "_rows"
+QUARANTINE = "_quarantine"
 # files that are written once (temp file + rename) and never changed: a copy of the store may hard-link them
 LINKABLE_SUFFIXES = frozenset({".parquet", ".npy", ".bin", ".tar"})
 LOCK_TIMEOUT_S = 120.0
@@ -73,21 +83,63 @@ CREATE TABLE IF NOT EXISTS metrics (
   run_id VARCHAR, kind VARCHAR, method VARCHAR, dataset VARCHAR, created_at TIMESTAMP, metrics JSON);
 ALTER TABLE metrics ADD COLUMN IF NOT EXISTS overrides JSON;
 CREATE TABLE IF NOT EXISTS store_root (root VARCHAR);
+ALTER TABLE stages ADD COLUMN IF NOT EXISTS bytes BIGINT;
+ALTER TABLE stages ADD COLUMN IF NOT EXISTS digest VARCHAR;
+CREATE TABLE IF NOT EXISTS row_parts (path VARCHAR, bytes BIGINT, digest VARCHAR, created_at TIMESTAMP);
 """
+# how the fix for a catalog that cannot be read is worded, wherever that is found
+REBUILD_HINT = "run `dagrag doctor doctor.repair=true artifacts_dir={root}` to rebuild it from the files it can verify"
+# what DuckDB says of a damaged database file (a truncated one, a failed block checksum, a foreign file)
+_DAMAGED_CATALOG = ("could not read enough bytes", "corrupt database", "checksum", "not a valid duckdb",
+                    "invalid database", "failed to read database header")
+# the OS errors that a full, read-only or forbidden disk gives, each with its fix
+DISK_ERRORS = {
+    errno.ENOSPC: ("no space left on the device", "free space there (or point artifacts_dir at another disk), "
+                   "then run the same command again: the stages that finished are kept"),
+    errno.EDQUOT: ("disk quota exceeded", "free space there (or point artifacts_dir at another disk), "
+                   "then run the same command again: the stages that finished are kept"),
+    errno.EROFS: ("read-only file system", "point artifacts_dir at a writable folder"),
+    errno.EACCES: ("permission denied", "make it writable for this user, or point artifacts_dir elsewhere"),
+    errno.EPERM: ("operation not permitted", "make it writable for this user, or point artifacts_dir elsewhere"),
+    errno.ENOTDIR: ("a file is in the way of a folder", "remove that file, or point artifacts_dir elsewhere"),
+}
 
 
 class StoreError(RuntimeError):
     """The artifact store cannot do what was asked; the message says what to fix."""
 
 
+class CatalogDamaged(StoreError):
+    """The catalog cannot be read; ``reason`` is what DuckDB said."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class DamagedFile(StoreError):
+    """A stored file failed its check when read; it has been moved to the quarantine."""
+
+
+def disk_error(err: OSError, path: str | os.PathLike | None = None) -> StoreError | None:
+    """A one-line :class:`StoreError` naming the path and the fix for a full, read-only or forbidden disk;
+    None for any other OS error."""
+    if err.errno not in DISK_ERRORS:
+        return None
+    what, fix = DISK_ERRORS[err.errno]
+    return StoreError(f"{what} writing {err.filename or path}: {fix}")
+
+
 @dataclass(frozen=True)
 class ArtifactRef:
-    """A small, picklable reference to one stored artifact (what tasks return)."""
+    """A small, picklable reference to one stored artifact (what tasks return), with its recorded content hash
+    (None: recorded before hashes were)."""
 
     name: str
     path: str
     fp: str
     rows: int
+    digest: str | None = None
 
 
 def short_hash(payload: Any, n: int = 16) -> str:
@@ -109,6 +161,37 @@ def _json_default(obj: Any) -> Any:
 def fingerprint(stage: str, code: str, params: Any, inputs: Mapping[str, str]) -> str:
     """A stage's identity: hash(stage, code version, config slice, input fingerprints)."""
     return short_hash({"stage": stage, "code": code, "params": params, "inputs": dict(sorted(inputs.items()))})
+
+
+def file_digest(path: str | os.PathLike) -> tuple[int, str]:
+    """``(size in bytes, BLAKE2b-128 hex digest)`` of a file's content."""
+    with open(path, "rb") as fh:
+        digest = hashlib.file_digest(fh, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
+    return os.path.getsize(path), digest
+
+
+def file_problem(path: str | os.PathLike, size: int | None, rows: int | None = None) -> str | None:
+    """What is wrong with a stored file by the cheap check a run makes before trusting it, or None: it exists,
+    has the recorded ``size`` (None: not recorded), and, for Parquet, its footer reads and holds ``rows`` rows
+    (None: any). The content hash is not read here (``dagrag doctor`` does that)."""
+    try:
+        actual = os.path.getsize(path)
+    except FileNotFoundError:
+        return "is missing"
+    if size is not None and actual != size:
+        return f"has {actual} bytes, {size} recorded"
+    if str(path).endswith(".parquet"):
+        try:
+            n = pq.read_metadata(path).num_rows
+        except (OSError, pa.ArrowException) as err:
+            return f"has no readable Parquet footer ({_first_line(err)})"
+        if rows is not None and n != rows:
+            return f"holds {n} rows, {rows} recorded"
+    return None
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def text_key(text: str) -> str:
@@ -178,6 +261,67 @@ def current_layout(table: pa.Table) -> pa.Table:
         if pa.types.is_fixed_size_list(field.type) and pa.types.is_float32(field.type.value_type):
             table = table.set_column(i, field.name, embeddings_to_arrow(arrow_to_embeddings(table.column(i))))
     return table
+
+
+# ----------------------------------------------------------------------------- writing and checking files
+
+@contextmanager
+def _atomic(path: Path) -> Iterator[Path]:
+    """A temp file beside ``path`` to write, renamed onto ``path`` when the block ends; on any failure it is
+    removed, and a full, read-only or forbidden disk becomes a one-line :class:`StoreError`."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException as err:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        if isinstance(err, OSError):
+            raise disk_error(err, path) or err from None
+        raise
+
+
+def parquet_problem(path: str | os.PathLike) -> str | None:
+    """What a full read of a Parquet file finds wrong with it (every page decoded, and checked against its CRC
+    where it has one), or None."""
+    try:
+        with pq.ParquetFile(path, memory_map=True, page_checksum_verification=True) as f:
+            for i in range(f.num_row_groups):
+                f.read_row_group(i)
+    except (OSError, pa.ArrowException) as err:
+        return _first_line(err)
+    return None
+
+
+def store_root_of(path: str | os.PathLike) -> Path | None:
+    """The ``artifacts_dir`` that holds a stage output or row-cache part (the folder with the catalog above it)."""
+    for parent in Path(path).resolve().parents:
+        if (parent / CATALOG).exists() or (parent / ".catalog.lock").exists():
+            return parent
+    return None
+
+
+def quarantine(path: str | os.PathLike, root: Path | None = None) -> Path:
+    """Move a file into ``<root>/_quarantine/<time>/<its path under root>`` (never deleted); returns where."""
+    path = Path(path).resolve()
+    root = root or store_root_of(path) or path.parent
+    rel = path.relative_to(root) if path.is_relative_to(root) else Path(path.name)
+    dst = root / QUARANTINE / dt.datetime.now().strftime("%Y%m%d-%H%M%S") / rel
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(path, dst)
+    return dst
+
+
+def quarantine_damaged(path: str | os.PathLike, why: str) -> DamagedFile:
+    """Move a damaged file to the quarantine and return the one-line error that says so and what to do."""
+    try:
+        where = f"it was moved to {quarantine(path)}"
+    except OSError as err:
+        where = f"it could not be moved aside ({err.strerror})"
+    return DamagedFile(f"{path} is damaged ({why}); {where}: run the same command again to compute it anew")
 
 
 # ----------------------------------------------------------------------------- peak memory
@@ -288,12 +432,26 @@ def _connect_catalog(path: Path, alias: str) -> duckdb.DuckDBPyConnection:
             return _attach(path, alias)
         except duckdb.IOException as err:
             if "lock" not in str(err).lower():
-                raise StoreError(f"cannot open the catalog {path}: {err}") from err
+                raise catalog_error(path, err) or StoreError(f"cannot open the catalog {path}: {err}") from None
             if time.monotonic() + delay > deadline:
                 raise StoreError(f"the catalog {path} has been held by another program for "
                                  f"{CATALOG_OPEN_TIMEOUT_S:.0f} s (close it, e.g. a duckdb shell): {err}") from err
             time.sleep(delay)
             delay = min(2 * delay, 1.0)
+
+
+def catalog_error(path: Path, err: duckdb.Error) -> StoreError | None:
+    """The one-line :class:`StoreError` for a catalog that DuckDB found damaged, or could not write for a disk
+    condition; None for any other DuckDB error."""
+    text = _first_line(err)
+    low = text.lower()
+    for code, (what, fix) in DISK_ERRORS.items():
+        if os.strerror(code).lower() in low:
+            return StoreError(f"{what} writing the catalog {path}: {fix}")
+    if any(sign in low for sign in _DAMAGED_CATALOG):
+        return CatalogDamaged(f"the catalog {path} is damaged ({text}): {REBUILD_HINT.format(root=path.parent)}",
+                              text)
+    return None
 
 
 def _read_pid(fd: int) -> int | None:
@@ -338,7 +496,11 @@ class Store:
     @contextmanager
     def _catalog_lock(self) -> Iterator[None]:
         """Hold the catalog's exclusive file lock (every catalog session and every copy of the store takes it)."""
-        with open(self._lock_path, "a+") as fh:
+        try:
+            fh = open(self._lock_path, "a+")
+        except OSError as err:
+            raise disk_error(err, self._lock_path) or err from None
+        with fh:
             deadline = time.monotonic() + LOCK_TIMEOUT_S
             while True:
                 try:
@@ -366,6 +528,8 @@ class Store:
                     self._rebase_catalog(con)
                     self._root_followed = True
                 yield con
+            except duckdb.Error as err:  # a damaged block met by a query, a full disk: one line that says what to do
+                raise catalog_error(self._catalog_path, err) or err from None
             finally:
                 _detach(con, self._catalog_alias)
 
@@ -517,74 +681,105 @@ class Store:
         """Write atomically (temp file + rename); returns the row count."""
         if isinstance(table, pd.DataFrame):
             table = pa.Table.from_pandas(table, preserve_index=False)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
+        with _atomic(path) as tmp:
+            pq.write_table(table, tmp, write_page_checksum=True)
         return table.num_rows
 
     @staticmethod
     def write_bytes(data: bytes, path: Path) -> None:
         """Write a non-tabular artifact atomically."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        with _atomic(path) as tmp:
+            tmp.write_bytes(data)
 
     @staticmethod
     def read(ref: ArtifactRef | str | Path, columns: list[str] | None = None) -> pd.DataFrame:
         """Read a Parquet artifact into pandas."""
-        path = ref.path if isinstance(ref, ArtifactRef) else ref
-        return pq.read_table(path, columns=columns, memory_map=True).to_pandas()
+        return Store.read_arrow(ref, columns).to_pandas()
 
     @staticmethod
     def read_arrow(ref: ArtifactRef | str | Path, columns: list[str] | None = None) -> pa.Table:
         """Read a Parquet artifact as an Arrow table (memory-mapped: the file's pages are not copied once more
-        into a read buffer)."""
+        into a read buffer), each page checked against its CRC where it has one; a damaged file is moved to the
+        quarantine and :class:`DamagedFile` raised."""
         path = ref.path if isinstance(ref, ArtifactRef) else ref
-        return pq.read_table(path, columns=columns, memory_map=True)
+        try:
+            return pq.read_table(path, columns=columns, memory_map=True, page_checksum_verification=True)
+        except (OSError, pa.ArrowException):
+            problem = parquet_problem(path) if os.path.exists(path) else None
+            if problem is None:
+                raise  # not the file's fault (a wrong column name, say): the error as it is
+            raise quarantine_damaged(path, problem) from None
+
+    @staticmethod
+    def read_bytes(ref: ArtifactRef | str | Path) -> bytes:
+        """Read a non-tabular artifact whole, checked against its recorded content hash (when the reference
+        carries one); a damaged file is moved to the quarantine and :class:`DamagedFile` raised."""
+        path = ref.path if isinstance(ref, ArtifactRef) else str(ref)
+        data = Path(path).read_bytes()
+        digest = ref.digest if isinstance(ref, ArtifactRef) else None
+        if digest is not None and hashlib.blake2b(data, digest_size=16).hexdigest() != digest:
+            raise quarantine_damaged(path, "its content hash differs from the one recorded when it was written")
+        return data
 
     # -- stage records -----------------------------------------------------------
-    def lookup(self, stage: str, fp: str) -> dict[str, ArtifactRef] | None:
-        """Outputs of a finished stage with this fingerprint, if all its files still exist."""
+    def lookup(self, stage: str, fp: str, warn: bool = True) -> dict[str, ArtifactRef] | None:
+        """Outputs of a finished stage with this fingerprint, if every file passes the cheap check
+        (:func:`file_problem`: there, the recorded size, a readable Parquet footer with the recorded rows). A file
+        that fails it is named in one log line (``warn``), and the stage is to be computed again."""
         with self.catalog() as con:  # plain tuples: a pandas frame per lookup cost more than the query
-            rows = con.execute("SELECT name, path, rows FROM stages WHERE stage = ? AND fp = ?", [stage, fp]).fetchall()
-        if not rows or not all(Path(path).exists() for _, path, _ in rows):
+            rows = con.execute("SELECT name, path, rows, bytes, digest FROM stages WHERE stage = ? AND fp = ?",
+                               [stage, fp]).fetchall()
+        if not rows:
             return None
-        return {name: ArtifactRef(name, path, fp, int(n)) for name, path, n in rows}
+        for _, path, n, size, _ in rows:
+            problem = file_problem(path, size, n)
+            if problem is not None:
+                if warn:
+                    log.warning("%s [%s]: %s %s, so the stage is computed again", stage, fp, path, problem)
+                return None
+        return {name: ArtifactRef(name, path, fp, int(n), digest) for name, path, n, _, digest in rows}
 
     def versions(self, stage: str, name: str, dataset: str, params: Any) -> list[tuple[str, str, dict[str, str]]]:
         """Stored ``(fp, path, input_fps)`` of output ``name`` of ``stage`` for ``dataset`` made with these
         params, newest first, whose file still exists: the bases an incremental update may start from."""
-        rows = self.query("SELECT fp, path, params, input_fps FROM stages WHERE stage = ? AND name = ? "
-                          "AND dataset = ? ORDER BY created_at DESC", [stage, name, dataset])
+        with self.catalog() as con:
+            rows = con.execute("SELECT fp, path, params, input_fps, bytes FROM stages WHERE stage = ? AND name = ? "
+                               "AND dataset = ? ORDER BY created_at DESC", [stage, name, dataset]).fetchall()
         want = json.loads(json.dumps(params, default=_json_default))
-        return [(r.fp, r.path, json.loads(r.input_fps)) for r in rows.itertuples()
-                if json.loads(r.params) == want and Path(r.path).exists()]
+        return [(fp, path, json.loads(inputs)) for fp, path, kept, inputs, size in rows
+                if json.loads(kept) == want and file_problem(path, size) is None]
 
     def record(self, stage: str, fp: str, dataset: str, refs: Mapping[str, ArtifactRef], *,
                input_fps: Mapping[str, str], params: Any, rows_computed: int,
-               seconds: float, peak_rss_mb: float, run_id: str) -> None:
-        """Register a finished stage (called last, after its files are in place)."""
+               seconds: float, peak_rss_mb: float, run_id: str) -> dict[str, ArtifactRef]:
+        """Register a finished stage (called last, after its files are in place), with each file's size and
+        content hash; returns ``refs`` with those hashes (what a later lookup returns)."""
         now = dt.datetime.now()
+        sums = {name: file_digest(ref.path) for name, ref in refs.items()}
         with self.catalog() as con:
             con.execute("DELETE FROM stages WHERE stage = ? AND fp = ?", [stage, fp])
             for ref in refs.values():
                 con.execute(
                     "INSERT INTO stages (stage, name, fp, dataset, path, input_fps, params, rows, rows_computed, seconds, "
-                    "peak_rss_mb, created_at, run_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    "peak_rss_mb, created_at, run_id, bytes, digest) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     [stage, ref.name, fp, dataset, ref.path, json.dumps(dict(input_fps)),
                      json.dumps(params, default=_json_default), ref.rows, rows_computed,
-                     seconds, peak_rss_mb, now, run_id])
+                     seconds, peak_rss_mb, now, run_id, *sums[ref.name]])
             self._refresh_views(con, refs)
+        return {name: dataclasses.replace(ref, digest=sums[name][1]) for name, ref in refs.items()}
 
     @staticmethod
     def _refresh_views(con: duckdb.DuckDBPyConnection, refs: Mapping[str, ArtifactRef]) -> None:
-        """DuckDB views named after each artifact, over its latest Parquet file."""
+        """DuckDB views named after each artifact, over its latest Parquet file (none over a file that fails the
+        cheap check: DuckDB reads its schema, and a failed statement would abort the session's transaction)."""
         for ref in refs.values():
-            if ref.path.endswith(".parquet"):
+            if not ref.path.endswith(".parquet"):
+                continue
+            if file_problem(ref.path, None) is None:
                 safe = ref.path.replace("'", "''")
                 con.execute(f'CREATE OR REPLACE VIEW "{ref.name}" AS SELECT * FROM read_parquet(\'{safe}\')')
+            else:
+                con.execute(f'DROP VIEW IF EXISTS "{ref.name}"')
 
     def event(self, run_id: str, stage: str, fp: str, dataset: str, status: str, *, rows: int,
               rows_computed: int, seconds: float, peak_rss_mb: float) -> None:
@@ -641,7 +836,26 @@ class Store:
     # -- row caches (per-row incremental stages) ----------------------------------
     def row_cache(self, stage: str, param_fp: str, key: str) -> "RowCache":
         """The row cache of a per-row stage under these params (shared by every dataset and run)."""
-        return RowCache(self.root / "_rows" / stage / param_fp, key)
+        return RowCache(self.root / ROWS / stage / param_fp, key, self)
+
+    def record_part(self, path: Path) -> None:
+        """Register a row-cache part with its size and content hash (once, whoever registers it first)."""
+        size, digest = file_digest(path)
+        with self.catalog() as con:
+            con.execute("INSERT INTO row_parts SELECT ?, ?, ?, ? WHERE NOT EXISTS "
+                        "(SELECT 1 FROM row_parts WHERE path = ?)", [str(path), size, digest, dt.datetime.now(),
+                                                                      str(path)])
+
+    def forget_part(self, path: Path) -> None:
+        """Remove a row-cache part's registration (it was dropped)."""
+        with self.catalog() as con:
+            con.execute("DELETE FROM row_parts WHERE path = ?", [str(path)])
+
+    def recorded_parts(self, folder: Path) -> dict[str, int]:
+        """``{path: bytes}`` of the registered parts under ``folder``."""
+        with self.catalog() as con:
+            return dict(con.execute("SELECT path, bytes FROM row_parts WHERE starts_with(path, ?)",
+                                    [f"{folder}/"]).fetchall())
 
 
 class RowCache:
@@ -651,8 +865,8 @@ class RowCache:
     only the keys it has not seen and a shrunk one reads fewer.
     """
 
-    def __init__(self, folder: Path, key: str) -> None:
-        self.folder, self.key = folder, key
+    def __init__(self, folder: Path, key: str, store: Store | None = None) -> None:
+        self.folder, self.key, self.store = folder, key, store  # store: where parts are registered and checked
         # each part's key column, read once per instance: a part never changes once written (uuid name, atomic),
         # so a stage's missing() and read() do not both read every part's keys
         self._part_keys: dict[Path, pa.Array] = {}
@@ -661,12 +875,39 @@ class RowCache:
         return sorted(self.folder.glob("part-*.parquet"))
 
     def _key_columns(self) -> tuple[list[Path], list[pa.Array]]:
-        """Every part and its key column (the key column alone is read: a small share of a part's bytes)."""
+        """Every sound part and its key column (the key column alone is read: a small share of a part's bytes).
+
+        A part is checked as a stage output is (:func:`file_problem`: its recorded size and footer) and its key
+        column read with page checksums; one that fails is dropped (:meth:`_drop`), so its rows count as not
+        computed. A sound part that is not registered (written before parts were, or by a run killed between
+        its write and its registration) is registered now."""
         parts = self._parts()
-        for p in parts:
-            if p not in self._part_keys:
-                self._part_keys[p] = pq.ParquetFile(p).read(columns=[self.key]).column(self.key).combine_chunks()
+        fresh = [p for p in parts if p not in self._part_keys]
+        recorded = self.store.recorded_parts(self.folder) if fresh and self.store is not None else {}
+        for p in fresh:
+            problem = file_problem(p, recorded.get(str(p)))
+            if problem is None:
+                try:
+                    with pq.ParquetFile(p, page_checksum_verification=True) as f:
+                        self._part_keys[p] = f.read(columns=[self.key]).column(self.key).combine_chunks()
+                except (OSError, pa.ArrowException) as err:
+                    problem = f"is unreadable ({_first_line(err)})"
+            if problem is not None:
+                self._drop(p, problem)
+            elif str(p) not in recorded and self.store is not None:
+                self.store.record_part(p)
+        parts = [p for p in parts if p in self._part_keys]
         return parts, [self._part_keys[p] for p in parts]
+
+    def _drop(self, part: Path, problem: str) -> None:
+        """Move a damaged part to the quarantine, with one log line; its rows are computed again."""
+        self._part_keys.pop(part, None)
+        if not part.exists():  # another process dropped it first
+            return
+        dst = quarantine(part, self.store.root if self.store is not None else None)
+        if self.store is not None:
+            self.store.forget_part(part)
+        log.warning("row cache part %s %s: moved to %s, and its rows are computed again", part, problem, dst)
 
     def keys(self) -> set[str]:
         """Keys already computed."""
@@ -678,8 +919,11 @@ class RowCache:
         return [k for k in wanted if k not in done]
 
     def append(self, table: pa.Table | pd.DataFrame) -> None:
-        """Add a part of newly computed rows (atomic)."""
-        Store.write_parquet(table, self.folder / f"part-{uuid.uuid4().hex}.parquet")
+        """Add a part of newly computed rows (atomic), then register it."""
+        path = self.folder / f"part-{uuid.uuid4().hex}.parquet"
+        Store.write_parquet(table, path)
+        if self.store is not None:
+            self.store.record_part(path)
 
     def read(self, keys: list[str]) -> pa.Table:
         """Rows whose key is in ``keys`` (keys absent from the cache are absent), in part order.
@@ -705,7 +949,16 @@ class RowCache:
         tables = []
         for i in np.unique(part_of):  # a part in the older vector layout is brought to the current one
             rows = pa.array(hit[part_of == i] - starts[i])
-            tables.append(current_layout(pq.read_table(parts[i], memory_map=True).take(rows)))
+            try:
+                part = pq.read_table(parts[i], memory_map=True, page_checksum_verification=True)
+            except (OSError, pa.ArrowException) as err:
+                problem = parquet_problem(parts[i])
+                if problem is None:
+                    raise
+                problem = f"is unreadable ({problem})"
+                self._drop(parts[i], problem)
+                raise DamagedFile(f"row cache part {parts[i]} {problem}") from err
+            tables.append(current_layout(part.take(rows)))
         return pa.concat_tables(tables, promote_options="default")
 
 

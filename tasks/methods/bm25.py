@@ -55,9 +55,9 @@ def pack(model: bm25s.BM25) -> bytes:
         return buf.getvalue()
 
 
-def unpack(blob_path: str) -> bm25s.BM25:
+def unpack(blob: bytes) -> bm25s.BM25:
     """Load an index written by :func:`pack`."""
-    with tempfile.TemporaryDirectory() as tmp, tarfile.open(blob_path) as tar:
+    with tempfile.TemporaryDirectory() as tmp, tarfile.open(fileobj=io.BytesIO(blob)) as tar:
         tar.extractall(tmp, filter="data")
         return bm25s.BM25.load(tmp, show_progress=False, verbosity=0)
 
@@ -82,7 +82,7 @@ class BM25Retriever:
         from tasks.core.store import Store
 
         self.doc_ids = np.asarray(Store.read(documents, ["doc_id"])["doc_id"].tolist(), dtype=object)
-        self.model = unpack(index.path)
+        self.model = unpack(Store.read_bytes(index))  # checked against its recorded hash
         self.params = params
 
     def search(self, questions: list[str], k: int) -> Hits:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 from prefect import task
@@ -34,6 +35,11 @@ BACKENDS = ("spacy", "llm")
 # the 2Wiki passages 1.27x slower; README, "spaCy's matrix products")
 MATMULS = ("numpy", "blis")
 NUMERIC_LABELS = frozenset({"DATE", "TIME", "PERCENT", "MONEY", "QUANTITY", "ORDINAL", "CARDINAL"})
+# spaCy refuses a text over nlp.max_length (1,000,000 characters, its error E088): a longer text is recognised in
+# windows of at most this many characters (recognise_windows): a few passages long, so a batch of windows takes the
+# memory a batch of passages does (spaCy needs about 1 GB per 100,000 characters it holds at once).
+NER_WINDOW_CHARS = 2_000
+_SENTENCE_END = re.compile(r"[.!?]\s|\n")
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,40 @@ def recognise(texts: list[str], params: NERParams) -> pd.DataFrame:
     for i, doc in enumerate(tqdm(docs, total=len(texts), desc="ner", delay=2.0, leave=False)):
         rows.extend((i, e.text, e.label_, e.start_char, e.end_char) for e in doc.ents)
     return pd.DataFrame(rows, columns=["text_idx", "surface", "label", "start", "end"])
+
+
+def text_windows(text: str, size: int = NER_WINDOW_CHARS) -> list[tuple[int, int]]:
+    """``[start, end)`` windows of at most ``size`` characters covering ``text`` end to end, each cut after the
+    last sentence end (``.``, ``!`` or ``?`` and a space, or a newline) in its second half, else after its last
+    space there, else at ``size``. A text of at most ``size`` characters is one window."""
+    windows, start = [], 0
+    while len(text) - start > size:
+        end, half = start + size, start + size // 2
+        cut = max((m.end() for m in _SENTENCE_END.finditer(text, half, end)), default=None)
+        if cut is None:
+            space = text.rfind(" ", half, end)
+            cut = space + 1 if space >= 0 else end
+        windows.append((start, cut))
+        start = cut
+    return windows + [(start, len(text))]
+
+
+def recognise_windows(texts: list[str], params: NERParams) -> pd.DataFrame:
+    """:func:`recognise` for texts of any length: a text over :data:`NER_WINDOW_CHARS` is recognised window by
+    window (:func:`text_windows`) and its spans placed back in the whole text; shorter texts as they are."""
+    pieces, owner, offset = [], [], []
+    for i, text in enumerate(texts):
+        for a, b in text_windows(text):
+            pieces.append(text[a:b])
+            owner.append(i)
+            offset.append(a)
+    spans = recognise(pieces, params)
+    if len(pieces) == len(texts):
+        return spans
+    piece = spans["text_idx"].to_numpy()
+    shift = np.asarray(offset, dtype=np.int64)[piece]
+    return spans.assign(text_idx=np.asarray(owner, dtype=np.int64)[piece], start=spans["start"] + shift,
+                        end=spans["end"] + shift)
 
 
 def entity_mentions(spans: pd.DataFrame, params: NERParams) -> pd.DataFrame:
@@ -176,7 +216,7 @@ def ner(ctx: RunContext, table: ArtifactRef, id_col: str, params: NERParams,
 
     def spans_of(texts: list[str]) -> pd.DataFrame:
         if client is None:
-            return recognise(texts, params)
+            return recognise_windows(texts, params)
         if ctx.llm_dry_run:
             from tasks.llm.params import LLMDryRun
 
@@ -204,7 +244,8 @@ def ner(ctx: RunContext, table: ArtifactRef, id_col: str, params: NERParams,
         mentions = mentions.astype({"start": "int32", "end": "int32"})
         return {"mentions": mentions[[id_col, "surface", "label", "start", "end", "entity"]]}
 
-    if client is None:
+    if client is None:  # not recognise_windows: it changes no row a text under the window gave before (a longer
+        # one failed), so every cached row stays valid
         row_params = {"model": params.model, "matmul": params.matmul, "code": code_version(recognise, load_ner)}
     else:  # the prompt, keep_numeric (it changes the prompt) and the model name a row
         row_params = {"backend": "llm", "llm": llm_identity(llm), "keep_numeric": params.keep_numeric,

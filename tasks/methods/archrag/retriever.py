@@ -138,7 +138,7 @@ class ArchRetriever:
         self.entities = Store.read(index["entities"]).sort_values("entity_id").reset_index(drop=True)
         self.relations = Store.read(index["relations"])
         self.communities = Store.read(index["communities"])
-        self.index = CHNSW.from_bytes(Path(index["chnsw"].path).read_bytes())
+        self.index = CHNSW.from_bytes(Store.read_bytes(index["chnsw"]))
         chunks = Store.read(index["chunks"], ["chunk_id", "doc_id"])
         self.entity_docs = entity_documents(self.entities, chunks, self.doc_ids)
         self.doc_spread = passage_spread(spread_matrices(Store.read(index["parents"]), len(self.entities)),

@@ -138,7 +138,7 @@ def hyperplanes_stage(ctx: RunContext, embeddings: ArtifactRef, params: EraParam
 
 def load_planes(ref: ArtifactRef | str) -> np.ndarray:
     """The stored hyperplane matrix."""
-    return np.load(ref.path if isinstance(ref, ArtifactRef) else ref, allow_pickle=False)
+    return np.load(io.BytesIO(Store.read_bytes(ref)), allow_pickle=False)  # checked against its recorded hash
 
 
 # ---------------------------------------------------------------- summarisers

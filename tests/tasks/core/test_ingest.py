@@ -248,7 +248,20 @@ def _bad_cases(tmp_path: Path):
     (d / "u" / "bad.jsonl").write_text('{"title": "a", "text": "x"}\n{"title": "b", "text": \n', encoding="utf-8")
     (d / "u" / "c.jsonl").write_text('{"title": "a", "text": "x"}\n', encoding="utf-8")
     (d / "u" / "empty").mkdir()
+    (d / "u" / "latin1.jsonl").write_bytes(b'{"title": "a", "text": "x"}\n{"title": "b", "text": "caf\xe9"}\n')
+    (d / "u" / "latin1").mkdir()
+    (d / "u" / "latin1" / "note.txt").write_bytes(b"line one\nline tw\xf6")
+    (d / "u" / "long.jsonl").write_text('{"title": "a", "text": "x"}\n{"title": "b", "text": "' + "y" * 50 + '"}\n')
+    latin_corpus = hippo("l1", corpus=good)
+    (d / "l1" / "corpus.json").write_bytes(b'[{"title": "a",\n "text": "na\xefve"}]')
     return {
+        "utf8_jsonl": (UserCorpusParams(kind="jsonl", path=str(d / "u" / "latin1.jsonl")),
+                       ["latin1.jsonl", "invalid UTF-8 at byte offset 55", "line 2, record 1", "iconv"]),
+        "utf8_folder": (UserCorpusParams(kind="folder", path=str(d / "u" / "latin1")),
+                        ["note.txt", "invalid UTF-8 at byte offset 16", "line 2"]),
+        "utf8_json": (latin_corpus, ["corpus.json", "invalid UTF-8 at byte offset 28", "line 2"]),
+        "max_text_chars": (UserCorpusParams(kind="jsonl", path=str(d / "u" / "long.jsonl"), max_text_chars=20),
+                           ["long.jsonl", "record 1", "50 characters", "max_text_chars=20"]),
         "not_json": (hippo("nj", corpus_text="[{not json"), ["corpus.json", "not valid JSON"]),
         "not_a_list": (hippo("nl", corpus={"title": "a", "text": "x"}), ["corpus.json", "list"]),
         "missing_field": (hippo("mf", corpus=good + [{"title": "b"}]), ["corpus.json", "record 1", "'text'"]),
@@ -283,7 +296,7 @@ def _bad_cases(tmp_path: Path):
 BAD = ["not_json", "not_a_list", "missing_field", "wrong_type", "record_not_object", "blank_record",
        "empty_corpus", "question_missing", "question_wrong_type", "question_no_id", "duplicate_qid",
        "bad_paragraphs", "jsonl_bad_line", "jsonl_missing_file", "questions_missing_file", "empty_folder",
-       "no_path", "hipporag_missing"]
+       "no_path", "hipporag_missing", "utf8_jsonl", "utf8_folder", "utf8_json", "max_text_chars"]
 
 
 @pytest.mark.parametrize("case", BAD)

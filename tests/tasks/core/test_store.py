@@ -1,6 +1,7 @@
 """Tests for ``tasks.core.store`` and ``tasks.core.stage``: atomic writes, the catalog, row caches, kills, concurrency."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ from tasks.core.store import (
     current_layout,
     embedding_width,
     embeddings_to_arrow,
+    file_digest,
     fingerprint,
     text_key,
 )
@@ -111,9 +113,10 @@ def test_record_lookup_round_trip_and_deleted_file(tmp_path):
     p1, p2 = store.path_for("ds", "st", "one", "fp1"), store.path_for("ds", "st", "two", "fp1")
     refs = {"one": ArtifactRef("one", str(p1), "fp1", store.write_parquet(_frame([1, 2]), p1)),
             "two": ArtifactRef("two", str(p2), "fp1", store.write_parquet(_frame([3]), p2))}
-    store.record("st", "fp1", "ds", refs, input_fps={"in": "abc"}, params={"k": 1}, rows_computed=2,
-                 seconds=0.1, peak_rss_mb=1.0, run_id="r")
-    assert store.lookup("st", "fp1") == refs
+    recorded = store.record("st", "fp1", "ds", refs, input_fps={"in": "abc"}, params={"k": 1}, rows_computed=2,
+                            seconds=0.1, peak_rss_mb=1.0, run_id="r")
+    assert recorded == {n: dataclasses.replace(r, digest=file_digest(r.path)[1]) for n, r in refs.items()}
+    assert store.lookup("st", "fp1") == recorded
     assert store.lookup("st", "fp2") is None and store.lookup("other", "fp1") is None
     assert store.query('SELECT count(*) AS n FROM "one"')["n"].iloc[0] == 2  # the artifact's view
     # recording the same fingerprint again replaces its rows
@@ -436,12 +439,12 @@ def test_a_catalog_with_columns_added_by_a_newer_version_still_takes_every_recor
     store = Store(tmp_path)
     p = store.path_for("ds", "st", "one", "fp1")
     refs = {"one": ArtifactRef("one", str(p), "fp1", store.write_parquet(_frame([1]), p))}
-    store.record("st", "fp1", "ds", refs, input_fps={}, params={}, rows_computed=1, seconds=0.1,
-                 peak_rss_mb=1.0, run_id="r")
+    recorded = store.record("st", "fp1", "ds", refs, input_fps={}, params={}, rows_computed=1, seconds=0.1,
+                            peak_rss_mb=1.0, run_id="r")
     store.event("r", "st", "fp1", "ds", "computed", rows=1, rows_computed=1, seconds=0.1, peak_rss_mb=1.0)
     store.record_run("r", "evaluate", {})
     store.record_metrics("r", "evaluate", "bm25", "ds", {"recall@5": 50.0})
-    assert store.lookup("st", "fp1") == refs
+    assert store.lookup("st", "fp1") == recorded
     for table in ("stage_events", "runs", "metrics"):  # a row each, its new column empty
         assert store.query(f"SELECT count(*) AS n FROM {table}")["n"].iloc[0] == 1
 

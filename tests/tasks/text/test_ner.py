@@ -2,11 +2,21 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tasks.llm.client import make_client
 from tasks.llm.ner import NER_SCHEMA, entity_label, llm_recognise, locate, ner_messages
 from tasks.llm.params import ExtractionMostlyEmpty, LLMParams
-from tasks.text.ner import NERParams, QueryRecogniser, normalize_entity
+from tasks.text.ner import (
+    NER_WINDOW_CHARS,
+    NERParams,
+    QueryRecogniser,
+    normalize_entity,
+    recognise,
+    recognise_windows,
+    text_windows,
+)
 from tests.llm_server import FakeLLMServer
 
 
@@ -92,3 +102,35 @@ def test_numpy_and_blis_matrix_products_find_the_same_entities() -> None:
     with pytest.raises(ValueError, match="ner.matmul"):
         NERParams(matmul="mkl")
 
+
+
+# ----------------------------------------------------------------------------- texts over the NER window
+
+@given(st.text(alphabet="ab .\n", max_size=400), st.integers(min_value=4, max_value=50))
+def test_text_windows_cover_the_text_in_order_each_within_the_size(text, size) -> None:
+    windows = text_windows(text, size)
+    assert windows[0][0] == 0 and windows[-1][1] == len(text)
+    assert all(a == b for (_, a), (b, _) in zip(windows, windows[1:]))  # contiguous, no overlap
+    assert all(0 < b - a <= size for a, b in windows) or windows == [(0, 0)]
+    if len(text) <= size:
+        assert windows == [(0, len(text))]
+
+
+def test_text_windows_cut_after_a_sentence_end() -> None:
+    text = "One sentence here. Another one here. " * 10
+    for a, b in text_windows(text, 50)[:-1]:
+        assert text[a:b].endswith(". ")
+
+
+def test_a_text_over_the_window_is_recognised_whole_with_its_spans_in_place() -> None:
+    """spaCy refuses a text over nlp.max_length; windows find every sentence's entity, at its place in the text."""
+    sentence = "Alice Smith moved to Paris in the spring. "
+    long_text = sentence * (3 * NER_WINDOW_CHARS // len(sentence))
+    short = "Bob Jones visited London."
+    spans = recognise_windows([short, long_text], NERParams())
+    alone = recognise([short], NERParams())
+    assert spans[spans["text_idx"] == 0].reset_index(drop=True).equals(alone)  # a short text as before
+    long_spans = spans[spans["text_idx"] == 1]
+    texts = [long_text[s:e] for s, e in zip(long_spans["start"], long_spans["end"])]
+    assert texts == long_spans["surface"].tolist()
+    assert texts.count("Alice Smith") == long_text.count("Alice Smith")
