@@ -31,6 +31,8 @@ COMMANDS = {
 # commands whose run needs Prefect's API: their temporary server is launched before their own start-up
 # (scale, growth: one server that each child process inherits, instead of one started per child)
 NEEDS_API = {"evaluate", "index", "update", "benchmark", "compare", "scale", "growth", "report"}
+# commands that only read a built index (and `dagrag query` without a questions file): a read-only store serves
+READ_ONLY = {"serve", "loadtest"}
 NO_RUN_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "--shell-completion", "-sc"}
 
 USAGE = "usage: dagrag COMMAND [overrides] [hydra flags]\n\ncommands:\n" + "\n".join(
@@ -80,10 +82,11 @@ def _run(command: str, rest: list[str]) -> int:
         from flows.api_server import launch_api
 
         launch_api()  # its start-up overlaps the command's imports and checks (flows.api_server)
-    if not NO_RUN_FLAGS.intersection(rest):  # before Hydra makes its run folder there (a traceback otherwise)
+    writes = command not in READ_ONLY and not (command == "query" and not flow_run_query(rest))
+    if writes and not NO_RUN_FLAGS.intersection(rest):  # before Hydra makes its run folder there (a traceback otherwise)
         from flows.preflight import EXIT_USER_ERROR, PreflightError, artifacts_dir_of, check_artifacts_dir
 
-        where = artifacts_dir_of(rest, Path(__file__).resolve().parents[1] / "conf")
+        where = artifacts_dir_of(split_questions(rest)[0], Path(__file__).resolve().parents[1] / "conf")
         try:
             if where is not None:
                 check_artifacts_dir(where)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-import signal
 import sys
 from typing import Any
 
@@ -105,10 +104,6 @@ def print_config(args: list[str]) -> int:
     return 0
 
 
-def _interrupt(sig: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     from flows.preflight import USER_ERRORS, fail, preflight_serving, verbose
     from flows.serving.index import compose
@@ -119,7 +114,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if "--cfg" in overrides:  # as Hydra's flag: the composed config, nothing run
         return print_config(overrides)
-    signal.signal(signal.SIGTERM, _interrupt)  # while the index loads: the same one-line stop as Ctrl-C
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpcore", "httpx2", "faiss.loader", "sentence_transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
