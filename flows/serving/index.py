@@ -318,7 +318,7 @@ class Index:
         else:
             from tasks.llm.generate import build_reader_messages, extract_answer
 
-            contexts = [reader_context(r, self.conf.eval.context_passages) for r in ranked]
+            contexts = reader_contexts(ranked, self.conf.eval.context_passages)
             msgs = [build_reader_messages(r.question, c, self.conf.eval.max_context_tokens)
                     for r, c in zip(ranked, contexts)]
             replies = client.chat_many(msgs, stage="answer")
@@ -349,13 +349,21 @@ def _client(llm: Any, cache_path: str):
     return make_client(llm, cache_path)
 
 
-def reader_context(ranked: Ranked, n_passages: int) -> list[str]:
-    """What the shared reader is given for a question (:func:`tasks.llm.generate.contexts_for`'s rule): the
-    method's kept chunks when it keeps some, else its top passages as ``title: text``."""
-    kept = ranked.trace.get("kept_chunks")
-    if kept:
-        return [str(c) for c in kept]
-    return [f"{p.title}: {p.text}" for p in ranked[:n_passages]]
+def reader_contexts(ranked: list[Ranked], n_passages: int) -> list[list[str]]:
+    """What the shared reader is given for each question: ``evaluate``'s own rule
+    (:func:`tasks.llm.generate.contexts_for`) over these passages and traces."""
+    import json
+
+    from tasks.llm.generate import contexts_for
+
+    qids = [f"q{i}" for i in range(len(ranked))]
+    hits = pd.DataFrame([(q, p.rank, p.doc_id) for q, r in zip(qids, ranked) for p in r],
+                        columns=["qid", "rank", "doc_id"])
+    docs = pd.DataFrame([(p.doc_id, p.title, p.text) for r in ranked for p in r],
+                        columns=["doc_id", "title", "text"]).drop_duplicates("doc_id")
+    traces = pd.DataFrame({"qid": qids, "kept_chunks": [json.dumps(r.trace.get("kept_chunks") or []) for r in ranked]})
+    contexts = contexts_for(hits, docs, traces, n_passages)
+    return [contexts.get(q, []) for q in qids]
 
 
 def check_questions(questions: Sequence[Any]) -> None:
