@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from flows.config import METHOD_NAMES, ServeParams, load_config
-from flows.evaluate import evaluate_flow
+from flows.evaluate import evaluate_flow, retrieval_depth
 from flows.serving.app import Service
 from flows.serving.index import IndexNotBuilt, open_index
 from tests.flows.conftest import make_config
@@ -53,8 +53,8 @@ def assert_same(hits: pd.DataFrame, qid: str, passages: list[dict]) -> None:
 
 
 def depth(cfg: dict) -> int:
-    conf = load_config(cfg)
-    return max(conf.eval.ks + (conf.method.top_k,))
+    """As deep as evaluate ranked (recall@k, the method's top_k, answer_in_context's depth)."""
+    return retrieval_depth(load_config(cfg))
 
 
 @pytest.mark.parametrize("method", METHOD_NAMES)
