@@ -11,7 +11,8 @@
 - ``context_recall``: the share of a question's gold passages whose text reaches the reader's context,
   after the reader's token budget: the top ``eval.context_passages`` passages, or the method's own context
   items (``kept_chunks`` in its trace, each mapped to its passages by ``context_docs``: a ZoomRAG chunk to
-  its passage, an EraRAG leaf to its passage and a summary node to every passage under it).
+  its passage, an EraRAG leaf to its passage and a summary node to every passage under it, an ArchRAG entity,
+  relation or community to the passages it was made from).
 """
 from __future__ import annotations
 
