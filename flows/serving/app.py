@@ -147,6 +147,12 @@ class Service:
     def on_batch(self, stats: BatchStats) -> None:
         self.metrics.batch(stats)
 
+    def search(self, index: Index, questions: list[str], k: int) -> list[Any]:
+        """One batched search (on the batcher's worker thread); its parts go to the metrics."""
+        hits = index.search(questions, k)
+        self.metrics.parts(hits.parts)
+        return index.ranked(questions, hits)
+
     # -- reloads -----------------------------------------------------------------
     async def reload(self, force: bool = False) -> dict[str, Any]:
         """Open the index the settings now name beside the served one, then swap; the old one serves what was
@@ -197,7 +203,7 @@ def create_app(service: Service) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        service.batcher = MicroBatcher(lambda ix, qs, k: ix.retrieve(qs, k), service.params.max_batch,
+        service.batcher = MicroBatcher(service.search, service.params.max_batch,
                                        service.params.max_wait_ms, service.params.max_queue, service.on_batch,
                                        arriving=lambda: service.arriving)
         service.batcher.start()
@@ -238,9 +244,11 @@ def create_app(service: Service) -> FastAPI:
         finally:
             service.arriving -= 1
         results, index = await service.retrieve(questions, k)
-        return Response(orjson.dumps({"results": [[p.to_dict() for p in r] for r in results],
-                                      "traces": [r.trace for r in results], "index": index_payload(index, service)}),
-                        media_type="application/json")
+        started = time.perf_counter()
+        body = orjson.dumps({"results": [[p.to_dict() for p in r] for r in results],
+                             "traces": [r.trace for r in results], "index": index_payload(index, service)})
+        service.metrics.serialise.inc(time.perf_counter() - started)
+        return Response(body, media_type="application/json")
 
     @app.post("/answer", openapi_extra=schema, summary="Answers from the configured LLM, with their passages")
     async def answer(request: Request) -> JSONResponse:

@@ -64,6 +64,7 @@ class MicroBatcher:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dagrag-search")
         self._task: asyncio.Task | None = None
         self.in_flight = 0  # questions taken from the queue whose batch is running
+        self._last_size = 0  # the last batch's size: more than one means clients are waiting on each other
 
     @property
     def depth(self) -> int:
@@ -107,7 +108,10 @@ class MicroBatcher:
         while True:
             await self._arrived.wait()
             deadline = loop.time() + self.max_wait_s
-            while len(self._queue) < self.max_batch and loop.time() < deadline and self.arriving() > 0:
+            # wait for more while requests are being read, or while the last batch was shared (under load, the
+            # clients it answered are about to send their next questions: one batch rather than two half ones)
+            while len(self._queue) < self.max_batch and loop.time() < deadline and (
+                    self.arriving() > 0 or self._last_size > 1):
                 self._arrived.clear()
                 try:
                     await asyncio.wait_for(self._arrived.wait(), deadline - loop.time())
@@ -120,6 +124,7 @@ class MicroBatcher:
                     batch.append(item)
             if not self._queue:
                 self._arrived.clear()
+            self._last_size = len(batch)
             if batch:
                 self.in_flight = len(batch)
                 try:

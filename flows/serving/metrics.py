@@ -25,6 +25,10 @@ class ServeMetrics:
                                        buckets=LATENCY_BUCKETS, registry=r)
         self.queue_wait = Histogram("dagrag_queue_wait_seconds", "seconds a question waited for its batch",
                                     buckets=LATENCY_BUCKETS, registry=r)
+        self.search_parts = Counter("dagrag_search_part_seconds", "seconds of batched search by the method's own "
+                                    "parts (query encoding, walks, ...)", ["part"], registry=r)
+        self.serialise = Counter("dagrag_serialise_seconds", "seconds spent turning results into response bodies",
+                                 registry=r)
         self.queue_depth = Gauge("dagrag_queue_depth", "questions waiting for a batch", registry=r)
         self.errors = Counter("dagrag_errors", "refused or failed requests by kind", ["kind"], registry=r)
         self.index_version = Gauge("dagrag_index_version", "how many indexes this process has loaded (1 = the first)",
@@ -41,6 +45,10 @@ class ServeMetrics:
         self.batch_seconds.observe(stats.search_s)
         for wait in stats.queue_wait_s:
             self.queue_wait.observe(wait)
+
+    def parts(self, parts: dict[str, float]) -> None:
+        for name, seconds in parts.items():
+            self.search_parts.labels(name).inc(seconds)
 
     def index_loaded(self, info: Any) -> None:
         self.index_version.inc()
