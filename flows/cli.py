@@ -77,14 +77,18 @@ def _run(command: str, rest: list[str]) -> int:
         from flows.api_server import launch_api
 
         launch_api()  # its start-up overlaps the command's imports and checks (flows.api_server)
-    if not NO_RUN_FLAGS.intersection(rest):  # before Hydra makes its run folder there (a traceback otherwise)
+    if not NO_RUN_FLAGS.intersection(rest):  # before Hydra (its advice for a mistyped key is `+key=…`, which
+        # then fails on the check below; a blocked artifacts_dir fails its run folder with a traceback)
+        from flows.config import ConfigError, check_top_level_keys, override_keys
         from flows.preflight import EXIT_USER_ERROR, PreflightError, artifacts_dir_of, check_artifacts_dir
 
-        where = artifacts_dir_of(rest, Path(__file__).resolve().parents[1] / "conf")
         try:
+            if command != "schedule":  # conf/schedule.yaml is a config of its own
+                check_top_level_keys(override_keys(rest))
+            where = artifacts_dir_of(rest, Path(__file__).resolve().parents[1] / "conf")
             if where is not None:
                 check_artifacts_dir(where)
-        except PreflightError as err:
+        except (ConfigError, PreflightError) as err:
             from flows.api_server import stop_api
 
             stop_api()

@@ -165,3 +165,11 @@ def test_a_full_disk_then_space_freed(small_disk, tmp_path):
     subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
     out = dagrag(*run)
     assert out.returncode == 2 and "read-only file system" in one_line(out)
+
+
+def test_a_mistyped_top_level_key_is_named_with_its_nearest_match(tmp_path):
+    """Hydra advised `+artifact_dir=…`, which then failed with another message; both spellings now get one."""
+    for key in ("artifact_dir", "+artifact_dir"):
+        out = dagrag("evaluate", "method=bm25", f"{key}={tmp_path}")
+        assert out.returncode == 2 and "did you mean 'artifacts_dir'?" in one_line(out)
+    assert not any(tmp_path.iterdir())
