@@ -82,15 +82,21 @@ def _run(command: str, rest: list[str]) -> int:
         from flows.api_server import launch_api
 
         launch_api()  # its start-up overlaps the command's imports and checks (flows.api_server)
-    writes = command not in READ_ONLY and not (command == "query" and not flow_run_query(rest))
-    if writes and not NO_RUN_FLAGS.intersection(rest):  # before Hydra makes its run folder there (a traceback otherwise)
+    if not NO_RUN_FLAGS.intersection(rest):  # before Hydra (its advice for a mistyped key is `+key=…`, which
+        # then fails on the check below; a blocked artifacts_dir fails its run folder with a traceback)
+        from flows.config import ConfigError, check_top_level_keys, override_keys
         from flows.preflight import EXIT_USER_ERROR, PreflightError, artifacts_dir_of, check_artifacts_dir
 
-        where = artifacts_dir_of(split_questions(rest)[0], Path(__file__).resolve().parents[1] / "conf")
+        # dagrag query: the questions after `--` are no overrides; dagrag loadtest: its own loadtest.* keys
+        overrides = [o for o in split_questions(rest)[0] if not (command == "loadtest" and o.startswith("loadtest."))]
+        writes = command not in READ_ONLY and not (command == "query" and not flow_run_query(rest))
         try:
+            if command != "schedule":  # conf/schedule.yaml is a config of its own
+                check_top_level_keys(override_keys(overrides))
+            where = artifacts_dir_of(overrides, Path(__file__).resolve().parents[1] / "conf") if writes else None
             if where is not None:
                 check_artifacts_dir(where)
-        except PreflightError as err:
+        except (ConfigError, PreflightError) as err:
             from flows.api_server import stop_api
 
             stop_api()

@@ -10,7 +10,7 @@ import re
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Union
+from typing import Any, Iterable, Literal, Mapping, Union
 
 from omegaconf import OmegaConf
 
@@ -495,17 +495,29 @@ TOP_LEVEL_KEYS = frozenset({"dataset", "method", "embedder", "ner", "kg", "llm",
                             "verbose"})
 
 
+def check_top_level_keys(keys: Iterable[str]) -> None:
+    """A :class:`ConfigError` naming the keys that are not conf/config.yaml's, each with its nearest match."""
+    unknown = sorted(set(keys) - TOP_LEVEL_KEYS)
+    if unknown:
+        hints = {k: difflib.get_close_matches(k, sorted(TOP_LEVEL_KEYS), n=1) for k in unknown}
+        said = ", ".join(f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items())
+        raise ConfigError(f"unknown top-level key(s) {said}; the config has {sorted(TOP_LEVEL_KEYS)}")
+
+
+def override_keys(args: Iterable[str]) -> list[str]:
+    """The top-level keys a command line's overrides set (``method.alpha=0.7`` → ``method``; ``+x=1`` → ``x``),
+    Hydra's own (``hydra.…``), deletions (``~x``) and flags aside."""
+    keys = (a.lstrip("+").split("=", 1)[0].split(".", 1)[0] for a in args if "=" in a and not a.startswith(("~", "-")))
+    return [k for k in keys if k != "hydra"]
+
+
 def load_config(cfg: Mapping[str, Any]) -> Config:
     """A resolved Hydra config (plain dict) → :class:`Config`."""
     from flows.methods import METHODS
     from tasks.llm.params import LLMParams
     from tasks.methods.archrag.kg_stages import KGParams
 
-    unknown = sorted(set(cfg) - TOP_LEVEL_KEYS)
-    if unknown:  # `+artifact_dir=…` passes Hydra (the `+` adds a key) but would configure nothing
-        hints = {k: difflib.get_close_matches(k, sorted(TOP_LEVEL_KEYS), n=1) for k in unknown}
-        said = ", ".join(f"{k!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for k, h in hints.items())
-        raise ConfigError(f"unknown top-level key(s) {said}; the config has {sorted(TOP_LEVEL_KEYS)}")
+    check_top_level_keys(cfg)  # `+artifact_dir=…` passes Hydra (the `+` adds a key) but would configure nothing
     kind = cfg["dataset"].get("kind")
     if kind not in DATASET_KINDS:
         raise ConfigError(f"dataset.kind must be one of {sorted(DATASET_KINDS)}, got {kind!r}")

@@ -146,3 +146,19 @@ def test_zoomrag_recomputes_a_truncated_graph_and_its_block(tmp_path_factory, tm
     assert status["doc_doc_graph"] == status["global_block"] == "computed" and status["ner"] == "cached"
     assert warnings_naming(caplog, graph) and warnings_naming(caplog, block)
     assert recall(out) == recall(clean_metrics)
+
+
+def test_the_doctor_removes_dangling_rows_and_leaves_orphans_alone(clean, tmp_path, capsys):
+    """A deleted output is a dangling row (exit 1 until repaired: its stage's rows go, so the next run computes
+    it); a killed write's temp file and an unrecorded stage file are orphans: reported, left, not damage."""
+    artifacts = copy_store(clean[0], tmp_path)
+    gone = stage_file(artifacts, "embed", "embeddings")
+    gone.unlink()
+    stray = gone.with_name(f".{gone.name}.{'0' * 32}.tmp")
+    stray.write_bytes(b"half a write")
+    assert doctor(artifacts, repair=False) == 1
+    report = capsys.readouterr().out
+    assert "dangling catalog row" in report and stray.name in report
+    assert doctor(artifacts, repair=True) == 0 and stray.exists()
+    assert Store(artifacts).lookup("embed", gone.stem.rsplit("-", 1)[1]) is None
+    assert doctor(artifacts, repair=False) == 0

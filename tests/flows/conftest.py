@@ -15,9 +15,20 @@ from omegaconf import OmegaConf
 CONF = str(Path(__file__).resolve().parents[2] / "conf")
 
 
+_HARNESS_UP = False  # whether a session fixture below has started the server (tests/faults asks for it too)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def prefect_isolated():
-    """Prefect's database, home and result storage all in a temp dir (nothing leaks between sessions)."""
+    """Prefect's database, home and result storage all in a temp dir (nothing leaks between sessions).
+
+    Started once per session: ``tests/faults`` uses this fixture too, and a second server started beside the
+    first left the process's event worker sending to the first, so the second never saw those task runs."""
+    global _HARNESS_UP
+    if _HARNESS_UP:
+        yield
+        return
+    _HARNESS_UP = True
     home = tempfile.mkdtemp(prefix="dagrag-prefect-")
     os.environ["PREFECT_HOME"] = home
     os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = os.path.join(home, "results")
@@ -30,6 +41,7 @@ def prefect_isolated():
                 temporary_settings(updates={"flows.heartbeat_frequency": None}):
             yield
     finally:
+        _HARNESS_UP = False
         shutil.rmtree(home, ignore_errors=True)  # its database and results: ~6 MB per session otherwise left in /tmp
 
 
