@@ -381,8 +381,11 @@ def main(argv: list[str] | None = None) -> int:
     except (*USER_ERRORS, ValueError) as err:
         fail(err)
     rows = []
-    for name, overrides in params.setups.items():
-        rows += run_setup(name, [*common, *overrides], params, questions)
+    try:
+        for name, overrides in params.setups.items():
+            rows += run_setup(name, [*common, *overrides], params, questions)
+    except USER_ERRORS as err:  # a setup's index is not built: its build command, in one line
+        fail(err)
     frame = pd.DataFrame(rows)
     store = Store(base.artifacts_dir)
     run_id = f"loadtest-{time.strftime('%Y%m%d-%H%M%S')}"
