@@ -9,7 +9,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -180,7 +180,8 @@ def deliver_prefect_queues(timeout_s: float = 10.0) -> None:
             getattr(loaded, service).drain_all(timeout=timeout_s, at_exit=False)
 
 
-def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any) -> dict[str, Any]:
+def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any,
+                check: Callable[[Config], None] | None = None) -> dict[str, Any]:
     """A Hydra entry point's body: resolve and check the config, preflight (:mod:`flows.preflight`), run
     the flow with the configured task runner, print the machine-readable last line.
 
@@ -206,7 +207,10 @@ def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any) -> dict[str, An
     plain: dict[str, Any] = {}
     try:
         plain = OmegaConf.to_container(cfg, resolve=True)
-        preflight(load_config(plain), getattr(flow_fn, "name", ""))
+        conf = load_config(plain)
+        preflight(conf, getattr(flow_fn, "name", ""))
+        if check is not None:  # the command's own checks (dagrag query: its questions file and its index)
+            check(conf)
     except (*USER_ERRORS, OmegaConfBaseException) as err:  # a missing ??? value, a bad interpolation
         fail_before_flow(err, cfg, plain.get("artifacts_dir"))
     ensure_api()  # Prefect's temporary server, if needed, dies with this process (no orphan on SIGKILL)

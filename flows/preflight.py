@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from flows.config import Config, ConfigError
-from flows.serving.index import IndexNotBuilt
+from flows.serving.errors import IndexNotBuilt
 from tasks.core.ingest import (
     IngestError,
     SampleParams,
@@ -72,31 +72,6 @@ def preflight(conf: Config, command: str) -> None:
     check_llm(conf, command)
     check_scheduler(conf)
     check_disk_space(conf, n_passages)
-    if command == "query":
-        from flows.pipeline import job_overrides
-
-        check_serving(conf, command, [f"{k}={v}" for k, v in job_overrides().items()])
-
-
-def preflight_serving(conf: Config, command: str, overrides: list[str]) -> None:
-    """What ``dagrag query`` (no file) and ``dagrag serve`` check before opening the index: the models, the LLM
-    endpoint when answers are asked for, then :func:`check_serving`."""
-    check_models(conf)
-    check_llm(conf, command)
-    check_serving(conf, command, overrides)
-
-
-def check_serving(conf: Config, command: str, overrides: list[str]) -> None:
-    """The questions file parses, and the index is built (unless ``query.build=true``): a missing one is
-    refused with the ``dagrag index …`` command that builds it (:class:`flows.serving.index.IndexNotBuilt`)."""
-    from flows.serving.index import resolve
-
-    if command == "query" and conf.query.file:
-        from tasks.core.ingest import read_user_questions
-
-        read_user_questions(Path(conf.query.file))
-    if not (command == "query" and conf.query.build):
-        resolve(conf, overrides)
 
 
 # ----------------------------------------------------------------------------- the disk

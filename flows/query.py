@@ -136,7 +136,7 @@ def main_interactive(overrides: list[str], questions: list[str] | None) -> int:
     try:
         cfg = compose(overrides)
         conf = load_config(cfg)
-        from flows.preflight import preflight_serving
+        from flows.serving.checks import preflight_serving
 
         preflight_serving(conf, "query", overrides)
         asked = list(questions or []) + ([conf.query.text] if conf.query.text else [])
@@ -206,7 +206,11 @@ def hydra_run_dir() -> str:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def flow_main(cfg: DictConfig) -> None:
     """Hydra entry point of a questions-file query (a flow run with a run folder)."""
-    run_command(query_flow, cfg, "query", hydra_run_dir())
+    from flows.pipeline import job_overrides
+    from flows.serving.checks import check_serving
+
+    overrides = [f"{k}={v}" for k, v in job_overrides().items()]
+    run_command(query_flow, cfg, "query", hydra_run_dir(), check=lambda conf: check_serving(conf, "query", overrides))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -155,6 +155,9 @@ def scheduled_query(cfg: dict) -> dict[str, Any]:
     if not cfg.get("query", {}).get("file"):
         raise ConfigError("a scheduled query needs query.file=PATH in its overrides")
     _checked(cfg, "query")
+    from flows.serving.checks import check_serving
+
+    check_serving(load_config(cfg), "query", [])
     method, dataset = run_label(cfg)
     run_dir = Path(cfg["artifacts_dir"]) / "runs" / datetime.now().strftime("%Y-%m-%d/%H-%M-%S") / \
         f"scheduled-query-{method}-{dataset}"

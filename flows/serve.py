@@ -105,7 +105,8 @@ def print_config(args: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from flows.preflight import USER_ERRORS, fail, preflight_serving, verbose
+    from flows.preflight import USER_ERRORS, fail, verbose
+    from flows.serving.checks import preflight_serving
     from flows.serving.index import compose
 
     overrides = sys.argv[1:] if argv is None else list(argv)

@@ -29,6 +29,7 @@ import pandas as pd
 
 from flows.config import Config, load_config
 from flows.methods import METHODS
+from flows.serving.errors import IndexNotBuilt, NoLLM
 from tasks.core.ingest import dataset_label, ingest
 from tasks.core.stage import RunContext, StageNotBuilt
 from tasks.core.store import CATALOG, ArtifactRef, Store, release_arrow_memory, short_hash
@@ -40,10 +41,6 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 # overrides that configure the serving side only: they do not name an index, so they are left out of the
 # `dagrag index …` command an IndexNotBuilt error prints
 SERVING_GROUPS = ("query.", "serve.", "loadtest.", "eval.", "llm", "verbose", "report.", "hydra.")
-
-
-class IndexNotBuilt(LookupError):
-    """The index these settings name is not in the store; the message is the command that builds it."""
 
 
 # ----------------------------------------------------------------------------- stages as plain calls
@@ -336,10 +333,6 @@ class Index:
                                              for k, v in r.trace.items()}} for q, r in zip(qids, ranked)])
         table, _ = own(client, self.data, self.refs, self.conf, questions, traces, False)
         return list(zip(table["prediction"], table["raw"])), [[] for _ in ranked]
-
-
-class NoLLM(RuntimeError):
-    """``answer`` was asked of an index opened without an LLM."""
 
 
 @functools.lru_cache(maxsize=4)

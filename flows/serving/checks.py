@@ -1,0 +1,29 @@
+"""What ``dagrag query`` and ``dagrag serve`` check before they open an index (beside :mod:`flows.preflight`'s
+checks of every command)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from flows.config import Config
+from flows.preflight import check_llm, check_models
+
+
+def preflight_serving(conf: Config, command: str, overrides: list[str]) -> None:
+    """``dagrag query`` (no file) and ``dagrag serve``: the models, the LLM endpoint when answers are asked for,
+    then :func:`check_serving`."""
+    check_models(conf)
+    check_llm(conf, command)
+    check_serving(conf, command, overrides)
+
+
+def check_serving(conf: Config, command: str, overrides: list[str]) -> None:
+    """The questions file parses, and the index is built (unless ``query.build=true``): a missing one is
+    refused with the ``dagrag index …`` command that builds it (:class:`flows.serving.errors.IndexNotBuilt`)."""
+    from flows.serving.index import resolve
+
+    if command == "query" and conf.query.file:
+        from tasks.core.ingest import read_user_questions
+
+        read_user_questions(Path(conf.query.file))
+    if not (command == "query" and conf.query.build):
+        resolve(conf, overrides)
