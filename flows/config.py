@@ -504,11 +504,16 @@ def check_top_level_keys(keys: Iterable[str]) -> None:
         raise ConfigError(f"unknown top-level key(s) {said}; the config has {sorted(TOP_LEVEL_KEYS)}")
 
 
+# config groups chosen in conf/config.yaml's defaults that leave no key of their own in the composed config
+# (experiment=beyond_paper is a diff over the method's keys): a command line may name them
+DEFAULTS_ONLY_GROUPS = frozenset({"experiment", "experiment_method"})
+
+
 def override_keys(args: Iterable[str]) -> list[str]:
     """The top-level keys a command line's overrides set (``method.alpha=0.7`` → ``method``; ``+x=1`` → ``x``),
-    Hydra's own (``hydra.…``), deletions (``~x``) and flags aside."""
+    Hydra's own (``hydra.…``), the defaults-only groups (``experiment=…``), deletions (``~x``) and flags aside."""
     keys = (a.lstrip("+").split("=", 1)[0].split(".", 1)[0] for a in args if "=" in a and not a.startswith(("~", "-")))
-    return [k for k in keys if k != "hydra"]
+    return [k for k in keys if k != "hydra" and k not in DEFAULTS_ONLY_GROUPS]
 
 
 def load_config(cfg: Mapping[str, Any]) -> Config:

@@ -288,3 +288,15 @@ def test_a_command_imports_its_own_method_only_and_names_its_stage_tasks():
         "assert observe.name_task_runs() > 0\n"
         "print('ok')\n")
     _in_fresh_python(code)
+
+
+def test_a_command_line_may_choose_a_defaults_only_group():
+    """``experiment=beyond_paper`` names a config group, not a key of the composed config: the check of a command
+    line's top-level keys lets it through, and still refuses a mistyped key."""
+    from flows.config import ConfigError, DEFAULTS_ONLY_GROUPS, check_top_level_keys, override_keys
+
+    groups = {p.name for p in (Path(__file__).resolve().parents[1] / "conf").iterdir() if p.is_dir()}
+    assert DEFAULTS_ONLY_GROUPS <= groups
+    check_top_level_keys(override_keys(["method=zoomrag", "experiment=beyond_paper", "dataset.name=x"]))
+    with pytest.raises(ConfigError, match="did you mean 'method'"):
+        check_top_level_keys(override_keys(["experiment=beyond_paper", "methd=zoomrag"]))
