@@ -168,8 +168,8 @@ def split_ms(before: dict[str, float], after: dict[str, float]) -> dict[str, flo
     out: dict[str, float | None] = {"mean_batch": round(n / delta["batches"], 2)}
     for key in ("queue_wait", "search", "serialise"):
         out[f"{key}_ms"] = round(1000 * delta[key] / n, 2)
-    for key in sorted(k for k in delta if k.startswith("part:")):
-        out[f"{key[5:]}_ms"] = round(1000 * delta[key] / n, 2)
+    for key in sorted(k for k in delta if k.startswith("part:")):  # the method's own names, kept apart
+        out[f"part_{key[5:]}_ms"] = round(1000 * delta[key] / n, 2)
     return out
 
 
@@ -267,7 +267,7 @@ COLUMNS = ["setup", "max_batch", "clients", "questions_per_s", "p50_ms", "p95_ms
            "queue_wait_ms", "search_ms", "serialise_ms", "failures", "ceiling_batch", "inprocess_qps", "inprocess_ms_one"]
 SPLIT_NOTE = ("queue_wait_ms, search_ms, serialise_ms: per question, the server's own account of where its time "
               "went (search_ms is its batch's wall time shared among the batch; the method's parts are in the "
-              "catalog rows as <part>_ms)")
+              "catalog rows as part_<name>_ms)")
 
 
 def table(rows: pd.DataFrame) -> str:

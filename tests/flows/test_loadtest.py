@@ -33,3 +33,14 @@ def test_loadtest_measures_both_modes_and_reports(tmp_path):
     assert (store / "reports" / "loadtest-sample-60-s0" / "throughput.png").stat().st_size > 5000
     assert "| bm25 | 16 | 16 |" in (store / "reports" / "loadtest-sample-60-s0" / "loadtest.md").read_text()
     assert last["run_id"].startswith("loadtest-")
+
+
+def test_split_keeps_the_methods_own_part_names_apart():
+    """A method's part named like a split column (dense's faiss ``search``) does not overwrite it."""
+    from flows.loadtest import split_ms
+
+    before = {"batches": 0, "questions": 0, "queue_wait": 0, "search": 0, "serialise": 0, "part:search": 0}
+    after = {"batches": 2, "questions": 4, "queue_wait": 0.004, "search": 0.02, "serialise": 0.0004,
+             "part:search": 0.002, "part:query_encoding": 0.016}
+    assert split_ms(before, after) == {"mean_batch": 2.0, "queue_wait_ms": 1.0, "search_ms": 5.0, "serialise_ms": 0.1,
+                                       "part_query_encoding_ms": 4.0, "part_search_ms": 0.5}
