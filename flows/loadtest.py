@@ -191,21 +191,15 @@ def ceiling(index: Any, questions: list[str], batch: int, k: int, repeats: int) 
             "inprocess_ms_one": round(statistics.median(singles), 2)}
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_server(overrides: list[str], timeout_s: float = 300.0) -> tuple[subprocess.Popen, str, float]:
     """``dagrag serve overrides`` on a free loopback port: (process, URL, seconds until it printed its address)."""
-    port = free_port()
-    t0 = time.perf_counter()
     import tempfile
     import threading
 
+    from flows.ui_screenshot import free_port
+
+    port = free_port()
+    t0 = time.perf_counter()
     errors = tempfile.TemporaryFile(mode="w+")  # the server's log: never a pipe that fills and blocks it
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", *overrides, f"serve.port={port}"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=errors, text=True, start_new_session=True)

@@ -98,10 +98,8 @@ def render_text(number: int, ranked: Ranked, snippet_chars: int, answer: str | N
 
 
 def render_jsonl(ranked: Ranked, answer: Any = None) -> str:
-    out = ranked.to_dict()
-    if answer is not None:
-        out = {**answer.to_dict()}
-    return json.dumps(out, ensure_ascii=False)
+    """One JSON line: the question, its passages and trace (and the answer, when there is one)."""
+    return json.dumps((answer or ranked).to_dict(), ensure_ascii=False)
 
 
 # ----------------------------------------------------------------------------- ask (no flow run)
@@ -138,7 +136,7 @@ def main_interactive(overrides: list[str], questions: list[str] | None) -> int:
         conf = load_config(cfg)
         from flows.serving.checks import preflight_serving
 
-        preflight_serving(conf, "query", overrides)
+        preflight_serving(conf, "query")
         asked = list(questions or []) + ([conf.query.text] if conf.query.text else [])
         if not asked:
             asked = stdin_questions()

@@ -41,13 +41,12 @@ def api_key_for(conf: Config) -> str | None:
     return key
 
 
-def build_service(overrides: list[str], cfg: dict[str, Any]) -> Any:
+def build_service(overrides: list[str], cfg: dict[str, Any], key: str | None) -> Any:
     """Open the index and wrap it in a :class:`flows.serving.app.Service` that can reopen it."""
     from flows.serving.app import Service
     from flows.serving.index import index_fingerprint, open_index, resolve
 
     conf = load_config(cfg)
-    key = api_key_for(conf)
     index = open_index(*overrides, config=cfg)
 
     def reopen():
@@ -122,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = compose(overrides)
         conf = load_config(cfg)
-        api_key_for(conf)
-        preflight_serving(conf, "serve", overrides)
-        service = build_service(overrides, cfg)
+        key = api_key_for(conf)
+        preflight_serving(conf, "serve")
+        service = build_service(overrides, cfg, key)
     except USER_ERRORS as err:
         fail(err, verbose(cfg))
     serve(service, conf.serve.host, conf.serve.port, conf.serve.drain_s)

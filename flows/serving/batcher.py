@@ -63,7 +63,6 @@ class MicroBatcher:
         self._arrived = asyncio.Event()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dagrag-search")
         self._task: asyncio.Task | None = None
-        self.in_flight = 0  # questions taken from the queue whose batch is running
         self._last_size = 0  # the last batch's size: more than one means clients are waiting on each other
 
     @property
@@ -126,11 +125,7 @@ class MicroBatcher:
                 self._arrived.clear()
             self._last_size = len(batch)
             if batch:
-                self.in_flight = len(batch)
-                try:
-                    await self._answer(loop, batch)
-                finally:
-                    self.in_flight = 0
+                await self._answer(loop, batch)
 
     async def _answer(self, loop: asyncio.AbstractEventLoop, batch: list[_Item]) -> None:
         """Run one batch: one ``search`` per (index, k) group, results set on each question's future."""

@@ -8,17 +8,16 @@ from flows.config import Config
 from flows.preflight import check_llm, check_models
 
 
-def preflight_serving(conf: Config, command: str, overrides: list[str]) -> None:
-    """``dagrag query`` (no file) and ``dagrag serve``: the models, the LLM endpoint when answers are asked for,
-    then :func:`check_serving`."""
+def preflight_serving(conf: Config, command: str) -> None:
+    """``dagrag query`` (no file) and ``dagrag serve``: the models and the LLM endpoint when answers are asked for.
+    Whether the index is built is answered by opening it next (:func:`flows.serving.index.open_index`), once."""
     check_models(conf)
     check_llm(conf, command)
-    check_serving(conf, command, overrides)
 
 
 def check_serving(conf: Config, command: str, overrides: list[str]) -> None:
-    """The questions file parses, and the index is built (unless ``query.build=true``): a missing one is
-    refused with the ``dagrag index …`` command that builds it (:class:`flows.serving.errors.IndexNotBuilt`)."""
+    """Before a query flow run: the questions file parses, and the index is built (unless ``query.build=true``):
+    a missing one is refused with the ``dagrag index …`` command that builds it (:class:`flows.serving.errors.IndexNotBuilt`)."""
     from flows.serving.index import resolve
 
     if command == "query" and conf.query.file:

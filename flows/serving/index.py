@@ -17,7 +17,6 @@ import contextlib
 import contextvars
 import datetime as dt
 import functools
-import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,7 +34,6 @@ from tasks.core.stage import RunContext, StageNotBuilt
 from tasks.core.store import CATALOG, ArtifactRef, Store, release_arrow_memory, short_hash
 from tasks.eval.retrieve import Hits
 
-log = logging.getLogger("dagrag")
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 # overrides that configure the serving side only: they do not name an index, so they are left out of the
@@ -241,18 +239,17 @@ class Index:
                  retriever: Any, load_seconds: float) -> None:
         self.conf, self.data, self.refs, self.retriever = conf, data, index, retriever
         docs = Store.read(data["documents"], ["doc_id", "title", "text"])
-        self._row = pd.Series(np.arange(len(docs)), index=pd.Index(docs["doc_id"]))
+        row = pd.Series(np.arange(len(docs)), index=pd.Index(docs["doc_id"]))
         self._title = docs["title"].to_numpy(dtype=object)
         self._text = docs["text"].to_numpy(dtype=object)
         # the retriever's doc positions → rows of the documents table, once
-        self._doc_rows = self._row.loc[retriever.doc_ids].to_numpy()
+        self._doc_rows = row.loc[retriever.doc_ids].to_numpy()
         self._lock = threading.Lock()
-        store = Store(conf.artifacts_dir)
-        used = {**index, "documents": data["documents"]}
         raw = conf.raw
         self.info = IndexInfo(
             method=conf.method.name, dataset=dataset_label(conf.dataset),
-            fingerprint=index_fingerprint(data, index), built_at=built_at(store, used),
+            fingerprint=index_fingerprint(data, index),
+            built_at=built_at(Store(conf.artifacts_dir), {**index, "documents": data["documents"]}),
             n_documents=len(docs), artifacts_dir=str(Path(conf.artifacts_dir).resolve()),
             config={k: raw.get(k) for k in ("method", "dataset", "embedder", "ner")}, load_seconds=round(load_seconds, 3))
 
@@ -377,7 +374,7 @@ def open_index(*overrides: str, config: Mapping[str, Any] | None = None, build: 
     cfg = dict(config) if config is not None else compose(overrides)
     conf = load_config(cfg)
     if config is not None and not overrides:
-        overrides = tuple(config_overrides(cfg))
+        overrides = tuple(config_overrides())
     t0 = time.perf_counter()
     try:
         data, refs = resolve(conf, overrides)
@@ -404,7 +401,7 @@ def build_index(cfg: Mapping[str, Any]) -> None:
     with_runner(index_flow, cfg)(dict(cfg))
 
 
-def config_overrides(cfg: Mapping[str, Any]) -> list[str]:
+def config_overrides() -> list[str]:
     """The overrides of this Hydra job as typed, when it is one (for the build command an error prints)."""
     from flows.pipeline import job_overrides
 
