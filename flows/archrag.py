@@ -7,6 +7,8 @@ an LLM, adaptive filtering-based generation over the retrieved items (eqs. 3–4
 """
 from __future__ import annotations
 
+from flows.config import ConfigError
+from flows.methods import Method
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
 from tasks.methods.archrag.kg_stages import archrag_kg
@@ -16,12 +18,11 @@ from tasks.methods.archrag.stages import (
     chnsw_stage,
     entity_texts_stage,
     hierarchy_stage,
+    update_summary,
 )
 from tasks.text.chunk import chunk
 from tasks.text.embed import embed
 from tasks.text.ner import ner
-
-__all__ = ["ArchParams", "answer", "index", "retriever"]
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
@@ -44,3 +45,25 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
 def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> ArchRetriever:
     """Online side of ``method=archrag``."""
     return ArchRetriever(data, index, cfg.method, cfg.embedder)
+
+
+def runs_ner(conf) -> bool:
+    """The LLM-free knowledge graph (``kg=cooccur``) links the entities NER finds; the paper's (``kg=llm``) does not."""
+    return conf.kg.builder == "cooccur"
+
+
+def llm_uses(conf, command: str) -> list[str]:
+    """ArchRAG's own LLM calls: extracting the knowledge graph with ``kg=llm`` (§3.1.1)."""
+    return ["kg=llm"] if conf.kg.builder == "llm" and not conf.eval.llm_dry_run else []
+
+
+def check(conf) -> None:
+    """``kg=llm`` cannot run without a chat model."""
+    if conf.kg.builder == "llm" and conf.llm.provider == "none":
+        raise ConfigError("kg=llm extracts ArchRAG's knowledge graph with the chat model: add llm=local "
+                          "llm.base_url=... or llm=openai, or use kg=cooccur (LLM-free, not the paper's)")
+
+
+# its update is its index DAG run again: per-chunk stages are row-incremental, Leiden regroups the communities
+METHOD = Method("archrag", ArchParams, index, retriever, disk_bytes_per_passage=5_400, runs_ner=runs_ner,
+                llm_uses=llm_uses, check=check, answer=answer, update_summary=update_summary)

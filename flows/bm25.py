@@ -1,11 +1,10 @@
 """BM25 baseline DAG: documents → bm25_index."""
 from __future__ import annotations
 
+from flows.methods import Method
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
 from tasks.methods.bm25 import BM25Params, BM25Retriever, bm25_index
-
-__all__ = ["BM25Params", "index", "retriever"]
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
@@ -16,3 +15,6 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
 def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> BM25Retriever:
     """Online side of ``method=bm25``."""
     return BM25Retriever(data["documents"], index["bm25"], cfg.method)
+
+
+METHOD = Method("bm25", BM25Params, index, retriever, disk_bytes_per_passage=300, embeds=False)

@@ -9,12 +9,14 @@ import math
 import re
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal, Mapping, Union
 
 from omegaconf import OmegaConf
 
+from flows.methods import NAMES as METHOD_NAMES
 from tasks.core.ingest import DATASET_KINDS, DatasetParams
+from tasks.core.limits import COUNT, COUNT0, POSITIVE, in_interval, limits_of, one_of, within
 from tasks.text.embed import EmbedderParams
 from tasks.text.ner import NERParams
 
@@ -32,12 +34,13 @@ class RunnerParams:
     cluster of ``n_workers`` processes, or the scheduler at ``address`` (``tcp://host:8786``).
     """
 
-    kind: str = "thread"
-    max_workers: int = 2
-    partition_rows: int = 4096      # rows per partition of a per-row stage (0: one partition)
+    kind: str = field(default="thread", metadata=one_of(("thread", "dask")))
+    max_workers: int = field(default=2, metadata=COUNT)
+    # rows per partition of a per-row stage (0: one partition)
+    partition_rows: int = field(default=4096, metadata=COUNT0)
     address: str | None = None      # dask: an existing scheduler; None starts a local cluster
-    n_workers: int = 2              # dask local cluster: worker processes
-    threads_per_worker: int = 1     # dask local cluster: threads per worker
+    n_workers: int = field(default=2, metadata=COUNT)              # dask local cluster: worker processes
+    threads_per_worker: int = field(default=1, metadata=COUNT)     # dask local cluster: threads per worker
 
     def task_runner(self):  # -> flows.runners.PartitionedThreadRunner
         """The Prefect task runner for independent stages and per-row partitions."""
@@ -54,59 +57,86 @@ def with_runner(flow_fn, cfg: Mapping[str, Any]):
     return flow_fn.with_options(task_runner=build(RunnerParams, "runner", cfg["runner"]).task_runner())
 
 
+# what a sweep may maximise and a report may plot: the ranking measures of tasks.eval.metrics at the ks reported
+RANKING_METRICS = ("recall@2", "recall@5", "recall@10", "evidence_recall@2", "evidence_recall@5", "evidence_recall@10",
+                   "context_recall")
+
+
 @dataclass(frozen=True)
 class EvalParams:
     """``eval/``: how questions are run and scored."""
 
-    ks: tuple[int, ...] = (2, 5, 10)
-    batch_size: int = 256
-    max_questions: int | None = None
+    ks: tuple[int, ...] = field(default=(2, 5, 10), metadata=COUNT)
+    batch_size: int = field(default=256, metadata=COUNT)
+    max_questions: int | None = field(default=None, metadata=COUNT)
     generate: bool = True          # answer with the LLM when one is configured
-    context_passages: int = 5      # top passages given to the reader (methods with evidence chunks give those)
-    max_context_tokens: int = 2000
+    # top passages given to the reader (methods with evidence chunks give those)
+    context_passages: int = field(default=5, metadata=COUNT0)
+    max_context_tokens: int = field(default=2000, metadata=COUNT)
     llm_judge: bool = False        # also score answers with the LLM as judge (GPT-Acc style)
     llm_dry_run: bool = False      # only estimate the LLM calls/tokens of the index's LLM stage, else of generation
-    dev_fraction: float = 0.5      # share of the questions in the seeded dev split (the rest: test)
-    split_seed: int = 0            # seed of the dev/test split
-    objective: str = "recall@5"    # the dev-split metric a sweep maximises (the command's return value)
-    experiment: str = "paper"      # set by the experiment group (conf/experiment/): the label reports group runs by
-    answer_budgets: tuple[int, ...] = (1000, 2000, 4000)  # answer_in_context@B: the reader's context packed to B tokens
-    answer_depth: int = 64         # passages ranked per question, so a passage method can fill the largest budget
+    # share of the questions in the seeded dev split (the rest: test)
+    dev_fraction: float = field(default=0.5, metadata=within("[0, 1)"))
+    split_seed: int = field(default=0, metadata=COUNT0)            # seed of the dev/test split
+    # the dev-split metric a sweep maximises (the command's return value)
+    objective: str = field(default="recall@5", metadata=one_of(RANKING_METRICS))
+    # set by the experiment group (conf/experiment/): the label reports group runs by
+    experiment: str = field(default="paper", metadata=one_of(("paper", "beyond_paper")))
+    # answer_in_context@B: the reader's context packed to B tokens
+    answer_budgets: tuple[int, ...] = field(default=(1000, 2000, 4000), metadata=COUNT)
+    # passages ranked per question, so a passage method can fill the largest budget
+    answer_depth: int = field(default=64, metadata=COUNT)
 
 
-# every method flows.methods.METHODS runs, in the order compare, scale and growth take them
-METHOD_NAMES = ("dense", "bm25", "hybrid", "zoomrag", "linearrag", "erarag", "serag", "archrag")
+def every_method_when_null(params: Any) -> None:
+    """``methods: null`` (the group's default) is every method, in :data:`flows.methods.NAMES` order."""
+    if params.methods is None:
+        object.__setattr__(params, "methods", METHOD_NAMES)
 
 
 @dataclass(frozen=True)
 class CompareParams:
     """``compare/``: the methods ``flows.compare`` evaluates, one after another, on one dataset."""
 
-    methods: tuple[str, ...] = METHOD_NAMES
+    methods: tuple[str, ...] | None = field(default=None, metadata=one_of(METHOD_NAMES))  # null: all, in NAMES order
+
+    def __post_init__(self) -> None:
+        every_method_when_null(self)
 
 
 @dataclass(frozen=True)
 class ScaleParams:
     """``scale/``: the corpus sizes and methods ``flows.scale`` benchmarks, and the batch sizes it times."""
 
-    sizes: tuple[int, ...] = (1000, 10000, 100000)
-    methods: tuple[str, ...] = METHOD_NAMES
-    batch_sizes: tuple[int, ...] = (1, 256)
-    n_questions: int = 256
-    timeout_s: int = 0  # a cell's process is stopped after this many seconds (0: no limit)
+    sizes: tuple[int, ...] = field(default=(1000, 10000, 100000), metadata=within("[20, inf)"))
+    methods: tuple[str, ...] | None = field(default=None, metadata=one_of(METHOD_NAMES))  # null: all, in NAMES order
+    batch_sizes: tuple[int, ...] = field(default=(1, 256), metadata=COUNT)
+    n_questions: int = field(default=256, metadata=COUNT)
+    # a cell's process is stopped after this many seconds (0: no limit)
+    timeout_s: int = field(default=0, metadata=COUNT0)
     name: str = "scale"
+
+    def __post_init__(self) -> None:
+        every_method_when_null(self)
 
 
 @dataclass(frozen=True)
 class GrowthParams:
     """``growth/``: what ``flows.growth`` holds out of the dataset, for which methods, and how often it updates."""
 
-    fraction: float = 0.05  # share of the documents held out of the base corpus and added by the update
-    seed: int = 17  # which documents: a seeded sample of the sorted document ids (corpus order plays no part)
-    methods: tuple[str, ...] = METHOD_NAMES
-    repeats: int = 3  # updates per method, each on a fresh copy of the base index; the table gives medians
-    timeout_s: int = 0  # a build's or an update's process is stopped after this many seconds (0: no limit)
+    # share of the documents held out of the base corpus and added by the update
+    fraction: float = field(default=0.05, metadata=within("(0, 1)"))
+    # which documents: a seeded sample of the sorted document ids (corpus order plays no part)
+    seed: int = field(default=17, metadata=COUNT0)
+    methods: tuple[str, ...] | None = field(default=None, metadata=one_of(METHOD_NAMES))  # null: all, in NAMES order
+    # updates per method, each on a fresh copy of the base index; the table gives medians
+    repeats: int = field(default=3, metadata=COUNT)
+    # a build's or an update's process is stopped after this many seconds (0: no limit)
+    timeout_s: int = field(default=0, metadata=COUNT0)
     name: str = "growth"  # <artifacts_dir>/growth/<name>/ (corpora, base index) and reports/<name>/growth.md
+
+    def __post_init__(self) -> None:
+        every_method_when_null(self)
 
 
 @dataclass(frozen=True)
@@ -116,7 +146,8 @@ class ReportParams:
     runs: tuple[str, ...] = ()     # these run ids; else the trials of ``sweep``; else the latest per method x dataset
     sweep: str | None = None       # a sweep id (``sweep_id`` of its trials' metrics)
     name: str | None = None        # artifacts/reports/<name>/ (default: the sweep id, or "latest")
-    metric: str = "recall@5"       # the accuracy axis of the figures
+    # the figures' accuracy axis
+    metric: str = field(default="recall@5", metadata=one_of((*RANKING_METRICS, "em", "f1")))
 
 
 @dataclass(frozen=True)
@@ -130,11 +161,12 @@ class DoctorParams:
 class BenchmarkParams:
     """``benchmark/``: batch sizes and how many questions each batch size is timed on."""
 
-    batch_sizes: tuple[int, ...] = (1, 4, 16, 64, 256)
-    n_questions: int = 256
+    batch_sizes: tuple[int, ...] = field(default=(1, 4, 16, 64, 256), metadata=COUNT)
+    n_questions: int = field(default=256, metadata=COUNT)
     questions_from: str | None = None
-    repeat: int = 1
-    min_batches: int = 5  # each batch size is timed on at least this many batches (passes over the questions repeat)
+    repeat: int = field(default=1, metadata=COUNT)
+    # each batch size is timed on at least this many batches (passes over the questions repeat)
+    min_batches: int = field(default=5, metadata=COUNT)
 
 
 @dataclass(frozen=True)
@@ -143,12 +175,12 @@ class QueryParams:
 
     text: str | None = None
     file: str | None = None
-    k: int | None = None
-    format: str = "text"
+    k: int | None = field(default=None, metadata=COUNT)
+    format: str = field(default="text", metadata=one_of(("text", "jsonl")))
     answer: bool = False
     build: bool = False
-    batch_size: int = 64
-    snippet_chars: int = 160
+    batch_size: int = field(default=64, metadata=COUNT)
+    snippet_chars: int = field(default=160, metadata=COUNT0)
 
 
 @dataclass(frozen=True)
@@ -156,188 +188,17 @@ class ServeParams:
     """``serve/``: ``dagrag serve``'s address, micro-batching, limits and reloads (:mod:`flows.serve`)."""
 
     host: str = "127.0.0.1"
-    port: int = 8000
-    max_batch: int = 64
-    max_wait_ms: float = 5.0
-    max_queue: int = 1024
-    max_k: int = 100
-    max_question_chars: int = 2000
-    max_questions: int = 256
-    max_body_bytes: int = 1048576
+    port: int = field(default=8000, metadata=within("[0, 65535]"))
+    max_batch: int = field(default=64, metadata=COUNT)
+    max_wait_ms: float = field(default=5.0, metadata=COUNT0)
+    max_queue: int = field(default=1024, metadata=COUNT)
+    max_k: int = field(default=100, metadata=COUNT)
+    max_question_chars: int = field(default=2000, metadata=COUNT)
+    max_questions: int = field(default=256, metadata=COUNT)
+    max_body_bytes: int = field(default=1048576, metadata=COUNT)
     watch: bool = False
-    watch_s: float = 10.0
-    drain_s: float = 10.0
-
-
-CHUNK_UNITS = ("passage", "sentence", "window")  # tasks.text.chunk.ChunkParams.unit
-
-
-@dataclass(frozen=True)
-class Choices:
-    """A tuple of allowed values that lives in another module (``"tasks.graph.knn:SEARCHES"``), imported
-    only when a params class that names it is checked."""
-
-    path: str
-
-    def resolve(self) -> tuple:
-        module, name = self.path.split(":")
-        return tuple(getattr(importlib.import_module(module), name))
-
-
-_COUNT, _COUNT0, _PROB, _POS = "[1, inf)", "[0, inf)", "[0, 1]", "(0, inf)"
-_SEED = {"shuffle_seed": _COUNT0}  # numpy's default_rng takes seeds >= 0
-_DATASET = {**_SEED, "max_text_chars": _COUNT}
-_SEARCHES = Choices("tasks.graph.knn:SEARCHES")
-
-# What a field allows beyond its annotated type: an interval ("[0, 1]", "(0, inf)", "[1, inf)"; a round
-# bracket excludes its end; a tuple field's elements each), a tuple of choices, or Choices defined elsewhere.
-# Keyed by the params class's "module:qualname", so a command imports no method it does not run (the table
-# names every method's classes). Kept here rather than on the dataclasses: a stage's code identity hashes
-# every class its code names, whole (tasks.core.code_identity), so metadata added there would rebuild cached
-# stages. Checks that tie fields together (segment_min <= segment_avg) stay in the classes' __post_init__.
-LIMITS: dict[str, dict[str, str | tuple | Choices]] = {
-    "tasks.core.ingest:SampleParams": {"n_passages": "[20, inf)", "n_questions": _COUNT0, **_DATASET},  # >= 20
-    "tasks.core.ingest:HippoRAGParams": _DATASET,
-    "tasks.core.ingest:UserCorpusParams": {"kind": ("jsonl", "folder"), **_DATASET},
-    "tasks.text.embed:EmbedderParams": {
-        "batch_size": _COUNT, "max_seq_length": _COUNT, "query_batch_size": _COUNT,
-        "query_runtime": Choices("tasks.text.embed:QUERY_RUNTIMES"),
-        "doc_runtime": Choices("tasks.text.embed:DOC_RUNTIMES"), "precision": Choices("tasks.text.embed:PRECISIONS"),
-        "int8_keep_fp32": Choices("tasks.text.onnx_encoder:INT8_KINDS"), "bf16_min_tokens": _COUNT0},
-    "tasks.text.ner:NERParams": {"backend": Choices("tasks.text.ner:BACKENDS"), "batch_size": _COUNT,
-                                 "n_process": _COUNT, "min_chars": _COUNT0, "max_empty_fraction": _PROB,
-                                 "matmul": Choices("tasks.text.ner:MATMULS")},
-    "tasks.methods.archrag.kg_stages:KGParams": {
-        "builder": Choices("tasks.methods.archrag.kg:BUILDERS"), "description_tokens": _COUNT,
-        "max_empty_fraction": _PROB, "describe_max_tokens": _COUNT, "extract_max_tokens": _COUNT},
-    "tasks.llm.params:LLMParams": {
-        "provider": Choices("tasks.llm.params:PROVIDERS"), "temperature": "[0, 2]", "max_tokens": _COUNT,
-        "timeout_s": _POS, "max_retries": _COUNT0, "backoff_base_s": _COUNT0, "backoff_max_s": _COUNT0,
-        "concurrency": _COUNT},
-    "flows.config:RunnerParams": {"kind": ("thread", "dask"), "max_workers": _COUNT, "partition_rows": _COUNT0,
-                                  "n_workers": _COUNT, "threads_per_worker": _COUNT},
-    "flows.config:CompareParams": {"methods": METHOD_NAMES},
-    "flows.config:ScaleParams": {"sizes": "[20, inf)", "methods": METHOD_NAMES, "batch_sizes": _COUNT,
-                                 "n_questions": _COUNT, "timeout_s": _COUNT0},
-    "flows.config:GrowthParams": {"fraction": "(0, 1)", "methods": METHOD_NAMES, "repeats": _COUNT,
-                                  "timeout_s": _COUNT0, "seed": _COUNT0},
-    "flows.config:ReportParams": {"metric": ("recall@2", "recall@5", "recall@10", "evidence_recall@2",
-                                             "evidence_recall@5", "evidence_recall@10", "context_recall", "em", "f1")},
-    "flows.config:EvalParams": {
-        "dev_fraction": "[0, 1)", "split_seed": _COUNT0,
-        "objective": ("recall@2", "recall@5", "recall@10", "evidence_recall@2", "evidence_recall@5",
-                      "evidence_recall@10", "context_recall"),
-        "ks": _COUNT, "batch_size": _COUNT, "max_questions": _COUNT, "context_passages": _COUNT0,
-        "max_context_tokens": _COUNT, "answer_budgets": _COUNT, "answer_depth": _COUNT,
-        "experiment": ("paper", "beyond_paper")},
-    "flows.config:QueryParams": {"k": _COUNT, "format": ("text", "jsonl"), "batch_size": _COUNT,
-                                 "snippet_chars": _COUNT0},
-    "flows.config:ServeParams": {"port": "[0, 65535]", "max_batch": _COUNT, "max_wait_ms": _COUNT0, "max_queue": _COUNT,
-                                 "max_k": _COUNT, "max_question_chars": _COUNT, "max_questions": _COUNT,
-                                 "max_body_bytes": _COUNT, "watch_s": _POS, "drain_s": _COUNT0},
-    "flows.config:BenchmarkParams": {"batch_sizes": _COUNT, "n_questions": _COUNT, "repeat": _COUNT,
-                                     "min_batches": _COUNT},
-    "tasks.methods.dense:DenseParams": {"top_k": _COUNT, "batch_size": _COUNT},
-    "tasks.methods.bm25:BM25Params": {"k1": _COUNT0, "b": _PROB, "top_k": _COUNT, "batch_size": _COUNT},
-    "tasks.methods.hybrid.retriever:HybridParams": {
-        "k": _POS, "dense_depth": _COUNT, "bm25_depth": _COUNT, "dense_weight": _COUNT0, "bm25_weight": _COUNT0,
-        "k1": _COUNT0, "b": _PROB, "top_k": _COUNT, "batch_size": _COUNT},
-    "tasks.methods.zoomrag.algorithm:ZoomParams": {
-        "alpha": _PROB, "steps": _COUNT, "beta": _PROB, "top_k_docs": _COUNT, "sigma": _POS, "omega": _PROB,
-        "keep_ratio": "(0, 1]", "batch_size": _COUNT, "walk_dtype": ("float32", "float64"),
-        "walk_node_order": ("locality", "stored"), "walk_sparse_max": _PROB, "chunk_iterations": _COUNT,
-        "doc_doc_max_neighbors": _COUNT0, "doc_doc_stats_sample": _COUNT, "doc_doc_search": _SEARCHES,
-        "doc_doc_exact_max": _COUNT, "ivf_nlist": _COUNT0, "ivf_nprobe": _COUNT, "title_edge_weight": _COUNT0,
-        "title_name_weight": _COUNT0, "query_entity_weight": _COUNT0, "lowercase_name_weight": _COUNT0,
-        "relation_gate_temperature": _COUNT0},
-    "tasks.methods.zoomrag.stages:ZoomRAGParams": {
-        "top_k": _COUNT, "chunk_unit": CHUNK_UNITS, "max_entity_words": _COUNT, "doc_block_rows": _COUNT,
-        "chunk_group_size": _COUNT},
-    "tasks.methods.linearrag.algorithm:LinearRAGParams": {
-        "max_iterations": _COUNT, "top_k_sentence": _COUNT, "passage_ratio": _COUNT0,
-        "passage_node_weight": _COUNT0, "damping": _PROB, "edge_weighting": ("share", "count", "indicator"),
-        "top_k": _COUNT, "min_similarity": "[-1, 1]", "ppr_tol": _POS, "ppr_max_iter": _COUNT,
-        "ppr_dtype": ("float32", "float64"), "ppr_threads": _COUNT0, "ppr_sweeps": ("power", "alternating"),
-        "title_edge_weight": _COUNT0, "title_name_weight": _COUNT0, "lowercase_name_weight": _COUNT0,
-        "relation_gate_temperature": _COUNT0, "passage_reset": Choices("tasks.methods.linearrag.algorithm:PASSAGE_RESETS"),
-        "passage_reset_depth": _COUNT, "passage_reset_weight": _COUNT0},
-    "tasks.text.gazetteer:LinkingParams": {
-        "graph_linking": Choices("tasks.text.gazetteer:LINKINGS"), "query_linking": Choices("tasks.text.gazetteer:LINKINGS"),
-        "gazetteer_min_chars": _COUNT, "query_lowercase_weight": _COUNT0, "cover_named_min_seed": _COUNT0},
-    "tasks.methods.erarag.algorithm:EraRAGParams": {
-        "n_hyperplanes": "[1, 64]", "segment_min": "[2, inf)", "segment_avg": "[2, inf)", "segment_max": "[2, inf)",
-        "max_layers": _COUNT0, "stop_nodes": _COUNT, "summary_tokens": _COUNT, "top_k": _COUNT,
-        "token_budget": _COUNT, "detail_proportion": _PROB,
-        "update_segmenting": Choices("tasks.methods.erarag.algorithm:UPDATE_SEGMENTING")},
-    "tasks.methods.erarag.stages:EraParams": {
-        "window_tokens": _COUNT, "overlap_tokens": _COUNT0, "summariser": Choices("tasks.methods.erarag.stages:SUMMARISERS"),
-        "extractive_rank": ("lead", "centroid"), "recall_view": Choices("tasks.methods.erarag.stages:VIEWS")},
-    "tasks.methods.serag.stages:SeRAGParams": {
-        "top_k": _COUNT, "lambda_sem": _PROB, "lambda_log": _PROB, "k_sem": _COUNT, "sigma_dist": _POS,
-        "dist_window": _COUNT0, "max_entity_chunks": _COUNT, "gamma_c": _PROB, "gamma_f": _PROB, "k_coarse": _COUNT,
-        "tau": "[-1, inf)", "entity_sim": ("embedding", "exact"), "chunk_unit": CHUNK_UNITS,
-        "self_query_max_tokens": _COUNT, "batch_size": _COUNT, "knn_search": _SEARCHES, "knn_exact_max": _COUNT,
-        "ivf_nlist": _COUNT0, "ivf_nprobe": _COUNT, "query_ngram_max_words": _COUNT0,
-        "community_filter": Choices("tasks.methods.serag.algorithm:COMMUNITY_FILTERS"),
-        "bonus_norm": Choices("tasks.methods.serag.algorithm:BONUS_NORMS"),
-        "ner_input": Choices("tasks.methods.serag.stages:NER_INPUTS")},
-    "tasks.methods.archrag.stages:ArchParams": {
-        "top_k": _COUNT, "topk_chunk": _COUNT0, "chunk_unit": CHUNK_UNITS, "window_tokens": _COUNT, "overlap_tokens": _COUNT0,
-        "k_scale": _COUNT0, "percentile": _PROB, "edge_weight": Choices("tasks.methods.archrag.algorithm:EDGE_WEIGHTS"),
-        "clustering": Choices("tasks.methods.archrag.algorithm:CLUSTERINGS"), "max_cluster_size": _COUNT,
-        "resolution": _POS, "min_clusters": _COUNT, "max_level": _COUNT0,
-        "summariser": Choices("tasks.methods.archrag.stages:SUMMARISERS"), "knn_search": _SEARCHES,
-        "knn_exact_max": _COUNT, "ivf_nlist": _COUNT0, "ivf_nprobe": _COUNT, "summary_tokens": _COUNT,
-        "report_input_tokens": _COUNT, "report_max_tokens": _COUNT, "hnsw_m": _COUNT, "ef_construction": _COUNT,
-        "ef_search": _COUNT, "k_per_layer": _COUNT0, "relation_scope": Choices("tasks.methods.archrag.stages:RELATION_SCOPES"),
-        "max_relations": _COUNT0, "generation": Choices("tasks.methods.archrag.stages:GENERATIONS"),
-        "filter_budget_tokens": _COUNT, "merge_budget_tokens": _COUNT, "filter_max_tokens": _COUNT,
-        "answer_max_tokens": _COUNT},
-}
-
-
-def class_path(cls: type) -> str:
-    """``module:qualname``, the key of :data:`LIMITS`."""
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-@functools.cache
-def own_limits(path: str) -> dict[str, str | tuple]:
-    """The limits :data:`LIMITS` lists for one class (not its bases'), choices resolved."""
-    return {k: v.resolve() if isinstance(v, Choices) else v for k, v in LIMITS.get(path, {}).items()}
-
-
-def field_limits() -> dict[type, dict[str, str | tuple]]:
-    """Every class of :data:`LIMITS` with its limits (imports every method: for tests and docs, not commands)."""
-    out = {}
-    for path in LIMITS:
-        module, name = path.split(":")
-        out[functools.reduce(getattr, name.split("."), importlib.import_module(module))] = own_limits(path)
-    return out
-
-
-def limits_of(cls: type) -> dict[str, str | tuple]:
-    """The limits of ``cls``'s fields, its bases' included; imports only the modules their choices live in."""
-    out: dict[str, str | tuple] = {}
-    for base in reversed(cls.__mro__):
-        out.update(own_limits(class_path(base)))
-    return out
-
-
-_INTERVAL = re.compile(r"^([\[(])\s*([^,\s]+)\s*,\s*([^,\s]+)\s*([\])])$")
-
-
-def in_interval(value: float, interval: str) -> bool:
-    """``value`` lies in ``interval`` (``"[0, 1]"``, ``"(0, inf)"``, ...); NaN lies in none."""
-    m = _INTERVAL.match(interval)
-    if m is None:
-        raise ValueError(f"not an interval: {interval!r}")
-    lo, hi = float(m.group(2)), float(m.group(3))
-    if math.isnan(value):
-        return False
-    above = value > lo if m.group(1) == "(" else value >= lo
-    below = value < hi if m.group(4) == ")" else value <= hi
-    return above and below
+    watch_s: float = field(default=10.0, metadata=POSITIVE)
+    drain_s: float = field(default=10.0, metadata=COUNT0)
 
 
 @functools.cache
@@ -410,7 +271,7 @@ def _show(value: Any) -> str:
 
 def check_values(cls: type, group: str, values: Mapping[str, Any]) -> dict[str, Any]:
     """The constructor arguments of ``cls`` from a config group, checked against the fields' annotated
-    types and :func:`field_limits`; every problem is named (``method.alpha='abc' is not a float in [0, 1]``)."""
+    types and their limits (field metadata, :mod:`tasks.core.limits`); every problem is named (``method.alpha='abc' is not a float in [0, 1]``)."""
     hints, limits = _hints(cls), limits_of(cls)
     kwargs, problems = {}, []
     for key, value in values.items():
@@ -516,6 +377,19 @@ def override_keys(args: Iterable[str]) -> list[str]:
     return [k for k in keys if k != "hydra" and k not in DEFAULTS_ONLY_GROUPS]
 
 
+def params_classes() -> dict[str, tuple[type, ...]]:
+    """Every params class a config group builds, by group (imports every method: for tests and docs, not commands)."""
+    from flows.methods import METHODS
+    from tasks.llm.params import LLMParams
+    from tasks.methods.archrag.kg_stages import KGParams
+
+    return {"dataset": tuple(DATASET_KINDS.values()), "method": tuple(METHODS[n].params for n in METHODS),
+            "embedder": (EmbedderParams,), "ner": (NERParams,), "kg": (KGParams,), "llm": (LLMParams,),
+            "runner": (RunnerParams,), "eval": (EvalParams,), "benchmark": (BenchmarkParams,),
+            "report": (ReportParams,), "compare": (CompareParams,), "scale": (ScaleParams,),
+            "growth": (GrowthParams,), "query": (QueryParams,), "serve": (ServeParams,), "doctor": (DoctorParams,)}
+
+
 def load_config(cfg: Mapping[str, Any]) -> Config:
     """A resolved Hydra config (plain dict) → :class:`Config`."""
     from flows.methods import METHODS
@@ -532,10 +406,7 @@ def load_config(cfg: Mapping[str, Any]) -> Config:
     if cfg["ner"].get("backend") == "llm" and cfg["llm"].get("provider") == "none":
         raise ConfigError("ner=llm extracts entities with the chat model: add llm=local llm.base_url=... "
                           "or llm=openai, or use ner=spacy")
-    if name == "archrag" and cfg.get("kg", {}).get("builder") == "llm" and cfg["llm"].get("provider") == "none":
-        raise ConfigError("kg=llm extracts ArchRAG's knowledge graph with the chat model: add llm=local "
-                          "llm.base_url=... or llm=openai, or use kg=cooccur (LLM-free, not the paper's)")
-    return Config(
+    conf = Config(
         dataset=build(DATASET_KINDS[kind], "dataset", cfg["dataset"]),
         method=build(METHODS[name].params, "method", cfg["method"]),
         embedder=build(EmbedderParams, "embedder", cfg["embedder"]),
@@ -556,3 +427,7 @@ def load_config(cfg: Mapping[str, Any]) -> Config:
         serve=build(ServeParams, "serve", cfg.get("serve", {})),
         doctor=build(DoctorParams, "doctor", cfg.get("doctor", {})),
     )
+    method = METHODS[name]
+    if method.check is not None:
+        method.check(conf)  # a setting this method cannot run with (ArchRAG's kg=llm without an LLM)
+    return conf

@@ -1,12 +1,11 @@
 """Dense baseline DAG: documents → embed → (faiss inner-product index, built on load)."""
 from __future__ import annotations
 
+from flows.methods import Method
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
 from tasks.methods.dense import DenseParams, DenseRetriever
 from tasks.text.embed import embed
-
-__all__ = ["DenseParams", "index", "retriever"]
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
@@ -18,3 +17,6 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
 def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> DenseRetriever:
     """Online side of ``method=dense``."""
     return DenseRetriever(index["doc_embeddings"], cfg.embedder)
+
+
+METHOD = Method("dense", DenseParams, index, retriever, disk_bytes_per_passage=1_600)

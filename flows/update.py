@@ -16,7 +16,6 @@ recorded in the catalog's ``metrics`` table (kind ``update``).
 """
 from __future__ import annotations
 
-import importlib
 import sys
 import time
 from collections.abc import Callable
@@ -44,18 +43,10 @@ from tasks.core.progress import process_seconds, timed_seconds, timed_since
 from tasks.core.store import ArtifactRef, Store
 from tasks.llm.params import LLMDryRun
 
-# methods whose update differs from their index DAG: name -> the DAG's name in flows.<name> (what it did is said
-# by tasks.methods.<name>.stages.update_summary)
-UPDATES = {"erarag": "update", "serag": "update", "archrag": "index"}
-
-
 def update_dag(name: str) -> tuple[Callable, Callable | None]:
-    """The method's update DAG and the summary of what it did (:data:`UPDATES`), else (its index DAG, None);
-    imported here, so a command imports only its own method."""
-    if name not in UPDATES:
-        return METHODS[name].index, None
-    stages = importlib.import_module(f"tasks.methods.{name}.stages")
-    return getattr(importlib.import_module(f"flows.{name}"), UPDATES[name]), stages.update_summary
+    """The method's update DAG (its own, else its index DAG) and the summary of what it did (None: none)."""
+    method = METHODS[name]
+    return method.update or method.index, method.update_summary
 
 
 def document_diff(store: Store, dataset: str, method: str, documents: ArtifactRef, run_id: str) -> dict[str, int]:

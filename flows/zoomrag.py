@@ -4,6 +4,7 @@ Online: DocZoom over M from each query node, then ChunkZoom over the chunks of t
 """
 from __future__ import annotations
 
+from flows.methods import Method, always
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
 from tasks.methods.zoomrag.retriever import ZoomRetriever
@@ -17,8 +18,6 @@ from tasks.text.embed import embed
 from tasks.text.gazetteer import index_relation_embeddings, linked_entity_graph
 from tasks.text.entities import entity_graph
 from tasks.text.ner import QueryRecogniser, ner
-
-__all__ = ["ZoomRAGParams", "index", "retriever"]
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
@@ -45,3 +44,7 @@ def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) 
     """Online side of ``method=zoomrag``."""
     return ZoomRetriever(data, index, cfg.method, cfg.embedder,
                           QueryRecogniser(cfg.ner, cfg.llm, cfg.artifacts_dir) if cfg.method.query_ner else None)
+
+
+METHOD = Method("zoomrag", ZoomRAGParams, index, retriever, disk_bytes_per_passage=10_000, runs_ner=always,
+                evidence_units=True)

@@ -12,7 +12,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from flows.config import TOP_LEVEL_KEYS, Config, ConfigError, field_limits, in_interval, load_config
+from flows.config import TOP_LEVEL_KEYS, Config, ConfigError, check_values, load_config, params_classes
+from flows.methods import METHODS
+from tasks.core.limits import in_interval, limits_of
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 GROUP_FILES = sorted((p.parent.name, p.stem) for p in CONF.glob("*/*.yaml") if p.parent.name != "experiment")
@@ -59,9 +61,11 @@ def test_group_file_composes_and_matches_its_params(group, name):
     fields = {f.name for f in dataclasses.fields(params)}
     assert keys == fields, f"{group}/{name}.yaml: only in YAML {sorted(keys - fields)}, " \
                            f"only in {type(params).__name__} {sorted(fields - keys)}"
-    # every value reaches the params (lists become tuples)
+    # every value reaches the params (lists become tuples; a method list left null is every method)
     for key, value in raw[group].items():
         got = getattr(params, key)
+        if key == "methods" and value is None:
+            value = list(METHODS)
         assert got == (tuple(value) if isinstance(value, list) else value), (group, key)
 
 
@@ -151,12 +155,17 @@ def test_a_dataclass_check_still_runs_and_names_its_group():
         load_config(_compose(["method=hybrid", "method.dense_weight=0", "method.bm25_weight=0"]))
 
 
-def test_every_limit_names_a_field_and_parses():
-    for cls, limits in field_limits().items():
-        names = {f.name for f in dataclasses.fields(cls)}
-        assert set(limits) <= names, (cls.__name__, sorted(set(limits) - names))
-        for key, limit in limits.items():
-            assert isinstance(limit, tuple) or in_interval(0.5, limit) in (True, False), (cls.__name__, key)
+def test_every_default_lies_within_its_own_limits():
+    """Limits are field metadata; a default outside its limit would refuse a config nobody changed."""
+    checked = 0
+    for group, classes in params_classes().items():
+        for cls in classes:
+            defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+            for key, limit in limits_of(cls).items():
+                assert isinstance(limit, tuple) or in_interval(0.5, limit) in (True, False), (cls.__name__, key)
+            check_values(cls, group, {k: v for k, v in defaults.items() if k in limits_of(cls)})  # raises if not
+            checked += len(limits_of(cls))
+    assert checked > 200  # every method's, every group's
 
 
 def test_in_interval_ends():
@@ -233,11 +242,20 @@ def test_lowercase_name_weight_is_part_of_the_title_walk(method):
     assert conf.method.title_walk and conf.method.lowercase_name_weight == 0.1
 
 
-def test_the_method_list_of_compare_scale_and_growth_is_every_method():
-    from flows.config import METHOD_NAMES
-    from flows.methods import METHODS
+def test_a_method_is_declared_once_and_every_list_of_methods_derives_from_it():
+    """flows/<name>.py's METHOD is the method; the registry lists it once; compare, scale and growth take every
+    method by default, in the registry's order; a name not in the registry is refused with the list."""
+    from flows.methods import METHODS, NAMES
 
-    assert sorted(METHOD_NAMES) == sorted(METHODS)
+    flows_dir = Path(__file__).resolve().parents[1] / "flows"
+    declared = sorted(p.stem for p in flows_dir.glob("*.py") if "\nMETHOD = Method(" in p.read_text())
+    assert declared == sorted(NAMES) == sorted(METHODS)
+    assert all(METHODS[n].name == n for n in NAMES)
+    conf = load_config(_compose([]))
+    assert conf.compare.methods == conf.scale.methods == conf.growth.methods == NAMES
+    assert load_config(_compose(["compare.methods=[bm25,dense]"])).compare.methods == ("bm25", "dense")
+    with pytest.raises(ConfigError, match=r"compare.methods=\['graphrag'\] is not a list of one of \['dense'"):
+        load_config(_compose(["compare.methods=[graphrag]"]))
 
 
 def _in_fresh_python(code: str) -> None:

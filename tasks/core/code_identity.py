@@ -122,7 +122,28 @@ def _source_digest(path: str, qualname: str, source: str) -> str:
             first = node.body[0]
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
                 node.body = node.body[1:] or [ast.Pass()]
+        if isinstance(node, ast.ClassDef):
+            for statement in node.body:
+                if isinstance(statement, ast.AnnAssign):
+                    statement.value = _without_metadata(statement.value)
     return hashlib.sha256(ast.dump(tree, annotate_fields=False, include_attributes=False).encode()).hexdigest()
+
+
+def _without_metadata(value: ast.expr | None) -> ast.expr | None:
+    """A dataclass field's value as its stage sees it: ``field(default=X, metadata=...)`` → ``X``.
+
+    A field's metadata (the limits the config check reads, :mod:`tasks.core.limits`) says what a user may
+    set, not what the stage computes, so adding or changing it rebuilds nothing.
+    """
+    if not (isinstance(value, ast.Call) and not value.args
+            and (getattr(value.func, "id", None) == "field" or getattr(value.func, "attr", None) == "field")):
+        return value
+    keywords = [k for k in value.keywords if k.arg != "metadata"]
+    if not keywords:
+        return None
+    if len(keywords) == 1 and keywords[0].arg == "default":
+        return keywords[0].value
+    return ast.Call(value.func, [], keywords)
 
 
 def _digest(obj: Any) -> str:

@@ -28,6 +28,7 @@ from prefect.cache_policies import NO_CACHE
 from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, run_stage
 from tasks.core.store import ArtifactRef
+from tasks.core.limits import COUNT, COUNT0, one_of, within
 
 log = logging.getLogger("dagrag.ingest")
 
@@ -319,11 +320,12 @@ class SampleParams:
 
     kind: str = "sample"
     name: str = "sample"
-    n_passages: int = 300
-    n_questions: int = 60
+    n_passages: int = field(default=300, metadata=within("[20, inf)"))
+    n_questions: int = field(default=60, metadata=COUNT0)
     seed: int = 0
-    shuffle_seed: int | None = 0
-    max_text_chars: int | None = None  # a longer passage is refused, naming its record (None: any length)
+    shuffle_seed: int | None = field(default=0, metadata=COUNT0)
+    # a longer passage is refused, naming its record (None: any length)
+    max_text_chars: int | None = field(default=None, metadata=COUNT)
 
 
 @dataclass(frozen=True)
@@ -332,20 +334,22 @@ class HippoRAGParams:
 
     kind: str = "hipporag"
     name: str = "hotpotqa-100"
-    shuffle_seed: int | None = 0
-    max_text_chars: int | None = None  # a longer passage is refused, naming its record (None: any length)
+    shuffle_seed: int | None = field(default=0, metadata=COUNT0)
+    # a longer passage is refused, naming its record (None: any length)
+    max_text_chars: int | None = field(default=None, metadata=COUNT)
 
 
 @dataclass(frozen=True)
 class UserCorpusParams:
     """``dataset=jsonl`` / ``dataset=folder``: a user corpus, with an optional questions file."""
 
-    kind: str = "jsonl"
+    kind: str = field(default="jsonl", metadata=one_of(('jsonl', 'folder')))
     name: str = "corpus"
     path: str = ""
     questions: str | None = None
-    shuffle_seed: int | None = 0
-    max_text_chars: int | None = None  # a longer passage is refused, naming its record (None: any length)
+    shuffle_seed: int | None = field(default=0, metadata=COUNT0)
+    # a longer passage is refused, naming its record (None: any length)
+    max_text_chars: int | None = field(default=None, metadata=COUNT)
 
 
 DatasetParams = SampleParams | HippoRAGParams | UserCorpusParams

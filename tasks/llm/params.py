@@ -5,8 +5,9 @@ Everything else in :mod:`tasks.llm` builds on these; this module imports nothing
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+from tasks.core.limits import COUNT, COUNT0, POSITIVE, one_of, within
 
 Message = dict[str, Any]
 Messages = list[Message]
@@ -64,17 +65,17 @@ class LLMParams:
     ``response_format={"type": "json_object"}`` (some servers reject it).
     """
 
-    provider: str = "none"
+    provider: str = field(default="none", metadata=one_of(PROVIDERS))
     model: str = ""
     base_url: str = ""
     api_key_env: str = ""
-    temperature: float = 0.0
-    max_tokens: int = 512
-    timeout_s: float = 60.0
-    max_retries: int = 5
-    backoff_base_s: float = 0.5
-    backoff_max_s: float = 30.0
-    concurrency: int = 8
+    temperature: float = field(default=0.0, metadata=within("[0, 2]"))
+    max_tokens: int = field(default=512, metadata=COUNT)
+    timeout_s: float = field(default=60.0, metadata=POSITIVE)
+    max_retries: int = field(default=5, metadata=COUNT0)
+    backoff_base_s: float = field(default=0.5, metadata=COUNT0)
+    backoff_max_s: float = field(default=30.0, metadata=COUNT0)
+    concurrency: int = field(default=8, metadata=COUNT)
     seed: int = 0
     json_mode: bool = True
 

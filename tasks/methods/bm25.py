@@ -6,7 +6,7 @@ import logging
 import tarfile
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import bm25s
@@ -19,6 +19,7 @@ from tasks.core.stage import RunContext, input_fps, run_stage
 from tasks.core.store import ArtifactRef
 from tasks.eval.retrieve import Hits
 from tasks.text.embed import render_texts
+from tasks.core.limits import COUNT, COUNT0, PROB
 
 logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its own logger to DEBUG when imported
 
@@ -28,12 +29,12 @@ class BM25Params:
     """``method=bm25``: Lucene-variant BM25; passages indexed as ``doc_template`` renders them."""
 
     name: str = "bm25"
-    k1: float = 1.5
-    b: float = 0.75
+    k1: float = field(default=1.5, metadata=COUNT0)
+    b: float = field(default=0.75, metadata=PROB)
     stopwords: str = "en"
     doc_template: str = "{title}\n{text}"
-    top_k: int = 10
-    batch_size: int = 256
+    top_k: int = field(default=10, metadata=COUNT)
+    batch_size: int = field(default=256, metadata=COUNT)
 
 
 def build_bm25(texts: list[str], params: BM25Params) -> bm25s.BM25:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import faiss
 import numpy as np
@@ -10,6 +10,7 @@ import numpy as np
 from tasks.core.store import ArtifactRef
 from tasks.eval.retrieve import Hits
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
+from tasks.core.limits import COUNT
 
 
 @dataclass(frozen=True)
@@ -17,8 +18,8 @@ class DenseParams:
     """``method=dense``."""
 
     name: str = "dense"
-    top_k: int = 10
-    batch_size: int = 256
+    top_k: int = field(default=10, metadata=COUNT)
+    batch_size: int = field(default=256, metadata=COUNT)
 
 
 def inner_product_index(emb: np.ndarray) -> faiss.IndexFlatIP:

@@ -19,6 +19,8 @@ from tasks.core.stage import RunContext, input_fps, run_row_stage
 from tasks.core.store import ArtifactRef
 from tasks.text import sentences
 
+CHUNK_UNITS = ("passage", "sentence", "window")  # how a document is cut into chunks (ChunkParams.unit)
+
 
 @dataclass(frozen=True)
 class ChunkParams:
@@ -29,7 +31,7 @@ class ChunkParams:
     overlap_tokens: int = 100
 
     def __post_init__(self) -> None:
-        if self.unit not in {"passage", "sentence", "window"}:
+        if self.unit not in CHUNK_UNITS:
             raise ValueError(f"chunk.unit must be passage, sentence or window, got {self.unit!r}")
         if self.unit == "window" and not 0 <= self.overlap_tokens < self.window_tokens:
             raise ValueError("chunk.overlap_tokens must be >= 0 and < chunk.window_tokens")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -32,6 +32,8 @@ from tasks.core.store import (
 from tasks.text.encoder import PACKAGED_MODEL, load_encoder
 from tasks.core.resources import cpu_threads
 from tasks.text.onnx_encoder import OnnxEncoder, int8_kept, load_onnx_encoder
+from tasks.core.limits import COUNT, COUNT0, one_of
+from tasks.text.onnx_encoder import INT8_KINDS
 
 QUERY_RUNTIMES = ("onnxruntime", "torch")
 DOC_RUNTIMES = ("torch", "onnxruntime")
@@ -49,29 +51,30 @@ class EmbedderParams:
     # alternating rounds, a whole 2Wiki build of every method 0.89x the time; issue #17; measured while batches
     # were still cut by characters, so partly less padding). No fp32 stored value depends on it (int8's do: one
     # activation scale per batch, README); only entity names (~5 tokens) are slower at 16.
-    batch_size: int = 16
-    max_seq_length: int = 256
+    batch_size: int = field(default=16, metadata=COUNT)
+    max_seq_length: int = field(default=256, metadata=COUNT)
     doc_template: str = "{title}\n{text}"
     device: str = "cpu"
     # oneDNN compiles a kernel per new input shape (~0.4 s stalls on short queries) and is ~4x slower
     # than plain ATen for short texts here (2.3 vs 8.8 ms/query at batch 256), yet ~1.7x faster for
     # passage batches: queries run without it unless this is true.
     query_onednn: bool = False
-    query_batch_size: int = 16  # online questions: small sub-batches are faster per query (4.3 vs 5.1 ms at 64)
+    # online questions: small sub-batches are faster per query (4.3 vs 5.1 ms at 64)
+    query_batch_size: int = field(default=16, metadata=COUNT)
     # online questions through ONNX Runtime (same weights, checked equal to 1e-4; tasks.text.onnx_encoder) or torch
-    query_runtime: str = "onnxruntime"
+    query_runtime: str = field(default="onnxruntime", metadata=one_of(QUERY_RUNTIMES))
     # stored embeddings (passages, sentences, entities, summaries): onnxruntime (same weights, checked equal to
     # 1e-5; a process that embeds never imports sentence-transformers, 8-11 s here; passages as fast, 256-token
     # texts about 16% slower than torch: issue #17) | torch
-    doc_runtime: str = "onnxruntime"
+    doc_runtime: str = field(default="onnxruntime", metadata=one_of(DOC_RUNTIMES))
     # fp32 | int8 (int8 weights for whatever runs on onnxruntime) | bf16 (stored texts of bf16_min_tokens tokens or
     # more on torch in bfloat16; shorter texts and questions stay fp32); both beyond the paper, approximate (#17)
-    precision: str = "fp32"
+    precision: str = field(default="fp32", metadata=one_of(PRECISIONS))
     # with int8: weight products left in fp32, by kind (tasks.text.onnx_encoder.INT8_KINDS; beyond the paper)
-    int8_keep_fp32: tuple[str, ...] = ()
+    int8_keep_fp32: tuple[str, ...] = field(default=(), metadata=one_of(INT8_KINDS))
     # with bf16: stored texts of fewer tokens stay fp32 on doc_runtime (names ran no faster in bf16, and a stage
     # of short texts then loads no torch; README)
-    bf16_min_tokens: int = 48
+    bf16_min_tokens: int = field(default=48, metadata=COUNT0)
 
     def __post_init__(self) -> None:
         if self.query_runtime not in QUERY_RUNTIMES:

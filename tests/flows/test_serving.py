@@ -11,7 +11,8 @@ import httpx
 import pandas as pd
 import pytest
 
-from flows.config import METHOD_NAMES, ServeParams, load_config
+from flows.config import ServeParams, load_config
+from flows.methods import NAMES as METHOD_NAMES
 from flows.evaluate import evaluate_flow, retrieval_depth
 from flows.serving.app import Service
 from flows.serving.index import IndexNotBuilt, open_index

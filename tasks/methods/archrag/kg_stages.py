@@ -10,7 +10,7 @@ The algorithms are in :mod:`tasks.methods.archrag.kg`.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,8 @@ from tasks.core.store import ArtifactRef, Store, text_key
 from tasks.methods.archrag import kg
 from tasks.text.entities import chunk_mentions
 from tasks.text.ner import llm_identity
+from tasks.core.limits import COUNT, PROB, one_of
+from tasks.methods.archrag.kg import BUILDERS
 
 if TYPE_CHECKING:
     from tasks.llm.client import LLMClient
@@ -45,11 +47,11 @@ class KGParams:
     ``max_empty_fraction``, ``describe_max_tokens`` and ``extract_max_tokens`` (completion budget of
     one chunk's JSON, which the llm group's default 512 would often truncate) are llm's."""
 
-    builder: str = "cooccur"
-    description_tokens: int = 100
-    max_empty_fraction: float = 0.5
-    describe_max_tokens: int = 300
-    extract_max_tokens: int = 1500
+    builder: str = field(default="cooccur", metadata=one_of(BUILDERS))
+    description_tokens: int = field(default=100, metadata=COUNT)
+    max_empty_fraction: float = field(default=0.5, metadata=PROB)
+    describe_max_tokens: int = field(default=300, metadata=COUNT)
+    extract_max_tokens: int = field(default=1500, metadata=COUNT)
 
     def __post_init__(self) -> None:
         if self.builder not in kg.BUILDERS:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
 import numpy as np
@@ -29,13 +29,16 @@ from tasks.llm.ledger import estimate_text_tokens
 from tasks.llm.params import LLMDryRun, LLMParams, Messages
 from tasks.methods.archrag import algorithm as alg
 from tasks.methods.archrag.chnsw import CHNSW, CHNSWParams
-from tasks.text.chunk import ChunkParams
+from tasks.text.chunk import CHUNK_UNITS, ChunkParams
 from tasks.text.embed import (
     EmbedderParams,
     cached_encode,
     embeddings_to_arrow,
     load_embeddings,
 )
+from tasks.core.limits import COUNT, COUNT0, POSITIVE, PROB, one_of
+from tasks.graph.knn import SEARCHES
+from tasks.methods.archrag.algorithm import CLUSTERINGS, EDGE_WEIGHTS
 
 log = logging.getLogger("dagrag.archrag")
 
@@ -52,52 +55,59 @@ class ArchParams:
     """``method=archrag``: every knob of §3 / App. B.2 with the paper's (else the authors' code's) default."""
 
     name: str = "archrag"
-    top_k: int = 10  # passages ranked per query (the harness's recall@k rule, see retriever)
+    # passages ranked per query (the harness's recall@k rule, see retriever)
+    top_k: int = field(default=10, metadata=COUNT)
     # ArchRAG returns no passages (§3.2.1). entity_rank: the passages of the retrieved entities, in the order of
     # their rank (issue #52's principle, fixed before measuring) | similarity_sum: the rule before issue #52
     passage_rule: str = "entity_rank"
-    topk_chunk: int = 0  # from the authors' code: passages of a separate dense index added (0 in their query.sh)
+    # from the authors' code: passages of a separate dense index added (0 in their query.sh)
+    topk_chunk: int = field(default=0, metadata=COUNT0)
     # §3.1.1 chunks (code: GraphRAG's 600-token windows with 100 overlap; whitespace tokens here)
-    chunk_unit: str = "window"
-    window_tokens: int = 600
-    overlap_tokens: int = 100
+    chunk_unit: str = field(default="window", metadata=one_of(CHUNK_UNITS))
+    window_tokens: int = field(default=600, metadata=COUNT)
+    overlap_tokens: int = field(default=100, metadata=COUNT0)
     # §3.1.2 Algorithm 1 (ClusterParams)
     augment: bool = True
-    k_scale: float = 1.0
-    percentile: float = 0.8
-    edge_weight: str = "cos"
+    k_scale: float = field(default=1.0, metadata=COUNT0)
+    percentile: float = field(default=0.8, metadata=PROB)
+    edge_weight: str = field(default="cos", metadata=one_of(EDGE_WEIGHTS))
     attribute_weights: bool = True
-    clustering: str = "leiden"
-    max_cluster_size: int = 15
-    resolution: float = 1.0
-    min_clusters: int = 10
-    max_level: int = 6
+    clustering: str = field(default="leiden", metadata=one_of(CLUSTERINGS))
+    max_cluster_size: int = field(default=15, metadata=COUNT)
+    resolution: float = field(default=1.0, metadata=POSITIVE)
+    min_clusters: int = field(default=10, metadata=COUNT)
+    max_level: int = field(default=6, metadata=COUNT0)
     seed: int = 0
-    knn_search: str = "exact"  # line 3's kNN: exact (paper) | ivf | auto (beyond the paper; exact up to knn_exact_max nodes)
-    knn_exact_max: int = 50_000
-    ivf_nlist: int = 0  # knn_search=ivf: k-means cells (0: sqrt(n))
-    ivf_nprobe: int = 8  # knn_search=ivf: cells searched per node
+    # line 3's kNN: exact (paper) | ivf | auto (beyond the paper; exact up to knn_exact_max nodes)
+    knn_search: str = field(default="exact", metadata=one_of(SEARCHES))
+    knn_exact_max: int = field(default=50_000, metadata=COUNT)
+    ivf_nlist: int = field(default=0, metadata=COUNT0)  # knn_search=ivf: k-means cells (0: sqrt(n))
+    ivf_nprobe: int = field(default=8, metadata=COUNT)  # knn_search=ivf: cells searched per node
     # community summaries (Alg. 1 line 7)
-    summariser: str = "auto"  # auto: llm when an LLM is configured, else extractive (recorded, never silent)
-    summary_tokens: int = 100  # extractive: whitespace tokens of a summary
-    report_input_tokens: int = 4000  # code: members + relations packed to 4,000 tokens per report
-    report_max_tokens: int = 1500  # completion budget of one JSON report
+    # auto: llm when an LLM is configured, else extractive (recorded, never silent)
+    summariser: str = field(default="auto", metadata=one_of(SUMMARISERS))
+    summary_tokens: int = field(default=100, metadata=COUNT)  # extractive: whitespace tokens of a summary
+    # code: members + relations packed to 4,000 tokens per report
+    report_input_tokens: int = field(default=4000, metadata=COUNT)
+    report_max_tokens: int = field(default=1500, metadata=COUNT)  # completion budget of one JSON report
     # §3.1.3 C-HNSW (App. B.3: M 32, ef 100/100)
-    hnsw_m: int = 32
-    ef_construction: int = 100
-    ef_search: int = 100
+    hnsw_m: int = field(default=32, metadata=COUNT)
+    ef_construction: int = field(default=100, metadata=COUNT)
+    ef_search: int = field(default=100, metadata=COUNT)
     exact_search: bool = False  # brute force per layer instead of the graphs (tests, checks)
     # §3.2.1 hierarchical search (§4.1: k = 5 per layer; every layer searched)
-    k_per_layer: tuple[int, ...] = (5,)  # one k for all layers, or one per layer (0 = entities first)
+    # one k for all layers, or one per layer (0 = entities first)
+    k_per_layer: tuple[int, ...] = field(default=(5,), metadata=COUNT0)
     entity_only: bool = False  # Table 4 "Entity-Only": search and use entities only
-    relation_scope: str = "among"  # §3.2.1: relations among the retrieved entities | incident: touching one
-    max_relations: int = 10  # code's topk_e: relations given with layer 0
+    # §3.2.1: relations among the retrieved entities | incident: touching one
+    relation_scope: str = field(default="among", metadata=one_of(RELATION_SCOPES))
+    max_relations: int = field(default=10, metadata=COUNT0)  # code's topk_e: relations given with layer 0
     # §3.2.2 adaptive filtering-based generation (eqs. 3–4)
-    generation: str = "filter"  # filter | direct (Table 4 "Direct Prompt")
-    filter_budget_tokens: int = 4000
-    merge_budget_tokens: int = 4000
-    filter_max_tokens: int = 1000
-    answer_max_tokens: int = 512
+    generation: str = field(default="filter", metadata=one_of(GENERATIONS))  # filter | direct (Table 4 "Direct Prompt")
+    filter_budget_tokens: int = field(default=4000, metadata=COUNT)
+    merge_budget_tokens: int = field(default=4000, metadata=COUNT)
+    filter_max_tokens: int = field(default=1000, metadata=COUNT)
+    answer_max_tokens: int = field(default=512, metadata=COUNT)
 
     def __post_init__(self) -> None:
         checks = {"summariser": SUMMARISERS, "generation": GENERATIONS, "relation_scope": RELATION_SCOPES,

@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import faiss
@@ -76,6 +76,7 @@ import numpy as np
 import pandas as pd
 
 from tasks.llm.summarize import Summarise, SummaryRequest
+from tasks.core.limits import COUNT, COUNT0, PROB, one_of, within
 
 
 UPDATE_SEGMENTING = ("local", "rebuild")
@@ -85,19 +86,21 @@ UPDATE_SEGMENTING = ("local", "rebuild")
 class EraRAGParams:
     """EraRAG settings (Alg. 1-3); size bounds are Exp-4's c_hat +- delta = 10 +- 2."""
 
-    n_hyperplanes: int = 20
+    n_hyperplanes: int = field(default=20, metadata=within("[1, 64]"))
     seed: int = 0
-    segment_min: int = 8
-    segment_avg: int = 10
-    segment_max: int = 12
-    max_layers: int = 5
-    stop_nodes: Optional[int] = None  # summarise a layer only if it has more nodes; None = segment_max
-    summary_tokens: int = 100
-    top_k: int = 10
-    token_budget: int = 2000
+    segment_min: int = field(default=8, metadata=within("[2, inf)"))
+    segment_avg: int = field(default=10, metadata=within("[2, inf)"))
+    segment_max: int = field(default=12, metadata=within("[2, inf)"))
+    max_layers: int = field(default=5, metadata=COUNT0)
+    # summarise a layer only if it has more nodes; None = segment_max
+    stop_nodes: Optional[int] = field(default=None, metadata=COUNT)
+    summary_tokens: int = field(default=100, metadata=COUNT)
+    top_k: int = field(default=10, metadata=COUNT)
+    token_budget: int = field(default=2000, metadata=COUNT)
     biased: bool = False
-    detail_proportion: float = 0.5
-    update_segmenting: str = "local"  # local: Alg. 3 (stored segments kept) | rebuild: re-cut as a build would
+    detail_proportion: float = field(default=0.5, metadata=PROB)
+    # local: Alg. 3 (stored segments kept) | rebuild: re-cut as a build would
+    update_segmenting: str = field(default="local", metadata=one_of(UPDATE_SEGMENTING))
 
     def __post_init__(self) -> None:
         if not 1 <= self.n_hyperplanes <= 64:

@@ -25,7 +25,7 @@ import io
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -51,6 +51,7 @@ from tasks.llm.summarize import Summarise, dry_run_summariser, make_summariser
 from tasks.methods.erarag import algorithm as erarag
 from tasks.text.chunk import ChunkParams
 from tasks.text.embed import EmbedderParams, cached_encode, load_embeddings
+from tasks.core.limits import COUNT, COUNT0, one_of
 
 log = logging.getLogger("dagrag.erarag")
 
@@ -66,11 +67,14 @@ class EraParams(erarag.EraRAGParams):
     """``method=erarag``: the algorithm's settings plus chunking, summariser choice and recall view."""
 
     name: str = "erarag"
-    window_tokens: int = 1200  # official chunk size (whitespace tokens here)
-    overlap_tokens: int = 100
-    summariser: str = "auto"  # auto = llm when llm.provider != none, else extractive
-    extractive_rank: str = "lead"  # lead: leads first (no sentence encoding) | centroid: nearest the centroid
-    recall_view: str = "leaves"  # leaves | expanded: how a retrieved summary node maps to documents
+    window_tokens: int = field(default=1200, metadata=COUNT)  # official chunk size (whitespace tokens here)
+    overlap_tokens: int = field(default=100, metadata=COUNT0)
+    # auto = llm when llm.provider != none, else extractive
+    summariser: str = field(default="auto", metadata=one_of(SUMMARISERS))
+    # lead: leads first (no sentence encoding) | centroid: nearest the centroid
+    extractive_rank: str = field(default="lead", metadata=one_of(('lead', 'centroid')))
+    # leaves | expanded: how a retrieved summary node maps to documents
+    recall_view: str = field(default="leaves", metadata=one_of(VIEWS))
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -13,6 +13,7 @@ from tasks.methods.bm25 import BM25Params, BM25Retriever
 from tasks.methods.dense import DenseRetriever
 from tasks.methods.hybrid.algorithm import reciprocal_rank_fusion
 from tasks.text.embed import EmbedderParams
+from tasks.core.limits import COUNT, COUNT0, POSITIVE, PROB
 
 
 @dataclass(frozen=True)
@@ -24,17 +25,18 @@ class HybridParams:
     """
 
     name: str = "hybrid"
-    k: float = 60.0
-    dense_depth: int = 100
-    bm25_depth: int = 100
-    dense_weight: float = 1.0
-    bm25_weight: float = 1.0
-    k1: float = BM25Params.k1  # the BM25 index keys default to method=bm25's, so the two share one index
-    b: float = BM25Params.b
+    k: float = field(default=60.0, metadata=POSITIVE)
+    dense_depth: int = field(default=100, metadata=COUNT)
+    bm25_depth: int = field(default=100, metadata=COUNT)
+    dense_weight: float = field(default=1.0, metadata=COUNT0)
+    bm25_weight: float = field(default=1.0, metadata=COUNT0)
+    # the BM25 index keys default to method=bm25's, so the two share one index
+    k1: float = field(default=BM25Params.k1, metadata=COUNT0)
+    b: float = field(default=BM25Params.b, metadata=PROB)
     stopwords: str = BM25Params.stopwords
     doc_template: str = BM25Params.doc_template
-    top_k: int = 10
-    batch_size: int = 256
+    top_k: int = field(default=10, metadata=COUNT)
+    batch_size: int = field(default=256, metadata=COUNT)
 
     def __post_init__(self) -> None:
         if self.dense_weight + self.bm25_weight <= 0:

@@ -53,7 +53,7 @@ several quantities are only named in prose):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence, Union
 
 import numpy as np
@@ -63,35 +63,50 @@ from tasks.graph.relation_gate import RelationGate, gate_patch
 from tasks.graph.sparse import log1p_transposed, transposed_csr
 from tasks.graph.topk import top_k_rows
 from tasks.graph.walk import SWEEPS, RandomWalk, SidePatch, personalized_pagerank, random_walk
+from tasks.core.limits import COUNT, COUNT0, POSITIVE, PROB, one_of, within
+
+PASSAGE_RESETS = ("eq7", "top_similarity")  # LinearRAGParams.passage_reset
 
 
 @dataclass(frozen=True)
 class LinearRAGParams:
     """LinearRAG retrieval parameters; field names equal the config keys."""
 
-    max_iterations: int = 3  # activation tiers incl. seeds (Table 10)
+    max_iterations: int = field(default=3, metadata=COUNT)  # activation tiers incl. seeds (Table 10)
     iteration_threshold: float = 0.4  # delta of dynamic pruning (section 3.2.1)
-    top_k_sentence: int = 3  # sentences per frontier entity and step
-    passage_ratio: float = 2.0  # lambda of eq. (7): weight of min-max sim(q, p) in the passage reset
-    passage_node_weight: float = 0.05  # W_p of eq. (7)
-    damping: float = 0.5  # eq. (6) d, probability of following an edge
-    edge_weighting: str = "share"  # passage-entity edges: share | count | indicator (section 3.2.2)
-    top_k: int = 5  # passages retrieved
-    min_similarity: float = 0.0  # floor on eq. (3) links; 0.0 = no floor
-    ppr_tol: float = 1e-6  # per-query L1 change that stops the power iteration
-    ppr_max_iter: int = 100
-    ppr_dtype: str = "float32"  # float32 halves the memory traffic; its noise floor is ~1e-7 (L1)
-    ppr_threads: int = 1  # blocks of queries walked at once; each block stops on its own queries (config 0: one per CPU)
-    ppr_sweeps: str = "alternating"  # alternating (block Gauss-Seidel over passages and entities) | power: same fixed point
+    top_k_sentence: int = field(default=3, metadata=COUNT)  # sentences per frontier entity and step
+    # lambda of eq. (7): weight of min-max sim(q, p) in the passage reset
+    passage_ratio: float = field(default=2.0, metadata=COUNT0)
+    passage_node_weight: float = field(default=0.05, metadata=COUNT0)  # W_p of eq. (7)
+    damping: float = field(default=0.5, metadata=PROB)  # eq. (6) d, probability of following an edge
+    # passage-entity edges: share | count | indicator (section 3.2.2)
+    edge_weighting: str = field(default="share", metadata=one_of(('share', 'count', 'indicator')))
+    top_k: int = field(default=5, metadata=COUNT)  # passages retrieved
+    min_similarity: float = field(default=0.0, metadata=within("[-1, 1]"))  # floor on eq. (3) links; 0.0 = no floor
+    ppr_tol: float = field(default=1e-6, metadata=POSITIVE)  # per-query L1 change that stops the power iteration
+    ppr_max_iter: int = field(default=100, metadata=COUNT)
+    # float32 halves the memory traffic; its noise floor is ~1e-7 (L1)
+    ppr_dtype: str = field(default="float32", metadata=one_of(('float32', 'float64')))
+    # blocks of queries walked at once; each block stops on its own queries (config 0: one per CPU)
+    ppr_threads: int = field(default=1, metadata=COUNT0)
+    # alternating (block Gauss-Seidel over passages and entities) | power: same fixed point
+    ppr_sweeps: str = field(default="alternating", metadata=one_of(('power', 'alternating')))
     # beyond the paper (issue #20), each at its paper value: the title walk and the passage reset
-    title_edge_weight: float = 0.0  # omega: extra weight of the edge from a title's entity to the passage it titles
-    title_name_weight: float = 1.0  # factor on passage -> entity edges whose entity is some passage's title
+    # omega: extra weight of the edge from a title's entity to the passage it titles
+    title_edge_weight: float = field(default=0.0, metadata=COUNT0)
+    # factor on passage -> entity edges whose entity is some passage's title
+    title_name_weight: float = field(default=1.0, metadata=COUNT0)
     idf_edges: bool = False  # passage -> entity edges also weighted by the entity's IDF (hubs carry less)
-    lowercase_name_weight: float = 1.0  # factor on passage -> entity edges the passage writes only in lower case
-    passage_reset: str = "eq7"  # eq7 (paper) | top_similarity (the top passages by cosine, see top_similarity_reset)
-    passage_reset_depth: int = 20  # top_similarity: how many passages per query get reset mass
-    passage_reset_weight: float = 0.3  # top_similarity: passage share of the reset against the entities' (sum 1)
-    relation_gate_temperature: float = 0.0  # > 0: passage -> title-entity edges gated per question (RelationGate)
+    # factor on passage -> entity edges the passage writes only in lower case
+    lowercase_name_weight: float = field(default=1.0, metadata=COUNT0)
+    # eq7 (paper) | top_similarity (the top passages by cosine, see top_similarity_reset)
+    passage_reset: str = field(default="eq7", metadata=one_of(PASSAGE_RESETS))
+    # top_similarity: how many passages per query get reset mass
+    passage_reset_depth: int = field(default=20, metadata=COUNT)
+    # top_similarity: passage share of the reset against the entities' (sum 1)
+    passage_reset_weight: float = field(default=0.3, metadata=COUNT0)
+    # > 0: passage -> title-entity edges gated per question (RelationGate)
+    relation_gate_temperature: float = field(default=0.0, metadata=COUNT0)
 
     def __post_init__(self) -> None:
         if self.ppr_sweeps not in SWEEPS:
@@ -104,9 +119,6 @@ class LinearRAGParams:
         """Whether the walk's graph differs from the paper's (needs the passages' title entities)."""
         return (self.title_edge_weight != 0.0 or self.title_name_weight != 1.0 or self.idf_edges
                 or self.lowercase_name_weight != 1.0)
-
-
-PASSAGE_RESETS = ("eq7", "top_similarity")
 
 
 # ----------------------------------------------------------- Tri-Graph (eqs. (1)-(2))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -20,9 +20,12 @@ from tasks.core.stage import RunContext, input_fps, run_stage
 from tasks.core.store import ArtifactRef, Store, fingerprint
 from tasks.graph.sparse import coo_matrix, to_coo
 from tasks.methods.serag import algorithm as se
-from tasks.text.chunk import ChunkParams
+from tasks.text.chunk import CHUNK_UNITS, ChunkParams
 from tasks.text.embed import embeddings_to_arrow, load_embeddings
 from tasks.text.gazetteer import LinkingParams
+from tasks.core.limits import COUNT, COUNT0, POSITIVE, PROB, one_of, within
+from tasks.graph.knn import SEARCHES
+from tasks.methods.serag.algorithm import BONUS_NORMS, COMMUNITY_FILTERS
 
 log = logging.getLogger("dagrag.serag")
 
@@ -38,47 +41,53 @@ class SeRAGParams(LinkingParams):
     entity linking (:class:`tasks.text.gazetteer.LinkingParams`, beyond the paper when not ``ner``)."""
 
     name: str = "serag"
-    top_k: int = 10  # passages returned per query (recall@k); the paper's reader budget is k = 3
+    # passages returned per query (recall@k); the paper's reader budget is k = 3
+    top_k: int = field(default=10, metadata=COUNT)
     # §3.1 / Table 5: graph construction
-    lambda_sem: float = 0.45
-    lambda_log: float = 0.45  # distance weight 1 − λ1 − λ2 = 0.10
-    k_sem: int = 20
-    sigma_dist: float = 5.0
-    dist_window: int = 10  # App. A.3 "within a window of 10", read as |i − j| <= 10 in one document
-    max_entity_chunks: int = 50  # logical-layer cap (our choice; the paper has none)
-    knn_search: str = "auto"  # beyond the paper: the semantic layer's kNN, exact | ivf | auto (exact up to knn_exact_max)
-    knn_exact_max: int = 50_000
-    ivf_nlist: int = 0  # knn_search=ivf: k-means cells (0: sqrt(n))
-    ivf_nprobe: int = 8  # knn_search=ivf: cells searched per chunk
+    lambda_sem: float = field(default=0.45, metadata=PROB)
+    lambda_log: float = field(default=0.45, metadata=PROB)  # distance weight 1 − λ1 − λ2 = 0.10
+    k_sem: int = field(default=20, metadata=COUNT)
+    sigma_dist: float = field(default=5.0, metadata=POSITIVE)
+    # App. A.3 "within a window of 10", read as |i − j| <= 10 in one document
+    dist_window: int = field(default=10, metadata=COUNT0)
+    max_entity_chunks: int = field(default=50, metadata=COUNT)  # logical-layer cap (our choice; the paper has none)
+    # beyond the paper: the semantic layer's kNN, exact | ivf | auto (exact up to knn_exact_max)
+    knn_search: str = field(default="auto", metadata=one_of(SEARCHES))
+    knn_exact_max: int = field(default=50_000, metadata=COUNT)
+    ivf_nlist: int = field(default=0, metadata=COUNT0)  # knn_search=ivf: k-means cells (0: sqrt(n))
+    ivf_nprobe: int = field(default=8, metadata=COUNT)  # knn_search=ivf: cells searched per chunk
     # Table 5: indexing
     tree_height: int = 2  # K; only 2 is implemented (one community level, notes §4)
     tree_engine: str = "compiled"  # the greedy merge as numba machine code | python (the same merge, interpreted)
     # §3.3 / Table 5: retrieval
-    gamma_c: float = 0.4
-    gamma_f: float = 0.6
-    k_coarse: int = 10
-    tau: float = 0.85  # cosine gate of eq. 12; a value above 1 gates every entity out (no entity bonus)
-    entity_sim: str = "embedding"  # sim(e, e_q) of eq. 12: embedding cosine of entity names | exact (match = 1)
+    gamma_c: float = field(default=0.4, metadata=PROB)
+    gamma_f: float = field(default=0.6, metadata=PROB)
+    k_coarse: int = field(default=10, metadata=COUNT)
+    # cosine gate of eq. 12; a value above 1 gates every entity out (no entity bonus)
+    tau: float = field(default=0.85, metadata=within("[-1, inf)"))
+    # sim(e, e_q) of eq. 12: embedding cosine of entity names | exact (match = 1)
+    entity_sim: str = field(default="embedding", metadata=one_of(('embedding', 'exact')))
     # e_q of eq. 12 are "the target entities identified in the query" (§3.3): the question's NER names alone (0).
     # Beyond the paper: > 0 adds every question n-gram of up to this many words found in the entity vocabulary
-    query_ngram_max_words: int = 0
+    query_ngram_max_words: int = field(default=0, metadata=COUNT0)
     # beyond the paper: hard (App. A.3: only chunks of the top-k_coarse communities are ranked) | soft (every
     # chunk is ranked, eq. 10's γ_c community term kept)
-    community_filter: str = "hard"
+    community_filter: str = field(default="hard", metadata=one_of(COMMUNITY_FILTERS))
     # beyond the paper: none (eq. 13 as printed: a sum over the chunk's gated entities) | query_entities (B divided
     # by the number of vocabulary entities gated in for the query, so many matched names do not add up)
-    bonus_norm: str = "none"
+    bonus_norm: str = field(default="none", metadata=one_of(BONUS_NORMS))
     # what NER reads: embedded (§3.1 extracts each chunk's entity set; the chunk is what is embedded, with
     # chunk_unit=passage title + "\n" + text) | text (the passage text without its title; before issue #52)
-    ner_input: str = "embedded"
+    ner_input: str = field(default="embedded", metadata=one_of(NER_INPUTS))
     # Table 2 ablations
     self_query: bool = True  # needs an LLM (llm=local|openai); without one the retriever says it ran without
     single_layer: bool = False  # no community term (eq. 10 with γ_c = 0, no community filter)
     semantic_only: bool = False  # W = W_sem only
     # engineering
-    chunk_unit: str = "passage"  # a benchmark passage is one chunk (short Wikipedia paragraphs, as in §4 setup)
-    self_query_max_tokens: int = 256
-    batch_size: int = 64
+    # a benchmark passage is one chunk (short Wikipedia paragraphs, as in §4 setup)
+    chunk_unit: str = field(default="passage", metadata=one_of(CHUNK_UNITS))
+    self_query_max_tokens: int = field(default=256, metadata=COUNT)
+    batch_size: int = field(default=64, metadata=COUNT)
     # beyond the paper (it describes no update): index and evaluate use the graph flows.update grew for exactly
     # this corpus (it keeps old-old semantic edges that a build recomputes); false: always a build's graph
     reuse_updates: bool = True

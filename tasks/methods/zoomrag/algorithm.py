@@ -34,7 +34,7 @@ are reconstructed here from the prose around them):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -46,6 +46,8 @@ from tasks.graph.sparse import locality_order
 from tasks.graph.spmm import csr_times_dense
 from tasks.graph.topk import top_k_rows
 from tasks.graph.walk import column_normalise, inverse_column_sums, restarted_walk
+from tasks.core.limits import COUNT, COUNT0, POSITIVE, PROB, one_of, within
+from tasks.graph.knn import SEARCHES
 
 Rescale = Literal["nonzero_mean", "all_mean"]
 
@@ -54,22 +56,26 @@ Rescale = Literal["nonzero_mean", "all_mean"]
 class ZoomParams:
     """DocZoom / ChunkZoom settings (ZoomRAG §5.2 and App. C: T=5, alpha=0.8, beta=0.9, K=10)."""
 
-    alpha: float = 0.8
-    steps: int = 5
-    beta: float = 0.9
-    top_k_docs: int = 10
+    alpha: float = field(default=0.8, metadata=PROB)
+    steps: int = field(default=5, metadata=COUNT)
+    beta: float = field(default=0.9, metadata=PROB)
+    top_k_docs: int = field(default=10, metadata=COUNT)
     # App. C / Fig. 5: F1 is flat over a wide range of sigma and omega; a one-chunk bandwidth and an even mix.
-    sigma: float = 1.0
-    omega: float = 0.5
-    keep_ratio: float = 0.7
+    sigma: float = field(default=1.0, metadata=POSITIVE)
+    omega: float = field(default=0.5, metadata=PROB)
+    keep_ratio: float = field(default=0.7, metadata=within("(0, 1]"))
     k_std: float = 3.0
     # beyond the paper (issue #17): a per-row cap on the doc-doc rule, so the block grows with n, not n²
-    doc_doc_max_neighbors: int = 64  # 0: the paper's rule alone (about 1% of every row is kept: n² cells)
-    doc_doc_stats_sample: int = 8192  # with a cap: the row mean/std from this many sampled columns (exact below)
-    doc_doc_search: str = "auto"  # with a cap: exact (faiss.knn, time ~ n²) | ivf (approximate) | auto (see below)
-    doc_doc_exact_max: int = 50_000  # doc_doc_search=auto: exact search up to this many documents, ivf above
-    ivf_nlist: int = 0  # doc_doc_search=ivf: k-means cells (0: sqrt(n))
-    ivf_nprobe: int = 8  # doc_doc_search=ivf: cells searched per document
+    # 0: the paper's rule alone (about 1% of every row is kept: n² cells)
+    doc_doc_max_neighbors: int = field(default=64, metadata=COUNT0)
+    # with a cap: the row mean/std from this many sampled columns (exact below)
+    doc_doc_stats_sample: int = field(default=8192, metadata=COUNT)
+    # with a cap: exact (faiss.knn, time ~ n²) | ivf (approximate) | auto (see below)
+    doc_doc_search: str = field(default="auto", metadata=one_of(SEARCHES))
+    # doc_doc_search=auto: exact search up to this many documents, ivf above
+    doc_doc_exact_max: int = field(default=50_000, metadata=COUNT)
+    ivf_nlist: int = field(default=0, metadata=COUNT0)  # doc_doc_search=ivf: k-means cells (0: sqrt(n))
+    ivf_nprobe: int = field(default=8, metadata=COUNT)  # doc_doc_search=ivf: cells searched per document
     rescale: Rescale = "nonzero_mean"
     use_entities: bool = True
     use_query_entity: bool = True
@@ -79,19 +85,27 @@ class ZoomParams:
     fine_stage: bool = True
     closed_form: bool = True
     coupled: bool = False
-    batch_size: int = 64  # queries advanced together per walk: the state memory bound (q x (N+1) floats)
+    # queries advanced together per walk: the state memory bound (q x (N+1) floats)
+    batch_size: int = field(default=64, metadata=COUNT)
     walk_threads: int = 1  # batches of queries walked at once on threads (scipy's sparse product drops the GIL)
-    walk_dtype: str = "float32"
-    walk_node_order: str = "locality"  # locality: M's nodes renumbered once so the walks read memory in order
-    walk_sparse_max: float = 0.02  # DocZoom steps are sparse products while the state fills at most this share
-    chunk_iterations: int = 50
+    walk_dtype: str = field(default="float32", metadata=one_of(('float32', 'float64')))
+    # locality: M's nodes renumbered once so the walks read memory in order
+    walk_node_order: str = field(default="locality", metadata=one_of(('locality', 'stored')))
+    # DocZoom steps are sparse products while the state fills at most this share
+    walk_sparse_max: float = field(default=0.02, metadata=PROB)
+    chunk_iterations: int = field(default=50, metadata=COUNT)
     # beyond the paper (issue #20), each at its paper value: the title walk over M (see title_walk_block)
-    title_edge_weight: float = 0.0  # extra weight of the edge from a title's entity to the document it titles
-    title_name_weight: float = 1.0  # factor on document -> entity edges whose entity titles some document
+    # extra weight of the edge from a title's entity to the document it titles
+    title_edge_weight: float = field(default=0.0, metadata=COUNT0)
+    # factor on document -> entity edges whose entity titles some document
+    title_name_weight: float = field(default=1.0, metadata=COUNT0)
     idf_edges: bool = False  # document -> entity edges also weighted by the entity's IDF
-    lowercase_name_weight: float = 1.0  # factor on document -> entity edges the document writes only in lower case
-    query_entity_weight: float = 1.0  # query -> entity links times this after the per-block rescaling (1 = §3.2)
-    relation_gate_temperature: float = 0.0  # > 0: document -> title-entity edges gated per question (RelationGate)
+    # factor on document -> entity edges the document writes only in lower case
+    lowercase_name_weight: float = field(default=1.0, metadata=COUNT0)
+    # query -> entity links times this after the per-block rescaling (1 = §3.2)
+    query_entity_weight: float = field(default=1.0, metadata=COUNT0)
+    # > 0: document -> title-entity edges gated per question (RelationGate)
+    relation_gate_temperature: float = field(default=0.0, metadata=COUNT0)
 
     @property
     def title_walk(self) -> bool:

@@ -5,7 +5,7 @@ The algorithms live in :mod:`tasks.methods.zoomrag.algorithm`; this module store
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import pandas as pd
 from prefect import task
@@ -18,9 +18,10 @@ from tasks.core.store import ArtifactRef, Store
 from tasks.graph.knn import search_for
 from tasks.graph.sparse import coo_matrix, to_coo
 from tasks.methods.zoomrag import algorithm as zoom
-from tasks.text.chunk import ChunkParams
+from tasks.text.chunk import CHUNK_UNITS, ChunkParams
 from tasks.text.embed import load_embeddings
 from tasks.text.gazetteer import LinkingParams
+from tasks.core.limits import COUNT, one_of
 
 
 @dataclass(frozen=True)
@@ -29,11 +30,13 @@ class ZoomRAGParams(zoom.ZoomParams, LinkingParams):
     entity linking (:class:`tasks.text.gazetteer.LinkingParams`, beyond the paper when not ``ner``)."""
 
     name: str = "zoomrag"
-    top_k: int = 10
-    chunk_unit: str = "sentence"  # §3.2: chunks are sentence-level units, ordered within their document
-    max_entity_words: int = 6
-    doc_block_rows: int = 1024
-    chunk_group_size: int = 32  # ChunkZoom local problems solved together (similar sizes grouped)
+    top_k: int = field(default=10, metadata=COUNT)
+    # §3.2: chunks are sentence-level units, ordered within their document
+    chunk_unit: str = field(default="sentence", metadata=one_of(CHUNK_UNITS))
+    max_entity_words: int = field(default=6, metadata=COUNT)
+    doc_block_rows: int = field(default=1024, metadata=COUNT)
+    # ChunkZoom local problems solved together (similar sizes grouped)
+    chunk_group_size: int = field(default=32, metadata=COUNT)
     relation_gate_masked: bool = False  # beyond the paper: the gate (if on) reads question and sentence without names
 
     def __post_init__(self) -> None:

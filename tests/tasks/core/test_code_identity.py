@@ -115,6 +115,35 @@ def test_a_function_local_import_is_followed(tmp_path):
     assert _hash(tmp_path, "helpers", helpers=HELPERS.replace("x * SCALE", "x * 5"), entry="lazy_stage") == base
 
 
+PARAMS = '''
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Params:
+    alpha: float = 0.5
+    steps: int = 3
+    ks: tuple = field(default_factory=tuple)
+
+
+def stage(x, p=Params()):
+    return x * p.alpha
+'''
+
+
+def test_field_metadata_is_not_part_of_a_stage_hash(tmp_path):
+    """Limits live on the fields as metadata; adding or changing them rebuilds nothing, a default still does."""
+    base = _hash(tmp_path, "base", stages=PARAMS)
+    limited = PARAMS.replace("alpha: float = 0.5", 'alpha: float = field(default=0.5, metadata={"limit": "[0, 1]"})')
+    limited = limited.replace("steps: int = 3", 'steps: int = field(metadata={"limit": "[1, inf)"}, default=3)')
+    limited = limited.replace("field(default_factory=tuple)", 'field(default_factory=tuple, metadata={"x": 1})')
+    assert _hash(tmp_path, "limited", stages=limited) == base
+    other_limit = limited.replace('"[0, 1]"', '"[0, 2]"')
+    assert _hash(tmp_path, "other-limit", stages=other_limit) == base
+    assert _hash(tmp_path, "default", stages=limited.replace("default=0.5", "default=0.7")) != base
+    assert _hash(tmp_path, "factory", stages=PARAMS.replace("default_factory=tuple", "default_factory=list")) != base
+
+
 def test_real_stages_reach_their_algorithms_and_not_their_neighbours():
     from tasks.methods.zoomrag.stages import doc_doc_graph, global_block
     from tasks.text.chunk import chunk
