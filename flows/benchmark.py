@@ -37,7 +37,8 @@ from flows.pipeline import (
     start_run,
 )
 from tasks.core.ingest import parse_questions, read_json_list
-from tasks.core.store import PeakRSS, Store
+from tasks.core.memory import PeakRSS
+from tasks.core.store import Store
 
 
 def benchmark_questions(conf: Config, questions: pd.DataFrame) -> list[str]:

@@ -14,7 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from flows.config import load_config
 from tasks.core.doctor import examine, quarantined
-from tasks.core.store import CATALOG, QUARANTINE, REBUILD_HINT
+from tasks.core.catalog import REBUILD_HINT
+from tasks.core.files import CATALOG, QUARANTINE
 
 EXIT_DAMAGED = 1
 

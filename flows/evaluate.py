@@ -35,6 +35,7 @@ from flows.pipeline import (
 )
 from tasks.core.ingest import gold_evidence
 from tasks.core.stage import RunContext
+from tasks.core.files import write_parquet
 from tasks.core.store import ArtifactRef, Store
 from tasks.eval.answer_context import answer_in_context
 from tasks.eval.evidence import score_evidence
@@ -65,10 +66,10 @@ def retrieve(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index:
         if ner_client is not None:
             ctx.store.record_ledger(ctx.run_id, QUERY_NER_STAGE, ner_client.ledger_summary(QUERY_NER_STAGE))
     out = Path(run_dir)
-    Store.write_parquet(hits, out / "hits.parquet")
-    Store.write_parquet(latency, out / "latency.parquet")
+    write_parquet(hits, out / "hits.parquet")
+    write_parquet(latency, out / "latency.parquet")
     if traces:
-        Store.write_parquet(pd.DataFrame([{k: json.dumps(v, default=str) if isinstance(v, (list, dict)) else v
+        write_parquet(pd.DataFrame([{k: json.dumps(v, default=str) if isinstance(v, (list, dict)) else v
                                            for k, v in t.items()} for t in traces]), out / "trace.parquet")
     extra = getattr(retriever, "run_stats", dict)()
     return {"hits": str(out / "hits.parquet"), "latency": str(out / "latency.parquet"),
@@ -237,7 +238,7 @@ def answer(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index: d
     finally:  # every stage's calls so far, failed ones included, also when generation fails
         for stage in client.ledger.stages():
             ctx.store.record_ledger(ctx.run_id, stage, client.ledger_summary(stage))
-    Store.write_parquet(predictions, Path(run_dir) / "predictions.parquet")
+    write_parquet(predictions, Path(run_dir) / "predictions.parquet")
     ledger = client.ledger_summary()
     return {**{k: round(v, 2) if isinstance(v, float) else v for k, v in scores.items()},
             **{k: ledger[k] for k in ["prompt_tokens", "completion_tokens", "llm_calls", "llm_cache_hits"]}}

@@ -18,7 +18,9 @@ from flows.methods import METHODS
 from tasks.core.ingest import content_hash, dataset_label, ingest, raw_sources
 from tasks.core.progress import timed
 from tasks.core.stage import RunContext
-from tasks.core.store import ArtifactRef, Store, release_arrow_memory
+from tasks.core.files import write_bytes
+from tasks.core.memory import release_arrow_memory
+from tasks.core.store import ArtifactRef, Store
 from tasks.llm.params import LLMDryRun
 
 log = logging.getLogger("dagrag")
@@ -259,4 +261,4 @@ def _fmt(v: Any) -> str:
 
 def write_json(path: Path, payload: dict) -> None:
     """Write a JSON file atomically."""
-    Store.write_bytes(json.dumps(payload, indent=2, default=str).encode(), path)
+    write_bytes(json.dumps(payload, indent=2, default=str).encode(), path)

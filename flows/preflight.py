@@ -39,7 +39,7 @@ from tasks.core.ingest import (
     parse_questions,
     read_json_list,
 )
-from tasks.core.store import DISK_ERRORS, StoreError
+from tasks.core.files import DISK_ERRORS, StoreError
 from tasks.llm.params import LLMError
 from tasks.text.encoder import PACKAGED_MODEL
 

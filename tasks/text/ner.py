@@ -23,7 +23,8 @@ from tqdm.auto import tqdm
 
 from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_row_stage
-from tasks.core.store import ArtifactRef, text_key
+from tasks.core.row_cache import text_key
+from tasks.core.store import ArtifactRef
 
 if TYPE_CHECKING:
     from tasks.llm.client import LLMClient

@@ -22,7 +22,8 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_row_stage, run_stage
-from tasks.core.store import ArtifactRef, Store, text_key
+from tasks.core.row_cache import text_key
+from tasks.core.store import ArtifactRef, Store
 from tasks.methods.archrag import kg
 from tasks.text.entities import chunk_mentions
 from tasks.text.ner import llm_identity

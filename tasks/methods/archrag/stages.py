@@ -22,7 +22,9 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_stage
-from tasks.core.store import ArtifactRef, Store, short_hash
+from tasks.core.hashing import short_hash
+from tasks.core.store import ArtifactRef, Store
+from tasks.core.vectors import arrow_to_embeddings
 from tasks.graph.sparse import group_positions
 from tasks.llm.client import ledger_rows
 from tasks.llm.ledger import estimate_text_tokens
@@ -480,7 +482,6 @@ def layer_vectors(entity_embeddings: ArtifactRef, community_embeddings: Artifact
     """C-HNSW's layers: entity attributes, then each community layer's (in community order)."""
     _, ent = load_embeddings(entity_embeddings, "entity_id")
     table = Store.read_arrow(community_embeddings)
-    from tasks.core.store import arrow_to_embeddings
     emb = arrow_to_embeddings(table.column("emb")) if table.num_rows else np.zeros((0, ent.shape[1]), np.float32)
     layer = np.asarray(table.column("layer").to_pylist(), dtype=np.int64)
     return [alg_unit(ent)] + [alg_unit(emb[layer == l]) for l in range(1, int(layer.max(initial=0)) + 1)]
