@@ -62,7 +62,8 @@ def _rel(path: str, root: Path) -> str:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: ``artifacts_dir`` names the store, ``doctor.repair`` repairs."""
-    from flows.preflight import PreflightError, USER_ERRORS, discard_job_folder, fail_before_flow
+    from flows.exits import USER_ERRORS, discard_job_folder, fail_before_flow
+    from flows.preflight import PreflightError
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     root = Path(plain["artifacts_dir"]).resolve()

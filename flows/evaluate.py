@@ -21,18 +21,9 @@ from prefect.cache_policies import NO_CACHE
 from flows.config import Config, load_config
 from flows.methods import METHODS
 from flows.observe import RUN_END_HOOKS, untagged_tasks
-from flows.pipeline import (
-    build_index,
-    dry_run_stop,
-    format_table,
-    load_retriever,
-    run_command,
-    stage_counts,
-    stage_split,
-    stage_table,
-    start_run,
-    write_json,
-)
+from flows.output import write_json
+from flows.pipeline import build_index, dry_run_stop, load_retriever, run_command, start_run
+from flows.tables import format_table, stage_counts, stage_split, stage_table
 from tasks.core.ingest import gold_evidence
 from tasks.core.stage import RunContext
 from tasks.core.files import write_parquet

@@ -41,7 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from flows.config import Config, ConfigError, GrowthParams
 from flows.observe import ROW_STAGES
-from flows.pipeline import run_child
+from flows.child_process import run_child
 from flows.scale import index_footprint
 from tasks.core.ingest import dataset_label, load_dataset, question_records
 from tasks.core.files import write_bytes
@@ -272,8 +272,9 @@ def main(cfg: DictConfig) -> None:
 
     from flows.api_server import ensure_api, stop_api
     from flows.config import load_config
-    from flows.pipeline import print_last_line
-    from flows.preflight import USER_ERRORS, fail, preflight, verbose
+    from flows.output import print_last_line
+    from flows.exits import USER_ERRORS, fail, verbose
+    from flows.preflight import preflight
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     task_overrides = list(HydraConfig.get().overrides.task)

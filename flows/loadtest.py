@@ -346,8 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     from omegaconf import OmegaConf
 
     from flows.config import load_config
-    from flows.pipeline import git_sha, write_json
-    from flows.preflight import USER_ERRORS, fail
+    from flows.output import write_json
+    from flows.provenance import git_sha
+    from flows.exits import USER_ERRORS, fail
     from flows.serving.index import compose
     from tasks.core.files import write_bytes
     from tasks.core.ingest import load_dataset

@@ -260,9 +260,9 @@ def sweep_section(runs: pd.DataFrame, sweep: str, objective: str, metric: str, o
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: ``report.*`` picks the runs, ``artifacts_dir`` the catalog."""
     from flows.api_server import ensure_api, flow_run_settings
-    from flows.pipeline import print_last_line
+    from flows.output import print_last_line
 
-    from flows.preflight import USER_ERRORS, fail_before_flow
+    from flows.exits import USER_ERRORS, fail_before_flow
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     try:

@@ -406,6 +406,6 @@ def build_index(cfg: Mapping[str, Any]) -> None:
 
 def config_overrides() -> list[str]:
     """The overrides of this Hydra job as typed, when it is one (for the build command an error prints)."""
-    from flows.pipeline import job_overrides
+    from flows.provenance import job_overrides
 
     return [f"{k}={v}" for k, v in job_overrides().items()]
