@@ -19,7 +19,7 @@ from tasks.methods.archrag.stages import (
 )
 from tasks.text.chunk import chunk
 from tasks.text.embed import embed
-from tasks.text.ner import ner
+from tasks.llm.ner_backends import ner
 
 __all__ = ["ArchParams", "answer", "index", "retriever"]
 

@@ -29,6 +29,7 @@ from tasks.core.stage import RunContext
 from tasks.core.files import write_parquet
 from tasks.core.store import ArtifactRef, Store
 from tasks.eval.answer_context import answer_in_context
+from tasks.eval.answer_metrics import score_predictions
 from tasks.eval.evidence import score_evidence
 from tasks.eval.metrics import dev_split, latency_summary, recall_at_k, recall_by_title_mention, recall_by_type
 from tasks.eval.retrieve import retrieve_all
@@ -201,7 +202,8 @@ def answer(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index: d
     """Generation and answer metrics when an LLM is configured (``llm=none``: skipped, one log line).
 
     A method with its own generation (``Method.answer``: ArchRAG's adaptive filtering) answers from what it
-    retrieved (its traces); every other method's top passages go to the shared reader.
+    retrieved (its traces); every other method's top passages go to the shared reader. Either way the answers
+    are scored here, the same way (``eval.llm_judge``: by the LLM judge too).
     """
     client = make_client(conf.llm, Path(ctx.artifacts_dir) / "llm_cache.duckdb") if conf.eval.generate else None
     if client is None:
@@ -212,10 +214,10 @@ def answer(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index: d
     own = METHODS[conf.method.name].answer
     try:
         if own is not None:
-            predictions, scores = own(client, data, index, conf, questions, traces, conf.eval.llm_dry_run)
+            predictions, figures = own(client, data, index, conf, questions, traces, conf.eval.llm_dry_run)
             if predictions is None:
-                log.info("llm dry run: generation would make %s", scores["llm_dry_run"])
-                return scores
+                log.info("llm dry run: generation would make %s", figures["llm_dry_run"])
+                return figures
         else:
             contexts = contexts_for(hits, Store.read(data["documents"]), traces, conf.eval.context_passages)
             if conf.eval.llm_dry_run:
@@ -224,8 +226,8 @@ def answer(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index: d
                 estimate = client.dry_run_estimate(msgs, expected_completion_tokens=conf.llm.max_tokens)
                 log.info("llm dry run: generation would make %s", estimate)
                 return {"llm_dry_run": estimate}
-            predictions, scores = generate(client, questions, contexts, conf.eval.max_context_tokens,
-                                           conf.eval.llm_judge)
+            predictions, figures = generate(client, questions, contexts, conf.eval.max_context_tokens), {}
+        scores = {**score_predictions(predictions, questions, client if conf.eval.llm_judge else None), **figures}
     finally:  # every stage's calls so far, failed ones included, also when generation fails
         for stage in client.ledger.stages():
             ctx.store.record_ledger(ctx.run_id, stage, client.ledger_summary(stage))

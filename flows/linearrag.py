@@ -13,7 +13,7 @@ from tasks.text.chunk import chunk
 from tasks.text.embed import embed
 from tasks.text.gazetteer import index_relation_embeddings, linked_entity_graph
 from tasks.text.entities import entity_graph, entity_texts
-from tasks.text.ner import QueryRecogniser, ner
+from tasks.llm.ner_backends import QueryRecogniser, ner
 
 __all__ = ["LinearParams", "index", "retriever"]
 

@@ -26,7 +26,7 @@ from tasks.core.row_cache import text_key
 from tasks.core.store import ArtifactRef, Store
 from tasks.methods.archrag import kg
 from tasks.text.entities import chunk_mentions
-from tasks.text.ner import llm_identity
+from tasks.llm.params import llm_identity
 
 if TYPE_CHECKING:
     from tasks.llm.client import LLMClient

@@ -234,7 +234,7 @@ class Summaries:
             self.client = make_client(llm, Path(ctx.artifacts_dir) / "llm_cache.duckdb")
         identity: dict[str, Any] = {"kind": kind, "code": code_version(report_messages, report_text)}
         if kind == "llm":
-            from tasks.text.ner import llm_identity
+            from tasks.llm.params import llm_identity
             identity.update(llm=llm_identity(llm), max_tokens=params.report_max_tokens)
         else:
             identity.update(tokens=params.summary_tokens)
@@ -401,7 +401,7 @@ def hierarchy_slice(params: ArchParams, kind: str, llm: Optional[LLMParams], emb
     out: dict[str, Any] = {"clustering": asdict(params.clustering_params()), "summariser": kind,
                            "report_input_tokens": params.report_input_tokens, "embedder": embedder.model}
     if kind == "llm":
-        from tasks.text.ner import llm_identity
+        from tasks.llm.params import llm_identity
         out.update(llm=llm_identity(llm), report_max_tokens=params.report_max_tokens)
     else:
         out.update(summary_tokens=params.summary_tokens)

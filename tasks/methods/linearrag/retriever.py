@@ -17,7 +17,7 @@ from tasks.methods.linearrag.stages import LinearParams
 from tasks.text.embed import EmbedderParams, encode_queries, encode_queries_beside, load_embeddings
 from tasks.text.gazetteer import (Gazetteer, TitleIndex, aliases_of, lowercase_only, mask_names, masked_relation_gate,
                                   name_idf, query_seeds)
-from tasks.text.ner import QueryRecogniser
+from tasks.llm.ner_backends import QueryRecogniser
 
 
 def _dot(a: np.ndarray, b: np.ndarray, via_torch: bool) -> np.ndarray:

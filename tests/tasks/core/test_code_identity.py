@@ -156,7 +156,7 @@ def test_a_source_file_edited_after_import_is_refused(tmp_path, monkeypatch):
 
 def test_the_hash_is_the_same_in_every_process():
     """Sets and frozensets (e.g. NER's numeric labels) must not hash in string-hash order."""
-    script = "from tasks.core.code_identity import code_version; from tasks.text.ner import ner; print(code_version(ner))"
+    script = "from tasks.core.code_identity import code_version; from tasks.llm.ner_backends import ner; print(code_version(ner))"
     out = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": seed}) for seed in ("1", "2")]
     assert all(o.returncode == 0 for o in out), [o.stderr for o in out]

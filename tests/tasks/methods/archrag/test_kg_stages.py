@@ -23,7 +23,8 @@ from tasks.methods.archrag.kg_stages import (
 )
 from tasks.text.chunk import ChunkParams, chunk
 from tasks.text.entities import chunk_mentions
-from tasks.text.ner import NERParams, ner, normalize_entity
+from tasks.llm.ner_backends import ner
+from tasks.text.ner import NERParams, normalize_entity
 from tests.llm_server import FakeLLMServer
 
 PASSAGES = ChunkParams(unit="passage")
