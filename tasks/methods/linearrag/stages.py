@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from tasks.core.resources import cpu_threads
+from tasks.graph.title_walk import check_title_walk
 from tasks.methods.linearrag import algorithm as lr
 from tasks.text.chunk import ChunkParams
 from tasks.text.gazetteer import LinkingParams
@@ -30,12 +31,8 @@ class LinearParams(lr.LinearRAGParams, LinkingParams):
     def __post_init__(self) -> None:
         lr.LinearRAGParams.__post_init__(self)
         LinkingParams.__post_init__(self)
-        if self.title_walk and self.graph_linking != "gazetteer":
-            raise ValueError("method.title_edge_weight / title_name_weight / idf_edges / lowercase_name_weight "
-                             "(the title walk) need method.graph_linking=gazetteer: with spaCy entities a passage's title is no node")
-        if self.relation_gate_temperature > 0 and (not self.title_walk or self.ppr_sweeps != "alternating"):
-            raise ValueError("method.relation_gate_temperature > 0 gates the title walk's edges: it needs the title "
-                             "walk (e.g. experiment=beyond_paper) and method.ppr_sweeps=alternating")
+        check_title_walk(self.title_walk, self.graph_linking == "gazetteer", "method.graph_linking=gazetteer",
+                         self.relation_gate_temperature, self.ppr_sweeps == "alternating", "method.ppr_sweeps=alternating")
 
     def retrieval(self) -> lr.LinearRAGParams:
         """The slice :mod:`tasks.methods.linearrag.algorithm` takes."""
