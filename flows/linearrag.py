@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
-from tasks.methods.linearrag.retriever import LinearRetriever
-from tasks.methods.linearrag.stages import LinearParams
+from tasks.methods.linearrag.retriever import LinearParams, LinearRetriever
 from tasks.text.chunk import chunk
 from tasks.text.embed import embed
 from tasks.text.gazetteer import index_relation_embeddings, linked_entity_graph

@@ -34,7 +34,7 @@ are reconstructed here from the prose around them):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -443,13 +443,6 @@ def doc_zoom(
         for start in starts:
             walk(start)
     return out
-
-
-def doc_zoom_coupled(
-    M: sp.sparray, query_doc: sp.sparray, query_entity: sp.sparray, params: ZoomParams = ZoomParams()
-) -> np.ndarray:
-    """DocZoom with the naive coupled walk of ZoomRAG App. H (an ablation)."""
-    return doc_zoom(M, query_doc, query_entity, replace(params, coupled=True))
 
 
 def top_docs(scores: np.ndarray, n_docs: int, k: int, tie_break: np.ndarray | None = None) -> np.ndarray:
