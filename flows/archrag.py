@@ -22,7 +22,7 @@ from tasks.methods.archrag.stages import (
 )
 from tasks.text.chunk import chunk
 from tasks.text.embed import embed
-from tasks.text.ner import ner
+from tasks.llm.ner_backends import ner
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:

@@ -27,17 +27,11 @@ from prefect import flow
 
 from flows.config import Config, ConfigError, load_config
 from flows.observe import RUN_END_HOOKS, untagged_tasks
-from flows.pipeline import (
-    build_index,
-    format_table,
-    load_retriever,
-    run_command,
-    stage_counts,
-    stage_split,
-    start_run,
-)
+from flows.pipeline import build_index, load_retriever, run_command, start_run
+from flows.tables import format_table, stage_counts, stage_split
 from tasks.core.ingest import parse_questions, read_json_list
-from tasks.core.store import PeakRSS, Store
+from tasks.core.memory import PeakRSS
+from tasks.core.store import Store
 
 
 def benchmark_questions(conf: Config, questions: pd.DataFrame) -> list[str]:

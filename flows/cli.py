@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None, default: str | None = None) -> int:
     try:
         return _run(command, rest)
     except KeyboardInterrupt:  # Ctrl-C outside a flow run (imports, checks); inside one, run_command handles it
-        from flows.preflight import EXIT_INTERRUPTED, INTERRUPTED
+        from flows.exits import EXIT_INTERRUPTED, INTERRUPTED
 
         print(INTERRUPTED, file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
@@ -85,7 +85,8 @@ def _run(command: str, rest: list[str]) -> int:
     if not NO_RUN_FLAGS.intersection(rest):  # before Hydra (its advice for a mistyped key is `+key=…`, which
         # then fails on the check below; a blocked artifacts_dir fails its run folder with a traceback)
         from flows.config import ConfigError, check_top_level_keys, override_keys
-        from flows.preflight import EXIT_USER_ERROR, PreflightError, artifacts_dir_of, check_artifacts_dir
+        from flows.exits import EXIT_USER_ERROR
+        from flows.preflight import PreflightError, artifacts_dir_of, check_artifacts_dir
 
         # dagrag query: the questions after `--` are no overrides; dagrag loadtest: its own loadtest.* keys
         overrides = [o for o in split_questions(rest)[0] if not (command == "loadtest" and o.startswith("loadtest."))]

@@ -53,16 +53,10 @@ def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from flows.api_server import ensure_api, flow_run_settings
-    from flows.pipeline import print_last_line, spacy_without_torch
-    from flows.preflight import (
-        USER_ERRORS,
-        fail,
-        fail_before_flow,
-        interrupted,
-        preflight,
-        quiet_user_error_tracebacks,
-        verbose,
-    )
+    from flows.output import print_last_line
+    from flows.pipeline import spacy_without_torch
+    from flows.exits import USER_ERRORS, fail, fail_before_flow, interrupted, quiet_user_error_tracebacks, verbose
+    from flows.preflight import preflight
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     hc = HydraConfig.get()

@@ -14,7 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from flows.config import load_config
 from tasks.core.doctor import examine, quarantined
-from tasks.core.store import CATALOG, QUARANTINE, REBUILD_HINT
+from tasks.core.catalog import REBUILD_HINT
+from tasks.core.files import CATALOG, QUARANTINE
 
 EXIT_DAMAGED = 1
 
@@ -61,7 +62,8 @@ def _rel(path: str, root: Path) -> str:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: ``artifacts_dir`` names the store, ``doctor.repair`` repairs."""
-    from flows.preflight import PreflightError, USER_ERRORS, discard_job_folder, fail_before_flow
+    from flows.exits import USER_ERRORS, discard_job_folder, fail_before_flow
+    from flows.preflight import PreflightError
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     root = Path(plain["artifacts_dir"]).resolve()

@@ -21,22 +21,15 @@ from prefect.cache_policies import NO_CACHE
 from flows.config import Config, load_config
 from flows.methods import METHODS
 from flows.observe import RUN_END_HOOKS, untagged_tasks
-from flows.pipeline import (
-    build_index,
-    dry_run_stop,
-    format_table,
-    load_retriever,
-    run_command,
-    stage_counts,
-    stage_split,
-    stage_table,
-    start_run,
-    write_json,
-)
+from flows.output import write_json
+from flows.pipeline import build_index, dry_run_stop, load_retriever, run_command, start_run
+from flows.tables import format_table, stage_counts, stage_split, stage_table
 from tasks.core.ingest import gold_evidence
 from tasks.core.stage import RunContext
+from tasks.core.files import write_parquet
 from tasks.core.store import ArtifactRef, Store
 from tasks.eval.answer_context import answer_in_context
+from tasks.eval.answer_metrics import score_predictions
 from tasks.eval.evidence import score_evidence
 from tasks.eval.metrics import dev_split, latency_summary, recall_at_k, recall_by_title_mention, recall_by_type
 from tasks.eval.retrieve import retrieve_all
@@ -65,10 +58,10 @@ def retrieve(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index:
         if ner_client is not None:
             ctx.store.record_ledger(ctx.run_id, QUERY_NER_STAGE, ner_client.ledger_summary(QUERY_NER_STAGE))
     out = Path(run_dir)
-    Store.write_parquet(hits, out / "hits.parquet")
-    Store.write_parquet(latency, out / "latency.parquet")
+    write_parquet(hits, out / "hits.parquet")
+    write_parquet(latency, out / "latency.parquet")
     if traces:
-        Store.write_parquet(pd.DataFrame([{k: json.dumps(v, default=str) if isinstance(v, (list, dict)) else v
+        write_parquet(pd.DataFrame([{k: json.dumps(v, default=str) if isinstance(v, (list, dict)) else v
                                            for k, v in t.items()} for t in traces]), out / "trace.parquet")
     extra = getattr(retriever, "run_stats", dict)()
     return {"hits": str(out / "hits.parquet"), "latency": str(out / "latency.parquet"),
@@ -209,7 +202,8 @@ def answer(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index: d
     """Generation and answer metrics when an LLM is configured (``llm=none``: skipped, one log line).
 
     A method with its own generation (``Method.answer``: ArchRAG's adaptive filtering) answers from what it
-    retrieved (its traces); every other method's top passages go to the shared reader.
+    retrieved (its traces); every other method's top passages go to the shared reader. Either way the answers
+    are scored here, the same way (``eval.llm_judge``: by the LLM judge too).
     """
     client = make_client(conf.llm, Path(ctx.artifacts_dir) / "llm_cache.duckdb") if conf.eval.generate else None
     if client is None:
@@ -220,10 +214,10 @@ def answer(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index: d
     own = METHODS[conf.method.name].answer
     try:
         if own is not None:
-            predictions, scores = own(client, data, index, conf, questions, traces, conf.eval.llm_dry_run)
+            predictions, figures = own(client, data, index, conf, questions, traces, conf.eval.llm_dry_run)
             if predictions is None:
-                log.info("llm dry run: generation would make %s", scores["llm_dry_run"])
-                return scores
+                log.info("llm dry run: generation would make %s", figures["llm_dry_run"])
+                return figures
         else:
             contexts = contexts_for(hits, Store.read(data["documents"]), traces, conf.eval.context_passages)
             if conf.eval.llm_dry_run:
@@ -232,12 +226,12 @@ def answer(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef], index: d
                 estimate = client.dry_run_estimate(msgs, expected_completion_tokens=conf.llm.max_tokens)
                 log.info("llm dry run: generation would make %s", estimate)
                 return {"llm_dry_run": estimate}
-            predictions, scores = generate(client, questions, contexts, conf.eval.max_context_tokens,
-                                           conf.eval.llm_judge)
+            predictions, figures = generate(client, questions, contexts, conf.eval.max_context_tokens), {}
+        scores = {**score_predictions(predictions, questions, client if conf.eval.llm_judge else None), **figures}
     finally:  # every stage's calls so far, failed ones included, also when generation fails
         for stage in client.ledger.stages():
             ctx.store.record_ledger(ctx.run_id, stage, client.ledger_summary(stage))
-    Store.write_parquet(predictions, Path(run_dir) / "predictions.parquet")
+    write_parquet(predictions, Path(run_dir) / "predictions.parquet")
     ledger = client.ledger_summary()
     return {**{k: round(v, 2) if isinstance(v, float) else v for k, v in scores.items()},
             **{k: ledger[k] for k in ["prompt_tokens", "completion_tokens", "llm_calls", "llm_cache_hits"]}}

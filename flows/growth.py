@@ -41,9 +41,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from flows.config import Config, ConfigError, GrowthParams
 from flows.observe import ROW_STAGES
-from flows.pipeline import run_child
+from flows.child_process import run_child
 from flows.scale import index_footprint
 from tasks.core.ingest import dataset_label, load_dataset, question_records
+from tasks.core.files import write_bytes
 from tasks.core.store import Store
 
 
@@ -78,7 +79,7 @@ def write_corpora(conf: Config, root: Path, params: GrowthParams) -> dict[str, A
     questions = question_records(conf.dataset, conf.data_dir)
     for part, rows in (("base", [r for r, k in zip(records, keep) if k]), ("full", records)):
         for name, payload in (("corpus.json", rows), ("questions.json", questions)):
-            Store.write_bytes(json.dumps(payload, ensure_ascii=False).encode(), root / "data" / part / label / name)
+            write_bytes(json.dumps(payload, ensure_ascii=False).encode(), root / "data" / part / label / name)
     return {"label": label, "base_dir": str(root / "data" / "base"), "full_dir": str(root / "data" / "full"),
             "n_base": int(keep.sum()), "n_full": len(docs), "n_added": len(held)}
 
@@ -257,7 +258,7 @@ def growth(conf: Config, overrides: list[str], corpora: dict[str, Any]) -> dict[
         row["wall_seconds"] = round(time.perf_counter() - t0, 1)
         print(json.dumps({"growth_row": row}), flush=True)
         rows.append(row)
-        Store.write_bytes(tables(rows).encode(), table_path)  # after each row: a long run shows what it has
+        write_bytes(tables(rows).encode(), table_path)  # after each row: a long run shows what it has
     print(tables(rows), flush=True)
     return {"table": str(table_path), "corpora": corpora, "rows": rows}
 
@@ -271,8 +272,9 @@ def main(cfg: DictConfig) -> None:
 
     from flows.api_server import ensure_api, stop_api
     from flows.config import load_config
-    from flows.pipeline import print_last_line
-    from flows.preflight import USER_ERRORS, fail, preflight, verbose
+    from flows.output import print_last_line
+    from flows.exits import USER_ERRORS, fail, verbose
+    from flows.preflight import preflight
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     task_overrides = list(HydraConfig.get().overrides.task)

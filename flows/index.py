@@ -15,15 +15,8 @@ from prefect import flow
 
 from flows.config import load_config
 from flows.observe import RUN_END_HOOKS, untagged_tasks
-from flows.pipeline import (
-    build_index,
-    dry_run_stop,
-    run_command,
-    stage_counts,
-    stage_split,
-    stage_table,
-    start_run,
-)
+from flows.pipeline import build_index, dry_run_stop, run_command, start_run
+from flows.tables import stage_counts, stage_split, stage_table
 from tasks.llm.params import LLMDryRun
 
 

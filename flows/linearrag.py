@@ -8,13 +8,12 @@ from __future__ import annotations
 from flows.methods import Method, always
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
-from tasks.methods.linearrag.retriever import LinearRetriever
-from tasks.methods.linearrag.stages import LinearParams
+from tasks.methods.linearrag.retriever import LinearParams, LinearRetriever
 from tasks.text.chunk import chunk
 from tasks.text.embed import embed
 from tasks.text.gazetteer import index_relation_embeddings, linked_entity_graph
 from tasks.text.entities import entity_graph, entity_texts
-from tasks.text.ner import QueryRecogniser, ner
+from tasks.llm.ner_backends import QueryRecogniser, ner
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:

@@ -313,9 +313,9 @@ def report_section(store: Any, out_dir: Path) -> list[str]:
     rows = latest_rows(store)
     if rows.empty:
         return []
-    from tasks.core.store import Store
+    from tasks.core.files import write_bytes
 
-    Store.write_bytes(figure(rows, "latest dagrag loadtest per dataset"), out_dir / "serving_throughput.png")
+    write_bytes(figure(rows, "latest dagrag loadtest per dataset"), out_dir / "serving_throughput.png")
     return ["## Serving (dagrag loadtest)", "", table(rows), "",
             "![throughput against concurrency](serving_throughput.png)", "",
             "*questions/s and latency of `dagrag serve` from a loopback client, one question per request; "
@@ -346,9 +346,11 @@ def main(argv: list[str] | None = None) -> int:
     from omegaconf import OmegaConf
 
     from flows.config import load_config
-    from flows.pipeline import git_sha, write_json
-    from flows.preflight import USER_ERRORS, fail
+    from flows.output import write_json
+    from flows.provenance import git_sha
+    from flows.exits import USER_ERRORS, fail
     from flows.serving.index import compose
+    from tasks.core.files import write_bytes
     from tasks.core.ingest import load_dataset
     from tasks.core.store import Store
 
@@ -390,10 +392,10 @@ def main(argv: list[str] | None = None) -> int:
     store.record_metrics(run_id, "loadtest", "serve", dataset, payload, {})
     store.end_run(run_id, "completed")
     out = store.root / "reports" / f"loadtest-{dataset}"
-    Store.write_bytes(figure(frame, f"{payload['command']} @ {payload['git_sha'][:10]}"), out / "throughput.png")
+    write_bytes(figure(frame, f"{payload['command']} @ {payload['git_sha'][:10]}"), out / "throughput.png")
     md = [f"# dagrag loadtest on {dataset}", "", f"`{payload['command']}` at {payload['git_sha'][:10]}", "",
           table(frame), "", SPLIT_NOTE, "", "![throughput against concurrency](throughput.png)", ""]
-    Store.write_bytes("\n".join(md).encode(), out / "loadtest.md")
+    write_bytes("\n".join(md).encode(), out / "loadtest.md")
     write_json(out / "loadtest.json", payload)
     print(table(frame))
     print("loadtest: " + json.dumps({"report": str(out / "loadtest.md"), "run_id": run_id}), flush=True)

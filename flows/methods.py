@@ -48,7 +48,8 @@ class Method:
     llm_uses: Callable[[Any, str], list[str]] = no_llm_uses
     check: Optional[Callable[[Any], None]] = None  # (Config) -> None, a ConfigError for a setting it cannot run
     # the method's own generation, when it is not "read the top passages" (ArchRAG's adaptive filtering):
-    # (client, data refs, index refs, cfg, questions, traces, dry_run) -> (predictions | None, scores)
+    # (client, data refs, index refs, cfg, questions, traces, dry_run) -> (predictions | None, its own figures);
+    # flows.evaluate scores the predictions (tasks.eval.answer_metrics.score_predictions)
     answer: Optional[Callable] = None
     # its trace's kept_chunks are its own ranked evidence units (ZoomRAG's ChunkZoom), scored by
     # evidence_recall@k in place of the passage rule (tasks.eval.evidence)

@@ -31,9 +31,12 @@ from prefect import flow
 from flows.cli import flow_run_query, split_questions
 from flows.config import Config, load_config
 from flows.observe import RUN_END_HOOKS, untagged_tasks
-from flows.pipeline import format_table, run_command, start_run, write_json
+from flows.output import write_json
+from flows.pipeline import run_command, start_run
+from flows.tables import format_table
 from flows.serving.index import Index, Ranked, open_index
 from tasks.core.ingest import read_user_questions
+from tasks.core.files import write_parquet
 from tasks.core.store import Store
 from tasks.eval.metrics import latency_summary
 
@@ -127,7 +130,7 @@ def ask(index: Index, questions: Iterable[str], conf: Config, out: Any = None) -
 
 def main_interactive(overrides: list[str], questions: list[str] | None) -> int:
     """``dagrag query`` without a file: open the index, ask, print; nothing written, no Prefect server."""
-    from flows.preflight import USER_ERRORS, fail, verbose
+    from flows.exits import USER_ERRORS, fail, verbose
     from flows.serving.index import NoLLM, compose
 
     cfg: dict[str, Any] = {}
@@ -167,10 +170,10 @@ def query_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
     out = Path(run_dir)
     docs = Store.read(index.data["documents"], ["doc_id", "title"])
     hits = hits.merge(docs, on="doc_id", how="left")
-    Store.write_parquet(questions, out / "questions.parquet")
-    Store.write_parquet(hits, out / "hits.parquet")
+    write_parquet(questions, out / "questions.parquet")
+    write_parquet(hits, out / "hits.parquet")
     if traces:
-        Store.write_parquet(pd.DataFrame([{k_: json.dumps(v, default=str) if isinstance(v, (list, dict)) else v
+        write_parquet(pd.DataFrame([{k_: json.dumps(v, default=str) if isinstance(v, (list, dict)) else v
                                            for k_, v in t.items()} for t in traces]), out / "trace.parquet")
     lat = latency_summary(latency)
     summary: dict[str, Any] = {
@@ -183,7 +186,7 @@ def query_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
         answers = index.answer(questions["question"].tolist(), k)
         table = pd.DataFrame({"qid": questions["qid"], "question": questions["question"],
                               "answer": [a.answer for a in answers], "raw": [a.raw for a in answers]})
-        Store.write_parquet(table, out / "answers.parquet")
+        write_parquet(table, out / "answers.parquet")
         summary.update(answers=str(out / "answers.parquet"), answer_seconds=round(time.perf_counter() - t0, 3))
     ctx.store.record_metrics(ctx.run_id, "query", conf.method.name, ctx.dataset, summary, manifest["overrides"])
     write_json(out / "manifest.json", manifest)
@@ -204,7 +207,7 @@ def hydra_run_dir() -> str:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def flow_main(cfg: DictConfig) -> None:
     """Hydra entry point of a questions-file query (a flow run with a run folder)."""
-    from flows.pipeline import job_overrides
+    from flows.provenance import job_overrides
     from flows.serving.checks import check_serving
 
     overrides = [f"{k}={v}" for k, v in job_overrides().items()]

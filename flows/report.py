@@ -26,7 +26,8 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.config import Config, load_config
 from flows.observe import untagged_tasks
-from tasks.core.store import CATALOG, Store
+from tasks.core.files import CATALOG, write_bytes
+from tasks.core.store import Store
 from tasks.eval import report as rep
 
 log = logging.getLogger("dagrag")
@@ -153,14 +154,14 @@ def report_flow(cfg: dict) -> dict[str, Any]:
     points = accuracy_points(shown, latency, params.metric)
     if not points.empty:
         png = rep.accuracy_latency_figure(points, params.metric, note)
-        Store.write_bytes(png, out_dir / "accuracy_latency.png")
+        write_bytes(png, out_dir / "accuracy_latency.png")
         figures.append("accuracy_latency.png")
         md += ["## Accuracy against latency", "", "![accuracy against latency](accuracy_latency.png)", "",
                f"*{params.metric} against ms per query, one point per method and batch size (benchmark runs; "
                f"an evaluate run's own batch where none). {note}*", ""]
     curves = answer_points(shown)
     if not curves.empty:
-        Store.write_bytes(rep.answer_context_figure(curves, note), out_dir / "answer_in_context.png")
+        write_bytes(rep.answer_context_figure(curves, note), out_dir / "answer_in_context.png")
         figures.append("answer_in_context.png")
         md += ["## Answer in context against tokens", "", "![answer in context](answer_in_context.png)", "",
                f"*answer_in_context@B against the mean tokens the reader's context held at each budget B, one line "
@@ -172,7 +173,7 @@ def report_flow(cfg: dict) -> dict[str, Any]:
         figures.append("serving_throughput.png")
     md += serving
     text = "\n".join(md)
-    Store.write_bytes(text.encode(), out_dir / "report.md")
+    write_bytes(text.encode(), out_dir / "report.md")
     create_markdown_artifact(key=f"report-{name}", markdown=text, description=f"dagrag report {name}")
     return {"report": str(out_dir / "report.md"), "figures": [str(out_dir / f) for f in figures],
             "runs": runs["run_id"].tolist(), "name": name}
@@ -246,7 +247,7 @@ def sweep_section(runs: pd.DataFrame, sweep: str, objective: str, metric: str, o
         note = rep.caption(trials["commit"].fillna("").tolist(), trials["dataset_hash"].fillna("").tolist(),
                            trials["date"].fillna("").tolist())
         png = rep.sweep_figure(trials, swept, dev_metric, note)
-        Store.write_bytes(png, out_dir / "sweep.png")
+        write_bytes(png, out_dir / "sweep.png")
         figures.append("sweep.png")
         lines += ["![sweep](sweep.png)", "",
                   f"*dev-split {objective} against {', '.join(swept)} "
@@ -259,9 +260,9 @@ def sweep_section(runs: pd.DataFrame, sweep: str, objective: str, metric: str, o
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: ``report.*`` picks the runs, ``artifacts_dir`` the catalog."""
     from flows.api_server import ensure_api, flow_run_settings
-    from flows.pipeline import print_last_line
+    from flows.output import print_last_line
 
-    from flows.preflight import USER_ERRORS, fail_before_flow
+    from flows.exits import USER_ERRORS, fail_before_flow
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     try:

@@ -32,7 +32,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from flows.config import ScaleParams
-from flows.pipeline import run_child
+from flows.child_process import run_child
 from tasks.core.store import Store
 
 
@@ -133,8 +133,9 @@ def main(cfg: DictConfig) -> None:
 
     from flows.api_server import ensure_api, stop_api
     from flows.config import load_config
-    from flows.pipeline import print_last_line
-    from flows.preflight import USER_ERRORS, fail, preflight, verbose
+    from flows.output import print_last_line
+    from flows.exits import USER_ERRORS, fail, verbose
+    from flows.preflight import preflight
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     overrides = [o for o in HydraConfig.get().overrides.task

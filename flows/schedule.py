@@ -228,7 +228,7 @@ def interrupted_only(err: BaseException) -> bool:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="schedule")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point."""
-    from flows.preflight import fail
+    from flows.exits import fail
 
     try:
         schedule = load_schedule(OmegaConf.to_container(cfg, resolve=True))

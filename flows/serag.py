@@ -22,7 +22,7 @@ from tasks.text.chunk import chunk
 from tasks.text.embed import embed, embedded_texts
 from tasks.text.entities import entity_graph, entity_texts, passage_text_mentions
 from tasks.text.gazetteer import linked_entity_graph
-from tasks.text.ner import QueryRecogniser, ner
+from tasks.llm.ner_backends import QueryRecogniser, ner
 
 
 def _dag(ctx: RunContext, data: dict[str, ArtifactRef], cfg, incremental: bool) -> dict[str, ArtifactRef]:

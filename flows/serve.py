@@ -89,7 +89,7 @@ def print_config(args: list[str]) -> int:
     job folder); exit status 2 on a bad override."""
     from omegaconf import OmegaConf
 
-    from flows.preflight import USER_ERRORS, fail
+    from flows.exits import USER_ERRORS, fail
     from flows.serving.index import compose
 
     at = args.index("--cfg")
@@ -104,7 +104,7 @@ def print_config(args: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from flows.preflight import USER_ERRORS, fail, verbose
+    from flows.exits import USER_ERRORS, fail, verbose
     from flows.serving.checks import preflight_serving
     from flows.serving.index import compose
 

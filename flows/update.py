@@ -29,15 +29,8 @@ from prefect import flow
 from flows.config import load_config
 from flows.methods import METHODS
 from flows.observe import RUN_END_HOOKS, untagged_tasks
-from flows.pipeline import (
-    dry_run_stop,
-    format_table,
-    run_command,
-    stage_counts,
-    stage_split,
-    stage_table,
-    start_run,
-)
+from flows.pipeline import dry_run_stop, run_command, start_run
+from flows.tables import format_table, stage_counts, stage_split, stage_table
 from tasks.core.ingest import ingest
 from tasks.core.progress import process_seconds, timed_seconds, timed_since
 from tasks.core.store import ArtifactRef, Store

@@ -17,7 +17,7 @@ from tasks.text.chunk import chunk
 from tasks.text.embed import embed
 from tasks.text.gazetteer import index_relation_embeddings, linked_entity_graph
 from tasks.text.entities import entity_graph
-from tasks.text.ner import QueryRecogniser, ner
+from tasks.llm.ner_backends import QueryRecogniser, ner
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:

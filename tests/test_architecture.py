@@ -4,6 +4,10 @@
 - Pure layers (a method's ``algorithm.py``, ``tasks/graph``) import no Prefect, no store and no
   Hydra, so they stay testable alone.
 - No import circle between project modules, counting imports inside functions.
+- Folders are layered (:data:`LAYERS`): ``core`` ← ``graph`` ← ``text`` ← ``llm`` ← ``eval`` ← ``methods`` ←
+  ``flows``; a folder imports only the folders below it (counting imports inside functions), so no two folders
+  import each other, directly or round a loop. ``graph`` and ``text`` are one layer, the generic graph algorithms
+  and the text tools: ``text`` may use ``graph``, never the other way.
 """
 from __future__ import annotations
 
@@ -49,16 +53,14 @@ def test_pure_layers_import_no_prefect_store_or_hydra():
     modules = _project_modules()
     pure = {m: p for m, p in modules.items() if m.endswith(".algorithm") or m.startswith("tasks.graph")}
     assert pure, "no pure modules found: the layout changed"
-    forbidden = ("prefect", "hydra", "omegaconf", "tasks.core.store", "tasks.core.stage", "duckdb")
+    forbidden = ("prefect", "hydra", "omegaconf", "tasks.core.store", "tasks.core.catalog", "tasks.core.files",
+                 "tasks.core.locks", "tasks.core.row_cache", "tasks.core.stage", "duckdb")
     bad = {m: sorted(i for i in _imports(p, modules) if i.startswith(forbidden)) for m, p in pure.items()}
     assert not {m: v for m, v in bad.items() if v}
 
 
-def test_no_import_cycles():
-    modules = _project_modules()
-    graph = {m: {i for i in _imports(p, modules) if i in modules and i != m and not m.startswith(i + ".")}
-             for m, p in modules.items()}
-    # a package's __init__ importing nothing of its children is the rule here; drop edges into parents
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph`` (its strongly connected components of more than one node)."""
     index, low, stack, on, cycles, counter = {}, {}, [], set(), [], [0]
 
     def visit(v: str) -> None:  # Tarjan's strongly connected components
@@ -86,4 +88,71 @@ def test_no_import_cycles():
     for m in sorted(graph):
         if m not in index:
             visit(m)
+    return cycles
+
+
+def test_no_import_cycles():
+    modules = _project_modules()
+    graph = {m: {i for i in _imports(p, modules) if i in modules and i != m and not m.startswith(i + ".")}
+             for m, p in modules.items()}
+    # a package's __init__ importing nothing of its children is the rule here; drop edges into parents
+    cycles = _cycles(graph)
     assert not cycles, f"import circles: {cycles}"
+
+
+# each folder and the folders it may import: the store and stage machinery, generic graph algorithms, text tools,
+# the LLM client and its prompts, evaluation, the methods, and the commands over all of them
+LAYERS: dict[str, frozenset[str]] = {
+    "core": frozenset(),
+    "graph": frozenset({"core"}),
+    "text": frozenset({"core", "graph"}),
+    "llm": frozenset({"core", "graph", "text"}),
+    "eval": frozenset({"core", "graph", "text", "llm"}),
+    "methods": frozenset({"core", "graph", "text", "llm", "eval"}),
+    "flows": frozenset({"core", "graph", "text", "llm", "eval", "methods"}),
+}
+
+
+def _folder(module: str) -> str | None:
+    """``flows`` for any flows module, ``tasks/<folder>``'s name for a tasks module (None: ``tasks`` itself)."""
+    top, _, rest = module.partition(".")
+    return "flows" if top == "flows" else (rest.split(".")[0] or None)
+
+
+def _folder_imports(modules: dict[str, Path]) -> dict[str, dict[str, list[str]]]:
+    """``{folder: {folder it imports: the module imports behind that arrow}}`` (imports inside functions too)."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for m, p in modules.items():
+        src = _folder(m)
+        for i in _imports(p, modules):
+            dst = _folder(i) if i in modules else None
+            if src and dst and dst != src:
+                out.setdefault(src, {}).setdefault(dst, []).append(f"{m} -> {i}")
+    return out
+
+
+def test_every_folder_has_a_layer():
+    folders = {_folder(m) for m in _project_modules()} - {None}
+    assert folders == set(LAYERS), f"place the new folder in LAYERS: {sorted(folders ^ set(LAYERS))}"
+
+
+def test_folders_import_only_the_layers_below():
+    upward = {f"{src} -> {dst}": sorted(why) for src, targets in _folder_imports(_project_modules()).items()
+              for dst, why in targets.items() if dst not in LAYERS[src]}
+    assert not upward, f"imports pointing up the layers (move the code to the layer it belongs to): {upward}"
+
+
+def test_no_import_loop_between_folders():
+    graph = {src: set(targets) for src, targets in _folder_imports(_project_modules()).items()}
+    for targets in list(graph.values()):
+        for dst in targets:
+            graph.setdefault(dst, set())
+    assert not _cycles(graph), f"folder import loops: {_cycles(graph)}"
+
+
+def test_the_layer_rule_sees_function_level_imports(tmp_path):
+    """A function-local import counts: an upward one hidden in a function body is still an arrow up."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from tasks.methods import dense\n    return dense\n")
+    modules = {**_project_modules(), "tasks.core.probe": probe}
+    assert "tasks.core.probe -> tasks.methods.dense" in _folder_imports(modules)["core"]["methods"]

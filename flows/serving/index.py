@@ -31,7 +31,10 @@ from flows.methods import METHODS
 from flows.serving.errors import IndexNotBuilt, NoLLM
 from tasks.core.ingest import dataset_label, ingest
 from tasks.core.stage import RunContext, StageNotBuilt
-from tasks.core.store import CATALOG, ArtifactRef, Store, release_arrow_memory, short_hash
+from tasks.core.files import CATALOG
+from tasks.core.hashing import short_hash
+from tasks.core.memory import release_arrow_memory
+from tasks.core.store import ArtifactRef, Store
 from tasks.eval.retrieve import Hits
 
 
@@ -403,6 +406,6 @@ def build_index(cfg: Mapping[str, Any]) -> None:
 
 def config_overrides() -> list[str]:
     """The overrides of this Hydra job as typed, when it is one (for the build command an error prints)."""
-    from flows.pipeline import job_overrides
+    from flows.provenance import job_overrides
 
     return [f"{k}={v}" for k, v in job_overrides().items()]

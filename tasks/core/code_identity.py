@@ -38,8 +38,11 @@ from types import CodeType, FunctionType, MethodType, ModuleType
 from typing import Any, Callable, Iterator
 
 PROJECT_PACKAGES = ("tasks",)
-# the stage runner, the store and this module: where results live, not what they are; progress: how work is shown
-MACHINERY = frozenset({"tasks.core.store", "tasks.core.stage", "tasks.core.code_identity", "tasks.core.progress"})
+# the stage runner, the store (its catalog, files, locks, row caches, vector codec, hashes and memory gauges) and
+# this module: where results live, not what they are; progress: how work is shown
+MACHINERY = frozenset({"tasks.core.store", "tasks.core.catalog", "tasks.core.files", "tasks.core.locks",
+                       "tasks.core.row_cache", "tasks.core.vectors", "tasks.core.hashing", "tasks.core.memory",
+                       "tasks.core.stage", "tasks.core.code_identity", "tasks.core.progress"})
 _LITERALS = (str, bytes, int, float, complex, bool, type(None), tuple, frozenset)
 _LOADED_AT = time.time()  # source files hashed below must not have changed since the code was imported
 

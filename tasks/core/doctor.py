@@ -1,6 +1,6 @@
 """The store's full check and its repair (``dagrag doctor``): every recorded file against its hash.
 
-A run makes only the cheap check before it trusts a file (:func:`tasks.core.store.file_problem`); this reads
+A run makes only the cheap check before it trusts a file (:func:`tasks.core.files.file_problem`); this reads
 every byte. It finds:
 
 * **damaged** files: a stage output or row-cache part whose size or content hash differs from the one recorded
@@ -24,17 +24,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.core.store import (
-    CATALOG,
-    QUARANTINE,
-    ROWS,
-    CatalogDamaged,
-    Store,
-    file_digest,
-    file_problem,
-    parquet_problem,
-    quarantine,
-)
+from tasks.core.catalog import CatalogDamaged
+from tasks.core.files import CATALOG, QUARANTINE, ROWS, file_digest, file_problem, parquet_problem, quarantine
+from tasks.core.store import Store
 
 # a stage output's name (<name>-<fp>.<ext>) and a killed write's temp file (.<file>.<uuid>.tmp)
 _STAGE_FILE = re.compile(r"^.+-[0-9a-f]{16}\.(parquet|npy|bin|tar)$|^\..+\.[0-9a-f]{32}\.tmp$")

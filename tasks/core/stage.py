@@ -23,15 +23,11 @@ import pandas as pd
 import pyarrow as pa
 
 from tasks.core.progress import notice_if_slow
-from tasks.core.store import (
-    ArtifactRef,
-    DamagedFile,
-    PeakRSS,
-    Store,
-    fingerprint,
-    release_arrow_memory,
-    short_hash,
-)
+from tasks.core.files import DamagedFile, write_bytes, write_parquet
+from tasks.core.hashing import fingerprint, short_hash
+from tasks.core.locks import stage_lock
+from tasks.core.memory import PeakRSS, release_arrow_memory
+from tasks.core.store import ArtifactRef, Store
 
 log = logging.getLogger("dagrag")
 
@@ -105,7 +101,7 @@ def run_stage(ctx: RunContext, stage: str, code: str, params: Any, inputs: Mappi
             log.info("waiting for %s [%s], being computed by another run%s", stage, fp,
                      f" (pid {pid})" if pid else "")
 
-        with store.stage_lock(stage, fp, on_wait=waiting):
+        with stage_lock(store.root, stage, fp, on_wait=waiting):
             hit = store.lookup(stage, fp, warn=False)  # another run may have finished it while we waited
             if hit is None:
                 return _compute(ctx, store, stage, fp, params, inputs, compute, ext or {})
@@ -152,10 +148,10 @@ def _write_outputs(store: Store, dataset: str, stage: str, fp: str, outputs: Map
     for name, value in outputs.items():
         path = store.path_for(dataset, stage, name, fp, ext.get(name, "parquet"))
         if isinstance(value, bytes):
-            store.write_bytes(value, path)
+            write_bytes(value, path)
             rows = 1
         else:
-            rows = store.write_parquet(value, path)
+            rows = write_parquet(value, path)
         refs[name] = ArtifactRef(name, str(path), fp, rows)
     return refs
 

@@ -1,5 +1,5 @@
 """QA answer metrics: SQuAD-style EM / token F1, containment accuracy, LLM judge, and the ArchRAG
-paper's Accuracy / Recall (scored on raw generations).
+paper's Accuracy / Recall (scored on raw generations); :func:`score_predictions` scores a run's answers.
 
 Normalisation (SQuAD convention): lower-case, drop punctuation, drop the
 articles a/an/the, collapse whitespace. Every metric takes a list of gold
@@ -14,6 +14,8 @@ from collections import Counter
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from tasks.llm.client import LLMClient
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -143,3 +145,18 @@ def llm_judge(client: "LLMClient", questions: Sequence[str], preds: Sequence[str
     msgs = [judge_messages(q, p or "", a) for q, p, a in zip(questions, preds, answers, strict=True)]
     verdicts = client.chat_json(msgs, JUDGE_SCHEMA, stage=stage)
     return [bool(v and v.get("correct") is True) for v in verdicts]
+
+
+def score_predictions(predictions: "pd.DataFrame", questions: "pd.DataFrame",
+                      judge: "LLMClient | None" = None) -> dict[str, float]:
+    """A run's answer scores: EM / F1 / Contain-Acc of each extracted answer (``prediction``), the ArchRAG
+    paper's accuracy / recall of the raw reply (``raw``, §4.1), and with a ``judge`` client its verdicts'
+    accuracy (``llm_acc``). ``predictions`` holds ``(qid, prediction, raw)``; ``questions`` the same qids with
+    their ``question`` and gold ``answers``."""
+    asked = questions.set_index("qid").loc[predictions["qid"]]
+    preds, answers = predictions["prediction"].tolist(), asked["answers"].map(list).tolist()
+    scores = {**aggregate(preds, answers), **paper_metrics(predictions["raw"].tolist(), answers)}
+    if judge is not None:
+        verdicts = llm_judge(judge, asked["question"].tolist(), preds, answers)
+        scores["llm_acc"] = 100.0 * sum(verdicts) / max(len(verdicts), 1)
+    return scores

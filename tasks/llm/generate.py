@@ -110,21 +110,13 @@ def contexts_for(hits: "pd.DataFrame", docs: "pd.DataFrame", traces: "pd.DataFra
 
 @task(name="generate", cache_policy=NO_CACHE)
 def generate(client: "LLMClient", questions: "pd.DataFrame", contexts: dict[str, list[str]],
-             max_context_tokens: int, judge: bool) -> tuple["pd.DataFrame", dict]:
-    """Stage: answer every question from its retrieved context; EM / F1 / Contain-Acc of the extracted answer,
-    the ArchRAG paper's accuracy / recall of the raw reply (§4.1), (+ judge)."""
+             max_context_tokens: int) -> "pd.DataFrame":
+    """Stage: answer every question from its retrieved context; ``(qid, prediction, raw)``: the extracted answer
+    and the reader's whole reply (scored by :func:`tasks.eval.answer_metrics.score_predictions`)."""
     import pandas as pd
-
-    from tasks.eval.answer_metrics import aggregate, llm_judge, paper_metrics
 
     msgs = [build_reader_messages(q, contexts.get(qid, []), max_context_tokens)
             for qid, q in zip(questions["qid"], questions["question"])]
     results = client.chat_many(msgs, stage="generate")
     preds = [extract_answer(r.text) for r in results]
-    answers = questions["answers"].map(list).tolist()
-    scores = {**aggregate(preds, answers), **paper_metrics([r.text for r in results], answers)}
-    if judge:
-        verdicts = llm_judge(client, questions["question"].tolist(), preds, answers)
-        scores["llm_acc"] = 100.0 * sum(verdicts) / max(len(verdicts), 1)
-    table = pd.DataFrame({"qid": questions["qid"], "prediction": preds, "raw": [r.text for r in results]})
-    return table, scores
+    return pd.DataFrame({"qid": questions["qid"], "prediction": preds, "raw": [r.text for r in results]})

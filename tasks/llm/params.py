@@ -86,6 +86,11 @@ class LLMParams:
             raise LLMConfigError("llm.concurrency >= 1, llm.max_retries >= 0 and llm.timeout_s > 0 required")
 
 
+def llm_identity(llm: LLMParams) -> dict:
+    """What in the ``llm`` group changes an extraction: model and sampling, never the endpoint or key."""
+    return {"model": llm.model, "temperature": llm.temperature, "seed": llm.seed, "json_mode": llm.json_mode}
+
+
 @dataclass(frozen=True)
 class LLMResult:
     """One chat completion (fresh or from the cache)."""

@@ -21,14 +21,10 @@ from prefect.cache_policies import NO_CACHE
 from tasks.core.code_identity import code_version
 from tasks.core.progress import progress_bar
 from tasks.core.stage import RunContext, input_fps, run_row_stage, run_stage
-from tasks.core.store import (
-    ArtifactRef,
-    Store,
-    arrow_to_embeddings,
-    embeddings_to_arrow,
-    short_hash,
-    text_key,
-)
+from tasks.core.hashing import short_hash
+from tasks.core.row_cache import text_key
+from tasks.core.store import ArtifactRef, Store
+from tasks.core.vectors import arrow_to_embeddings, embeddings_to_arrow
 from tasks.text.encoder import PACKAGED_MODEL, load_encoder
 from tasks.core.resources import cpu_threads
 from tasks.text.onnx_encoder import OnnxEncoder, int8_kept, load_onnx_encoder

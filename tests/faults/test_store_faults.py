@@ -7,7 +7,8 @@ import pytest
 
 from flows.doctor import doctor
 from flows.evaluate import evaluate_flow
-from tasks.core.store import DamagedFile, Store, StoreError
+from tasks.core.files import DamagedFile, StoreError
+from tasks.core.store import Store
 from tests.faults.conftest import (
     SMALL,
     built_store,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tasks.core.files import write_bytes
 from tasks.core.store import ArtifactRef, Store
 
 DATASETS = {"hotpot-mini": "c0ffee0123456789", "wiki-mini": "decaf00123456789"}
@@ -44,7 +45,7 @@ def build_small_catalog(root: Path) -> Store:
         for stage, seconds in [("ingest", 2.0), ("embed", 3.0)]:
             fp = f"fp-{stage}-{dataset}"
             ref = ArtifactRef(stage, str(root / dataset / f"{stage}.npy"), fp, 10)  # not Parquet: no view
-            Store.write_bytes(b"", Path(ref.path))  # a file to record (its size and hash)
+            write_bytes(b"", Path(ref.path))  # a file to record (its size and hash)
             store.record(stage, fp, dataset, {stage: ref}, input_fps={}, params={}, rows_computed=10,
                          seconds=seconds, peak_rss_mb=400.0, run_id="builder")
     for method, base in METHODS.items():

@@ -48,7 +48,7 @@ def test_gazetteer_alone_links_questions_without_spacy(tmp_path, monkeypatch):
     """``method.query_ner=false``: the questions' entities come from the gazetteer only; spaCy never runs on them."""
     import pytest
 
-    from tasks.text.ner import QueryRecogniser
+    from tasks.llm.ner_backends import QueryRecogniser
 
     def no_spacy(self, questions):
         raise AssertionError("spaCy ran on the questions")

@@ -22,11 +22,12 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_row_stage, run_stage
-from tasks.core.store import ArtifactRef, Store, text_key
+from tasks.core.row_cache import text_key
+from tasks.core.store import ArtifactRef, Store
 from tasks.methods.archrag import kg
 from tasks.text.entities import chunk_mentions
-from tasks.text.ner import llm_identity
 from tasks.core.limits import COUNT, PROB, one_of
+from tasks.llm.params import llm_identity
 from tasks.methods.archrag.kg import BUILDERS
 
 if TYPE_CHECKING:

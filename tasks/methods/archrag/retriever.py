@@ -274,9 +274,8 @@ def retrieved_layers(retriever: ArchRetriever, questions: pd.DataFrame, traces: 
 def answer(client, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg, questions: pd.DataFrame,
            traces: pd.DataFrame, dry_run: bool) -> tuple[pd.DataFrame | None, dict]:
     """Adaptive filtering-based generation (eqs. 3–4; ``generation=direct``: Table 4's Direct Prompt) over what
-    each question retrieved. Scores: EM / F1 / contain-acc of the extracted answer, and the paper's accuracy
-    and recall of the raw output. ``dry_run``: the estimate only, nothing sent."""
-    from tasks.eval.answer_metrics import aggregate, paper_metrics
+    each question retrieved: ``(qid, prediction, raw)`` and the generation's own figures (scored by the caller,
+    :func:`tasks.eval.answer_metrics.score_predictions`). ``dry_run``: the estimate only, nothing sent."""
     from tasks.methods.archrag.filtering import filter_estimate, generate_answers
 
     retriever = ArchRetriever(data, index, cfg.method, cfg.embedder)
@@ -286,7 +285,5 @@ def answer(client, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], 
     if dry_run:
         return None, {"llm_dry_run": filter_estimate(client, texts, layers, params)}
     gen = generate_answers(client, texts, layers, params)
-    answers = questions["answers"].map(list).tolist()
-    scores = {**aggregate(gen.answers, answers), **paper_metrics(gen.raw, answers)}
     table = pd.DataFrame({"qid": questions["qid"], "prediction": gen.answers, "raw": gen.raw})
-    return table, {**scores, "generation": cfg.method.generation, **{f"gen_{k}": v for k, v in gen.stats.items()}}
+    return table, {"generation": cfg.method.generation, **{f"gen_{k}": v for k, v in gen.stats.items()}}

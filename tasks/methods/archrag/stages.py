@@ -22,7 +22,9 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_stage
-from tasks.core.store import ArtifactRef, Store, short_hash
+from tasks.core.hashing import short_hash
+from tasks.core.store import ArtifactRef, Store
+from tasks.core.vectors import arrow_to_embeddings
 from tasks.graph.sparse import group_positions
 from tasks.llm.client import ledger_rows
 from tasks.llm.ledger import estimate_text_tokens
@@ -242,7 +244,7 @@ class Summaries:
             self.client = make_client(llm, Path(ctx.artifacts_dir) / "llm_cache.duckdb")
         identity: dict[str, Any] = {"kind": kind, "code": code_version(report_messages, report_text)}
         if kind == "llm":
-            from tasks.text.ner import llm_identity
+            from tasks.llm.params import llm_identity
             identity.update(llm=llm_identity(llm), max_tokens=params.report_max_tokens)
         else:
             identity.update(tokens=params.summary_tokens)
@@ -409,7 +411,7 @@ def hierarchy_slice(params: ArchParams, kind: str, llm: Optional[LLMParams], emb
     out: dict[str, Any] = {"clustering": asdict(params.clustering_params()), "summariser": kind,
                            "report_input_tokens": params.report_input_tokens, "embedder": embedder.model}
     if kind == "llm":
-        from tasks.text.ner import llm_identity
+        from tasks.llm.params import llm_identity
         out.update(llm=llm_identity(llm), report_max_tokens=params.report_max_tokens)
     else:
         out.update(summary_tokens=params.summary_tokens)
@@ -490,7 +492,6 @@ def layer_vectors(entity_embeddings: ArtifactRef, community_embeddings: Artifact
     """C-HNSW's layers: entity attributes, then each community layer's (in community order)."""
     _, ent = load_embeddings(entity_embeddings, "entity_id")
     table = Store.read_arrow(community_embeddings)
-    from tasks.core.store import arrow_to_embeddings
     emb = arrow_to_embeddings(table.column("emb")) if table.num_rows else np.zeros((0, ent.shape[1]), np.float32)
     layer = np.asarray(table.column("layer").to_pylist(), dtype=np.int64)
     return [alg_unit(ent)] + [alg_unit(emb[layer == l]) for l in range(1, int(layer.max(initial=0)) + 1)]

@@ -7,7 +7,8 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
-from tasks.core.store import ArtifactRef, Store, arrow_to_embeddings
+from tasks.core.store import ArtifactRef, Store
+from tasks.core.vectors import arrow_to_embeddings
 from tasks.eval.metrics import recall_at_k
 from tasks.eval.retrieve import Hits
 from tasks.methods.erarag import algorithm as erarag

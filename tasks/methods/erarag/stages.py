@@ -38,13 +38,8 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_stage
-from tasks.core.store import (
-    ArtifactRef,
-    Store,
-    arrow_to_embeddings,
-    embedding_width,
-    embeddings_to_arrow,
-)
+from tasks.core.store import ArtifactRef, Store
+from tasks.core.vectors import arrow_to_embeddings, embedding_width, embeddings_to_arrow
 from tasks.llm.client import make_client
 from tasks.llm.params import LLMDryRun, LLMParams
 from tasks.llm.summarize import Summarise, dry_run_summariser, make_summariser

@@ -61,6 +61,7 @@ import scipy.sparse as sp
 
 from tasks.graph.relation_gate import RelationGate, gate_patch
 from tasks.graph.sparse import log1p_transposed, transposed_csr
+from tasks.graph.title_walk import title_walk_edges, title_walk_on
 from tasks.graph.topk import top_k_rows
 from tasks.graph.walk import SWEEPS, RandomWalk, SidePatch, personalized_pagerank, random_walk
 from tasks.core.limits import COUNT, COUNT0, POSITIVE, PROB, one_of, within
@@ -117,8 +118,8 @@ class LinearRAGParams:
     @property
     def title_walk(self) -> bool:
         """Whether the walk's graph differs from the paper's (needs the passages' title entities)."""
-        return (self.title_edge_weight != 0.0 or self.title_name_weight != 1.0 or self.idf_edges
-                or self.lowercase_name_weight != 1.0)
+        return title_walk_on(self.title_edge_weight, self.title_name_weight, self.idf_edges,
+                             self.lowercase_name_weight)
 
 
 # ----------------------------------------------------------- Tri-Graph (eqs. (1)-(2))
@@ -182,32 +183,17 @@ def title_walk_graph(
     lowercase: sp.sparray | None = None,
     lowercase_name_weight: float = 1.0,
 ) -> sp.csr_array:
-    """Directed passage-entity adjacency for the title walk (beyond the paper, issue #20); passages first.
+    """Directed passage-entity adjacency for the title walk (beyond the paper); passages first.
 
-    ``titled`` (E x P) is 1 where entity e is the name in passage p's title. Entity -> passage
-    edges are the paper's ``weighting`` edges plus ``title_edge_weight`` * titled, so a walk that
-    reaches a name goes on mostly to the passage about it. Passage -> entity edges are the paper's,
-    times ``title_name_weight`` for names that title some passage (a passage's mention of another
-    passage's title is the bridge of a multi-hop question) and times ``idf`` when ``idf_edges``.
-    ``lowercase`` (P x E, :func:`tasks.text.gazetteer.lowercase_only`): passage -> entity edges to names the
-    passage writes only in lower case ("the princess") are multiplied by ``lowercase_name_weight``.
-    With the defaults (0, 1, False, None) this equals :func:`passage_entity_graph`. :func:`random_walk`
-    row-normalises, so only each row's proportions matter.
+    The paper's ``weighting`` edges (:func:`passage_entity_graph`) re-weighted by
+    :func:`tasks.graph.title_walk.title_walk_edges` (``titled``: E x P, ``lowercase``: P x E). With the
+    defaults (0, 1, False, None) this equals :func:`passage_entity_graph`. :func:`random_walk` row-normalises,
+    so only each row's proportions matter.
     """
     base = passage_entity_graph(contain, weighting)
     n_p = contain.shape[0]
-    to_entity = sp.csr_array(base[:n_p, n_p:])
-    to_passage = sp.csr_array(base[n_p:, :n_p])
-    is_title = np.asarray(sp.csr_array(titled).sum(axis=1)).ravel() > 0
-    column = np.where(is_title, title_name_weight, 1.0)
-    if idf_edges:
-        column = column * np.asarray(idf, dtype=np.float64)
-    to_entity = sp.csr_array(to_entity @ sp.diags_array(column))
-    if lowercase is not None and lowercase_name_weight != 1.0:  # the text's case: a common noun, not a title
-        to_entity = sp.csr_array(to_entity - (1.0 - lowercase_name_weight) * to_entity.multiply(lowercase))
-    to_passage = sp.csr_array(to_passage + title_edge_weight * sp.csr_array(titled, dtype=np.float64))
-    to_entity.eliminate_zeros()
-    to_passage.eliminate_zeros()
+    to_entity, to_passage = title_walk_edges(base[:n_p, n_p:], base[n_p:, :n_p], titled, idf, title_edge_weight,
+                                             title_name_weight, idf_edges, lowercase, lowercase_name_weight)
     return sp.block_array([[None, to_entity], [to_passage, None]], format="csr")
 
 

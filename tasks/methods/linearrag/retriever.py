@@ -1,23 +1,62 @@
-"""linearrag online side: the retriever that answers questions over the stored index."""
+"""linearrag online side: its settings (:class:`LinearParams`) and the retriever that answers questions over the
+stored index.
+
+LinearRAG builds no index stage of its own: the algorithms live in :mod:`tasks.methods.linearrag.algorithm` (pure
+numpy/scipy), and the Tri-Graph's matrices are the shared entity layer's incidence tables
+(:func:`tasks.text.entities.entity_graph` over sentence chunks): ``doc_entity`` is the contain matrix C (mention
+counts N_{e,p}), ``chunk_entity`` the mention matrix M (binarised on load).
+"""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
+from tasks.core.resources import cpu_threads
 from tasks.core.store import ArtifactRef, Store
 from tasks.eval.retrieve import Hits
+from tasks.graph.title_walk import check_title_walk
 from tasks.graph.relation_gate import relation_gate
 from tasks.graph.sparse import coo_matrix, group_positions, log1p_transposed, transposed_csr
 from tasks.graph.walk import random_walk
 from tasks.methods.linearrag import algorithm as lr
-from tasks.methods.linearrag.stages import LinearParams
+from tasks.text.chunk import ChunkParams
 from tasks.text.embed import EmbedderParams, encode_queries, encode_queries_beside, load_embeddings
-from tasks.text.gazetteer import (Gazetteer, TitleIndex, aliases_of, lowercase_only, mask_names, masked_relation_gate,
-                                  name_idf, query_seeds)
-from tasks.text.ner import QueryRecogniser
+from tasks.text.gazetteer import (Gazetteer, LinkingParams, TitleIndex, aliases_of, lowercase_only, mask_names,
+                                  masked_relation_gate, name_idf, query_seeds)
+from tasks.llm.ner_backends import QueryRecogniser
+
+
+@dataclass(frozen=True)
+class LinearParams(lr.LinearRAGParams, LinkingParams):
+    """``method=linearrag``: the retrieval settings of :class:`tasks.methods.linearrag.algorithm.LinearRAGParams`,
+    a name, and the entity linking (:class:`tasks.text.gazetteer.LinkingParams`, beyond the paper when not ``ner``).
+
+    ``top_k`` is the authors' ``retrieval_top_k`` (passages handed to a reader); ``search(k)``
+    returns k passages, and evaluate asks for max(eval.ks, top_k), so recall@10 sees 10.
+    """
+
+    name: str = "linearrag"
+    relation_gate_masked: bool = False  # beyond the paper: the gate (if on) reads question and sentence without names
+
+    def __post_init__(self) -> None:
+        lr.LinearRAGParams.__post_init__(self)
+        LinkingParams.__post_init__(self)
+        check_title_walk(self.title_walk, self.graph_linking == "gazetteer", "method.graph_linking=gazetteer",
+                         self.relation_gate_temperature, self.ppr_sweeps == "alternating", "method.ppr_sweeps=alternating")
+
+    def retrieval(self) -> lr.LinearRAGParams:
+        """The slice :mod:`tasks.methods.linearrag.algorithm` takes."""
+        names = {f.name for f in fields(lr.LinearRAGParams)}
+        algo = lr.LinearRAGParams(**{f.name: getattr(self, f.name) for f in fields(self) if f.name in names})
+        return replace(algo, ppr_threads=algo.ppr_threads or cpu_threads())  # 0: one block of queries per CPU
+
+    def sentences(self) -> ChunkParams:
+        """Passages are cut into sentences (section 3.1)."""
+        return ChunkParams(unit="sentence")
 
 
 def _dot(a: np.ndarray, b: np.ndarray, via_torch: bool) -> np.ndarray:

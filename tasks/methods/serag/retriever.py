@@ -15,7 +15,7 @@ from tasks.methods.serag.stages import SeRAGParams, chunk_frame
 from tasks.text.embed import EmbedderParams, encode_queries, encode_queries_beside, load_embeddings
 from tasks.text.entities import query_entity_links
 from tasks.text.gazetteer import Gazetteer, TitleIndex, aliases_of, name_idf, query_seeds
-from tasks.text.ner import QueryRecogniser
+from tasks.llm.ner_backends import QueryRecogniser
 
 SELF_QUERY_STAGE = "serag_self_query"
 # App. A.1 (Fig. 3) asks the LLM for a fact-dense passage that names the intermediate entities of a

@@ -17,7 +17,8 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_stage
-from tasks.core.store import ArtifactRef, Store, fingerprint
+from tasks.core.hashing import fingerprint
+from tasks.core.store import ArtifactRef, Store
 from tasks.graph.sparse import coo_matrix, to_coo
 from tasks.methods.serag import algorithm as se
 from tasks.text.chunk import CHUNK_UNITS, ChunkParams

@@ -34,7 +34,7 @@ are reconstructed here from the prose around them):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -44,6 +44,7 @@ from tasks.graph.knn import knn_graph, sparsify
 from tasks.graph.relation_gate import EdgePatch, RelationGate, gate_patch, relation_gate  # noqa: F401 (re-exported)
 from tasks.graph.sparse import locality_order
 from tasks.graph.spmm import csr_times_dense
+from tasks.graph.title_walk import title_walk_edges, title_walk_on
 from tasks.graph.topk import top_k_rows
 from tasks.graph.walk import column_normalise, inverse_column_sums, restarted_walk
 from tasks.core.limits import COUNT, COUNT0, POSITIVE, PROB, one_of, within
@@ -110,8 +111,8 @@ class ZoomParams:
     @property
     def title_walk(self) -> bool:
         """Whether DocZoom walks on :func:`title_walk_block` rather than the paper's M."""
-        return (self.title_edge_weight != 0.0 or self.title_name_weight != 1.0 or self.idf_edges
-                or self.lowercase_name_weight != 1.0)
+        return title_walk_on(self.title_edge_weight, self.title_name_weight, self.idf_edges,
+                             self.lowercase_name_weight)
 
 
 @dataclass(frozen=True)
@@ -199,31 +200,19 @@ def title_walk_block(M: sp.sparray, n_docs: int, titled: sp.sparray, idf: np.nda
                      title_edge_weight: float = 0.0, title_name_weight: float = 1.0,
                      idf_edges: bool = False, lowercase: sp.sparray | None = None,
                      lowercase_name_weight: float = 1.0) -> sp.csr_array:
-    """M with the title walk's edges (beyond the paper, issue #20); the defaults return M unchanged.
+    """M with the title walk's edges (:func:`tasks.graph.title_walk.title_walk_edges`, beyond the paper); the
+    defaults return M unchanged.
 
-    M[i, j] is the weight of j -> i (the walk normalises columns). ``titled`` (m x n) is 1 where
-    entity e is the name in document p's title. Entity -> document: the D block gains
-    ``title_edge_weight`` * titled^T (e leads mostly to the document about it; D^T is not
-    mirrored, so the edge is one way). Document -> entity: row e of D^T is multiplied by
-    ``title_name_weight`` when e titles a document (a document naming another's title is the
-    bridge of a multi-hop question) and by its IDF when ``idf_edges`` (hubs carry less). ``lowercase`` (n x m,
-    :func:`tasks.text.gazetteer.lowercase_only`): entries of D^T where the document writes the name only in
-    lower case ("the princess") are multiplied by ``lowercase_name_weight``.
+    M[i, j] is the weight of j -> i (the walk normalises columns), so M's D block holds the entity -> document
+    edges and its D^T block the document -> entity edges, each the transpose of the walk's orientation.
+    ``titled`` (m x n) and ``lowercase`` (n x m) as :func:`tasks.graph.title_walk.title_walk_edges` takes them.
     """
     M = sp.csr_array(M)
     n, m = n_docs, M.shape[0] - n_docs
     dd, de, ed = M[:n, :n], M[:n, n:], M[n:, :n]
-    is_title = np.asarray(sp.csr_array(titled).sum(axis=1)).ravel() > 0
-    row = np.where(is_title, title_name_weight, 1.0)
-    if idf_edges:
-        row = row * np.asarray(idf, dtype=np.float64)
-    ed = sp.csr_array(sp.diags_array(row.astype(M.dtype)) @ ed)
-    if lowercase is not None and lowercase_name_weight != 1.0:  # the text's case: a common noun, not a title
-        ed = sp.csr_array(ed - (1.0 - lowercase_name_weight) * ed.multiply(sp.csr_array(lowercase).T))
-    de = sp.csr_array(de + (title_edge_weight * sp.csr_array(titled).T).astype(M.dtype))
-    ed.eliminate_zeros()
-    de.eliminate_zeros()
-    out = sp.block_array([[dd, de], [ed, sp.csr_array((m, m), dtype=M.dtype)]], format="csr")
+    to_entity, to_passage = title_walk_edges(ed.T, de.T, titled, idf, title_edge_weight, title_name_weight,
+                                             idf_edges, lowercase, lowercase_name_weight)
+    out = sp.block_array([[dd, to_passage.T], [to_entity.T, sp.csr_array((m, m), dtype=M.dtype)]], format="csr")
     return out.astype(M.dtype, copy=False)
 
 
@@ -468,13 +457,6 @@ def doc_zoom(
         for start in starts:
             walk(start)
     return out
-
-
-def doc_zoom_coupled(
-    M: sp.sparray, query_doc: sp.sparray, query_entity: sp.sparray, params: ZoomParams = ZoomParams()
-) -> np.ndarray:
-    """DocZoom with the naive coupled walk of ZoomRAG App. H (an ablation)."""
-    return doc_zoom(M, query_doc, query_entity, replace(params, coupled=True))
 
 
 def top_docs(scores: np.ndarray, n_docs: int, k: int, tie_break: np.ndarray | None = None) -> np.ndarray:

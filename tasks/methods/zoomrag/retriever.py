@@ -18,7 +18,7 @@ from tasks.text.embed import EmbedderParams, encode_queries, encode_queries_besi
 from tasks.text.entities import query_entity_links
 from tasks.text.gazetteer import (Gazetteer, TitleIndex, aliases_of, lowercase_only, mask_names, masked_relation_gate,
                                   name_idf, query_seeds, title_restart)
-from tasks.text.ner import QueryRecogniser
+from tasks.llm.ner_backends import QueryRecogniser
 
 
 class ZoomRetriever:

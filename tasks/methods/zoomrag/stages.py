@@ -17,6 +17,7 @@ from tasks.core.stage import RunContext, input_fps, run_stage
 from tasks.core.store import ArtifactRef, Store
 from tasks.graph.knn import search_for
 from tasks.graph.sparse import coo_matrix, to_coo
+from tasks.graph.title_walk import check_title_walk
 from tasks.methods.zoomrag import algorithm as zoom
 from tasks.text.chunk import CHUNK_UNITS, ChunkParams
 from tasks.text.embed import load_embeddings
@@ -41,13 +42,9 @@ class ZoomRAGParams(zoom.ZoomParams, LinkingParams):
 
     def __post_init__(self) -> None:
         LinkingParams.__post_init__(self)
-        if self.title_walk and (self.graph_linking != "gazetteer" or self.query_linking != "gazetteer"):
-            raise ValueError("method.title_edge_weight / title_name_weight / idf_edges / lowercase_name_weight "
-                             "(the title walk) need method.graph_linking=gazetteer and method.query_linking=gazetteer: with spaCy "
-                             "entities a document's title is no node")
-        if self.relation_gate_temperature > 0 and (not self.title_walk or self.coupled):
-            raise ValueError("method.relation_gate_temperature > 0 gates the title walk's edges: it needs the title "
-                             "walk (e.g. experiment=beyond_paper) and the decoupled walk (method.coupled=false)")
+        check_title_walk(self.title_walk, self.graph_linking == self.query_linking == "gazetteer",
+                         "method.graph_linking=gazetteer and method.query_linking=gazetteer",
+                         self.relation_gate_temperature, not self.coupled, "the decoupled walk (method.coupled=false)")
 
     def walk(self) -> zoom.ZoomParams:
         """The slice :mod:`tasks.methods.zoomrag.algorithm` takes."""

@@ -18,9 +18,12 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-import tasks.core.store as store_mod
+import tasks.core.catalog as catalog_mod
 from tasks.core.stage import RunContext, run_row_stage, run_stage
-from tasks.core.store import Store, StoreError, fingerprint
+from tasks.core.files import CATALOG, StoreError
+from tasks.core.hashing import fingerprint
+from tasks.core.locks import stage_lock
+from tasks.core.store import Store
 
 REPO = Path(__file__).resolve().parents[3]
 STAGE, CODE, PARAMS, INPUTS = "slow", "code-v1", {"p": 1}, {"in": "abc"}
@@ -171,16 +174,16 @@ def test_stage_lock_waits_names_the_holder_and_times_out(tmp_path):
     store = Store(tmp_path)
     path = tmp_path / "_locks" / "a_b-fp1.lock"
     seen: list[int | None] = []
-    with store.stage_lock("a/b", "fp1"):
+    with stage_lock(store.root, "a/b", "fp1"):
         assert path.read_text().strip() == str(os.getpid())
         with pytest.raises(StoreError, match=r"a/b \[fp1\].*pid"):
-            with store.stage_lock("a/b", "fp1", on_wait=seen.append, timeout_s=0.3, poll_s=0.02):
+            with stage_lock(store.root, "a/b", "fp1", on_wait=seen.append, timeout_s=0.3, poll_s=0.02):
                 pass  # pragma: no cover - never reached
         assert seen == [os.getpid()]  # told once, with the holder's pid
-        with store.stage_lock("a/b", "other-fp", on_wait=seen.append, timeout_s=0.3):
+        with stage_lock(store.root, "a/b", "other-fp", on_wait=seen.append, timeout_s=0.3):
             pass  # another fingerprint is not blocked
     assert not path.exists()
-    with store.stage_lock("a/b", "fp1", on_wait=seen.append, timeout_s=0.3):
+    with stage_lock(store.root, "a/b", "fp1", on_wait=seen.append, timeout_s=0.3):
         pass
     assert seen == [os.getpid()]
 
@@ -188,10 +191,10 @@ def test_stage_lock_waits_names_the_holder_and_times_out(tmp_path):
 def test_stage_lock_released_on_exception(tmp_path):
     store = Store(tmp_path)
     with pytest.raises(ValueError):
-        with store.stage_lock("s", "fp"):
+        with stage_lock(store.root, "s", "fp"):
             raise ValueError("boom")
     seen: list[int | None] = []
-    with store.stage_lock("s", "fp", on_wait=seen.append, timeout_s=0.3):
+    with stage_lock(store.root, "s", "fp", on_wait=seen.append, timeout_s=0.3):
         pass
     assert seen == []
 
@@ -203,17 +206,17 @@ def test_stage_lock_waiter_follows_a_removed_file(tmp_path):
     inside, release, results = threading.Event(), threading.Event(), []
 
     def waiter():
-        with store.stage_lock("s", "fp", timeout_s=30, poll_s=0.01):
+        with stage_lock(store.root, "s", "fp", timeout_s=30, poll_s=0.01):
             inside.set()
             release.wait(30)
 
-    with store.stage_lock("s", "fp"):
+    with stage_lock(store.root, "s", "fp"):
         t = threading.Thread(target=waiter)
         t.start()
         time.sleep(0.2)  # the waiter now holds an open descriptor on the file about to be removed
     assert inside.wait(30)
     with pytest.raises(StoreError):
-        with store.stage_lock("s", "fp", on_wait=results.append, timeout_s=0.2, poll_s=0.02):
+        with stage_lock(store.root, "s", "fp", on_wait=results.append, timeout_s=0.2, poll_s=0.02):
             pass  # pragma: no cover - never reached
     assert results == [os.getpid()]
     release.set()
@@ -306,7 +309,7 @@ print("released", flush=True)
 def _hold_catalog(tmp_path: Path, release: Path) -> subprocess.Popen:
     Store(tmp_path / "art").query("SELECT 1")  # create the catalog
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_HOLD_CATALOG),
-                             str(tmp_path / "art" / store_mod.CATALOG), str(release)],
+                             str(tmp_path / "art" / CATALOG), str(release)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held", proc.stderr.read()
     return proc
@@ -316,7 +319,7 @@ def test_catalog_open_retries_while_another_program_holds_it(tmp_path, monkeypat
     release = tmp_path / "release"
     proc = _hold_catalog(tmp_path, release)
     attempts = []
-    attach = store_mod._attach
+    attach = catalog_mod._attach
 
     def counting(*args, **kwargs):
         attempts.append(1)
@@ -324,8 +327,8 @@ def test_catalog_open_retries_while_another_program_holds_it(tmp_path, monkeypat
             release.touch()  # let the holder go after one refused attempt
         return attach(*args, **kwargs)
 
-    monkeypatch.setattr(store_mod, "_attach", counting)
-    monkeypatch.setattr(store_mod, "CATALOG_OPEN_TIMEOUT_S", 60.0)
+    monkeypatch.setattr(catalog_mod, "_attach", counting)
+    monkeypatch.setattr(catalog_mod, "CATALOG_OPEN_TIMEOUT_S", 60.0)
     store = Store(tmp_path / "art")
     store.event("r", "s", "fp", "ds", "cached", rows=1, rows_computed=0, seconds=0.0, peak_rss_mb=0.0)
     assert proc.communicate(timeout=30)[0].strip() == "released"
@@ -336,7 +339,7 @@ def test_catalog_open_retries_while_another_program_holds_it(tmp_path, monkeypat
 def test_catalog_open_gives_up_with_a_clear_error(tmp_path, monkeypatch):
     release = tmp_path / "release"
     proc = _hold_catalog(tmp_path, release)
-    monkeypatch.setattr(store_mod, "CATALOG_OPEN_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(catalog_mod, "CATALOG_OPEN_TIMEOUT_S", 0.3)
     try:
         with pytest.raises(StoreError, match=r"held by another program.*duckdb shell"):
             Store(tmp_path / "art").query("SELECT 1")

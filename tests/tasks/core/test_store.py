@@ -12,26 +12,20 @@ import textwrap
 import time
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import tasks.core.store as store_mod
+import tasks.core.stage as stage_mod
 from tasks.core.stage import RunContext, input_fps, run_stage
-from tasks.core.store import (
-    ArtifactRef,
-    Store,
-    StoreError,
-    arrow_to_embeddings,
-    current_layout,
-    embedding_width,
-    embeddings_to_arrow,
-    file_digest,
-    fingerprint,
-    text_key,
-)
+from tasks.core.files import CATALOG, StoreError, file_digest, write_bytes, write_parquet
+from tasks.core.hashing import fingerprint
+from tasks.core.row_cache import text_key
+from tasks.core.store import ArtifactRef, Store
+from tasks.core.vectors import arrow_to_embeddings, current_layout, embedding_width, embeddings_to_arrow
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -48,24 +42,24 @@ def _stage_rows(store: Store, stage: str) -> pd.DataFrame:
 
 def test_write_parquet_round_trip_and_no_temp_left(tmp_path):
     path = tmp_path / "a" / "b" / "out.parquet"
-    assert Store.write_parquet(_frame([3, 1, 2]), path) == 3
+    assert write_parquet(_frame([3, 1, 2]), path) == 3
     assert Store.read(path)["x"].tolist() == [3, 1, 2]
-    assert Store.write_parquet(pa.table({"x": [7]}), path) == 1  # overwrite in place
+    assert write_parquet(pa.table({"x": [7]}), path) == 1  # overwrite in place
     assert Store.read(path)["x"].tolist() == [7]
     assert [p.name for p in path.parent.iterdir()] == ["out.parquet"]
 
 
 def test_failed_write_leaves_no_file_at_final_path(tmp_path, monkeypatch):
-    real = store_mod.pq.write_table
+    real = pq.write_table
 
     def broken(table, where, *a, **k):
         real(table.slice(0, 1), where, *a, **k)  # something reaches the temp file ...
         raise OSError("disk full")                # ... then the write fails
 
-    monkeypatch.setattr(store_mod.pq, "write_table", broken)
+    monkeypatch.setattr(pq, "write_table", broken)
     path = tmp_path / "s" / "out.parquet"
     with pytest.raises(OSError, match="disk full"):
-        Store.write_parquet(_frame(range(5)), path)
+        write_parquet(_frame(range(5)), path)
     assert not path.exists()
 
     # through a stage: no catalog row, so the next run computes and writes the whole table
@@ -73,7 +67,7 @@ def test_failed_write_leaves_no_file_at_final_path(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         run_stage(ctx, "s", "c", {}, {}, lambda: ({"out": _frame(range(5))}, 5))
     assert _stage_rows(ctx.store, "s").empty
-    monkeypatch.setattr(store_mod.pq, "write_table", real)
+    monkeypatch.setattr(pq, "write_table", real)
     refs = run_stage(ctx, "s", "c", {}, {}, lambda: ({"out": _frame(range(5))}, 5))
     assert Store.read(refs["out"])["x"].tolist() == list(range(5))
     assert ctx.store.events("run1")["status"].tolist() == ["computed"]
@@ -81,19 +75,19 @@ def test_failed_write_leaves_no_file_at_final_path(tmp_path, monkeypatch):
 
 def test_second_output_failing_leaves_stage_untrusted(tmp_path, monkeypatch):
     ctx = RunContext(str(tmp_path / "art"), "ds", "run1")
-    real = Store.write_parquet
+    real = write_parquet
 
     def fail_on_b(table, path):
         if path.name.startswith("b-"):
             raise OSError("boom")
         return real(table, path)
 
-    monkeypatch.setattr(Store, "write_parquet", staticmethod(fail_on_b))
+    monkeypatch.setattr(stage_mod, "write_parquet", fail_on_b)
     compute = lambda: ({"a": _frame([1]), "b": _frame([2])}, 2)  # noqa: E731
     with pytest.raises(OSError):
         run_stage(ctx, "two", "c", {}, {}, compute)
     assert len(list(Path(ctx.artifacts_dir).rglob("a-*.parquet"))) == 1  # written, but not recorded
-    monkeypatch.setattr(Store, "write_parquet", staticmethod(real))
+    monkeypatch.undo()
     refs = run_stage(ctx, "two", "c", {}, {}, compute)
     assert set(refs) == {"a", "b"} and Store.read(refs["b"])["x"].tolist() == [2]
     assert ctx.store.events("run1")["status"].tolist() == ["computed"]
@@ -101,7 +95,7 @@ def test_second_output_failing_leaves_stage_untrusted(tmp_path, monkeypatch):
 
 def test_write_bytes_atomic(tmp_path):
     path = tmp_path / "x" / "blob.bin"
-    Store.write_bytes(b"abc", path)
+    write_bytes(b"abc", path)
     assert path.read_bytes() == b"abc" and [p.name for p in path.parent.iterdir()] == ["blob.bin"]
 
 
@@ -111,8 +105,8 @@ def test_record_lookup_round_trip_and_deleted_file(tmp_path):
     store = Store(tmp_path)
     assert store.lookup("st", "fp1") is None
     p1, p2 = store.path_for("ds", "st", "one", "fp1"), store.path_for("ds", "st", "two", "fp1")
-    refs = {"one": ArtifactRef("one", str(p1), "fp1", store.write_parquet(_frame([1, 2]), p1)),
-            "two": ArtifactRef("two", str(p2), "fp1", store.write_parquet(_frame([3]), p2))}
+    refs = {"one": ArtifactRef("one", str(p1), "fp1", write_parquet(_frame([1, 2]), p1)),
+            "two": ArtifactRef("two", str(p2), "fp1", write_parquet(_frame([3]), p2))}
     recorded = store.record("st", "fp1", "ds", refs, input_fps={"in": "abc"}, params={"k": 1}, rows_computed=2,
                             seconds=0.1, peak_rss_mb=1.0, run_id="r")
     assert recorded == {n: dataclasses.replace(r, digest=file_digest(r.path)[1]) for n, r in refs.items()}
@@ -174,7 +168,7 @@ def test_embeddings_round_trip(tmp_path):
     col = embeddings_to_arrow(m)
     assert col.type == pa.binary(20) and embedding_width(col.type) == 5 and len(col) == 7
     path = tmp_path / "e.parquet"
-    Store.write_parquet(pa.table({"id": list("abcdefg"), "v": col}), path)
+    write_parquet(pa.table({"id": list("abcdefg"), "v": col}), path)
     back = arrow_to_embeddings(Store.read_arrow(path).column("v"))
     assert back.dtype == np.float32 and back.shape == (7, 5)
     np.testing.assert_array_equal(back, m.astype(np.float32))
@@ -204,7 +198,7 @@ def test_vectors_are_stored_flat_and_the_older_list_layout_reads_the_same(tmp_pa
     m = np.random.default_rng(1).standard_normal((50, 8)).astype(np.float32)
     new, old = tmp_path / "new.parquet", tmp_path / "old.parquet"
     tags = pa.array([["x"] * (i % 3) for i in range(50)])  # a nested column beside the vectors
-    Store.write_parquet(pa.table({"id": [str(i) for i in range(50)], "tags": tags, "emb": embeddings_to_arrow(m)}),
+    write_parquet(pa.table({"id": [str(i) for i in range(50)], "tags": tags, "emb": embeddings_to_arrow(m)}),
                         new)
     pq.write_table(pa.table({"id": [str(i) for i in range(50)], "tags": tags, "emb": legacy_vectors(m)}), old)
     group = pq.ParquetFile(new).metadata.row_group(0)
@@ -360,6 +354,7 @@ def test_killed_stage_is_recomputed(tmp_path, mode):
 _WRITER = """
 import pathlib, sys, time
 import pandas as pd
+from tasks.core.files import write_parquet
 from tasks.core.store import ArtifactRef, Store
 
 root, tag, n, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), pathlib.Path(sys.argv[4])
@@ -369,7 +364,7 @@ while not go.exists():
 for i in range(n):
     fp = f"{tag}-{i:03d}"
     path = store.path_for("ds", "conc", "out", fp)
-    rows = store.write_parquet(pd.DataFrame({"tag": [tag], "i": [i]}), path)
+    rows = write_parquet(pd.DataFrame({"tag": [tag], "i": [i]}), path)
     store.record("conc", fp, "ds", {"out": ArtifactRef("out", str(path), fp, rows)}, input_fps={},
                  params={"i": i}, rows_computed=rows, seconds=0.0, peak_rss_mb=0.0, run_id=tag)
 """
@@ -438,7 +433,7 @@ def test_a_catalog_with_columns_added_by_a_newer_version_still_takes_every_recor
     con.close()
     store = Store(tmp_path)
     p = store.path_for("ds", "st", "one", "fp1")
-    refs = {"one": ArtifactRef("one", str(p), "fp1", store.write_parquet(_frame([1]), p))}
+    refs = {"one": ArtifactRef("one", str(p), "fp1", write_parquet(_frame([1]), p))}
     recorded = store.record("st", "fp1", "ds", refs, input_fps={}, params={}, rows_computed=1, seconds=0.1,
                             peak_rss_mb=1.0, run_id="r")
     store.event("r", "st", "fp1", "ds", "computed", rows=1, rows_computed=1, seconds=0.1, peak_rss_mb=1.0)
@@ -469,14 +464,14 @@ def test_each_catalog_session_lets_the_file_go_even_when_it_fails_inside_a_trans
     """Sessions attach the catalog to a DuckDB that lives as long as the thread; the file's lock must not."""
     store = Store(tmp_path)
     store.event("r", "s", "fp", "ds", "cached", rows=1, rows_computed=0, seconds=0.0, peak_rss_mb=0.0)
-    out = _open_elsewhere(tmp_path / store_mod.CATALOG)
+    out = _open_elsewhere(tmp_path / CATALOG)
     assert out.returncode == 0 and out.stdout.strip() == "1", out.stderr[-2000:]
     with pytest.raises(RuntimeError, match="mid-session"):
         with store.catalog() as con:
             con.execute("BEGIN TRANSACTION")
             con.execute("INSERT INTO stage_events (run_id, status) VALUES ('r2', 'cached')")
             raise RuntimeError("mid-session")
-    out = _open_elsewhere(tmp_path / store_mod.CATALOG)
+    out = _open_elsewhere(tmp_path / CATALOG)
     assert out.returncode == 0 and out.stdout.strip() == "1", out.stderr[-2000:]  # rolled back, and let go
     store.event("r3", "s", "fp", "ds", "cached", rows=1, rows_computed=0, seconds=0.0, peak_rss_mb=0.0)
     assert store.events("r3")["status"].tolist() == ["cached"]  # the next session works (on a new host if need be)
@@ -613,7 +608,7 @@ def test_a_rewrite_that_fails_half_way_leaves_the_catalog_as_it_was(tmp_path, mo
     with pytest.raises(KeyboardInterrupt):
         Store(tmp_path / "moved").query("SELECT 1")
     monkeypatch.undo()
-    with store_mod.duckdb.connect(str(tmp_path / "moved" / "catalog.duckdb"), read_only=True) as con:
+    with duckdb.connect(str(tmp_path / "moved" / "catalog.duckdb"), read_only=True) as con:
         assert con.execute("SELECT path FROM stages WHERE name = 'out'").fetchone()[0] == refs["out"].path
         assert con.execute("SELECT root FROM store_root").fetchall() == [(str(src.root),)]
     ctx = RunContext(str(tmp_path / "moved"), "ds", "run2")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from tasks.eval.answer_metrics import (
@@ -15,6 +16,7 @@ from tasks.eval.answer_metrics import (
     normalize_answer,
     paper_accuracy,
     paper_metrics,
+    score_predictions,
     token_recall,
 )
 from tasks.llm.client import LLMClient
@@ -80,6 +82,23 @@ def test_llm_judge(tmp_path: Path) -> None:
         assert verdicts == [True, True]  # the fake server always says correct
         assert server.requests == 2
         assert client.ledger_summary("llm_judge")["llm_calls"] == 2
+
+
+def test_score_predictions_matches_answers_by_qid(tmp_path: Path) -> None:
+    """Predictions in another order than the questions are scored against their own question's answers."""
+    questions = pd.DataFrame({"qid": ["q1", "q2"], "question": ["Q1", "Q2"],
+                              "answers": [["Paris"], ["Blue", "azure"]]})
+    predictions = pd.DataFrame({"qid": ["q2", "q1"], "prediction": ["azure", "Lyon"],
+                                "raw": ["It is azure.\nAnswer: azure", "Answer: Lyon"]})
+    scores = score_predictions(predictions, questions)
+    assert scores == {**aggregate(["azure", "Lyon"], [["Blue", "azure"], ["Paris"]]),
+                      **paper_metrics(["It is azure.\nAnswer: azure", "Answer: Lyon"], [["Blue", "azure"], ["Paris"]])}
+    assert scores["em"] == 50.0 and "llm_acc" not in scores
+    with FakeLLMServer() as server:
+        judge = LLMClient(LLMParams(provider="local", model="judge", base_url=server.base_url,
+                                    backoff_base_s=0.01), tmp_path / "c.duckdb")
+        assert score_predictions(predictions, questions, judge)["llm_acc"] == 100.0  # the fake judge says yes
+        assert server.requests == 2
 
 
 # ---- ArchRAG paper metrics (on raw generations) --------------------------------

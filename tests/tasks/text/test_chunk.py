@@ -5,7 +5,9 @@ import pandas as pd
 import pytest
 
 from tasks.core.stage import RunContext
-from tasks.core.store import ArtifactRef, short_hash
+from tasks.core.files import write_parquet
+from tasks.core.hashing import short_hash
+from tasks.core.store import ArtifactRef
 from tasks.text.chunk import (
     ChunkParams,
     chunk,
@@ -95,7 +97,7 @@ def _corpus(n: int) -> pd.DataFrame:
 def _documents_ref(ctx: RunContext, docs: pd.DataFrame) -> ArtifactRef:
     fp = short_hash(docs["doc_id"].tolist())
     path = ctx.store.path_for(ctx.dataset, "ingest", "documents", fp)
-    rows = ctx.store.write_parquet(docs, path)
+    rows = write_parquet(docs, path)
     return ArtifactRef("documents", str(path), fp, rows)
 
 

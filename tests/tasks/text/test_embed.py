@@ -10,7 +10,9 @@ import pandas as pd
 
 from tasks.core import progress
 from tasks.core.stage import RunContext
-from tasks.core.store import ArtifactRef, short_hash
+from tasks.core.files import write_parquet
+from tasks.core.hashing import short_hash
+from tasks.core.store import ArtifactRef
 from tasks.text.embed import EmbedderParams, embed, encode, load_embeddings
 from tasks.text.encoder import load_encoder
 
@@ -42,7 +44,7 @@ def _table(ctx: RunContext) -> ArtifactRef:
                          "text": TEXTS})
     fp = short_hash(docs["doc_id"].tolist())
     path = ctx.store.path_for(ctx.dataset, "ingest", "documents", fp)
-    return ArtifactRef("documents", str(path), fp, ctx.store.write_parquet(docs, path))
+    return ArtifactRef("documents", str(path), fp, write_parquet(docs, path))
 
 
 def test_batching_and_query_settings_keep_the_stored_embeddings(ctx):

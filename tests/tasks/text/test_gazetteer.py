@@ -250,13 +250,15 @@ def test_aliases_link_passages_and_questions_to_the_title():
 
 
 def test_linked_entity_graph_stage_with_title_aliases(ctx):
-    from tasks.core.store import ArtifactRef, Store, short_hash
+    from tasks.core.files import write_parquet
+    from tasks.core.hashing import short_hash
+    from tasks.core.store import ArtifactRef, Store
     from tasks.text.gazetteer import linked_entity_graph
 
     def ref(stage: str, name: str, frame: pd.DataFrame) -> ArtifactRef:
         fp = short_hash(frame.astype(str).to_numpy().tolist())
         path = ctx.store.path_for(ctx.dataset, stage, name, fp)
-        return ArtifactRef(name, str(path), fp, ctx.store.write_parquet(frame, path))
+        return ArtifactRef(name, str(path), fp, write_parquet(frame, path))
 
     ids = [f"d{i}" for i in range(len(SHORT_TITLES))]
     docs = ref("ingest", "documents", pd.DataFrame({"doc_id": ids, "title": SHORT_TITLES, "text": SHORT_TEXTS}))

@@ -8,15 +8,8 @@ from hypothesis import strategies as st
 from tasks.llm.client import make_client
 from tasks.llm.ner import NER_SCHEMA, entity_label, llm_recognise, locate, ner_messages
 from tasks.llm.params import ExtractionMostlyEmpty, LLMParams
-from tasks.text.ner import (
-    NER_WINDOW_CHARS,
-    NERParams,
-    QueryRecogniser,
-    normalize_entity,
-    recognise,
-    recognise_windows,
-    text_windows,
-)
+from tasks.llm.ner_backends import QueryRecogniser
+from tasks.text.ner import NER_WINDOW_CHARS, NERParams, normalize_entity, recognise, recognise_windows, text_windows
 from tests.llm_server import FakeLLMServer
 
 

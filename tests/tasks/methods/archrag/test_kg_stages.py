@@ -10,7 +10,9 @@ import pytest
 
 from tasks.core.ingest import SampleParams, ingest
 from tasks.core.stage import RunContext
-from tasks.core.store import ArtifactRef, Store, short_hash
+from tasks.core.files import write_parquet
+from tasks.core.hashing import short_hash
+from tasks.core.store import ArtifactRef, Store
 from tasks.llm.params import ExtractionMostlyEmpty, LLMDryRun, LLMParams
 from tasks.methods.archrag import kg
 from tasks.methods.archrag.kg_stages import (
@@ -21,7 +23,8 @@ from tasks.methods.archrag.kg_stages import (
 )
 from tasks.text.chunk import ChunkParams, chunk
 from tasks.text.entities import chunk_mentions
-from tasks.text.ner import NERParams, ner, normalize_entity
+from tasks.llm.ner_backends import ner
+from tasks.text.ner import NERParams, normalize_entity
 from tests.llm_server import FakeLLMServer
 
 PASSAGES = ChunkParams(unit="passage")
@@ -37,7 +40,7 @@ def sample_docs(tmp_path_factory) -> pd.DataFrame:
 def _documents(ctx: RunContext, docs: pd.DataFrame) -> ArtifactRef:
     fp = short_hash(docs["doc_id"].tolist())
     path = ctx.store.path_for(ctx.dataset, "ingest", "documents", fp)
-    return ArtifactRef("documents", str(path), fp, ctx.store.write_parquet(docs.reset_index(drop=True), path))
+    return ArtifactRef("documents", str(path), fp, write_parquet(docs.reset_index(drop=True), path))
 
 
 def _rows_computed(ctx: RunContext, stage: str, ref: ArtifactRef) -> int:
