@@ -117,6 +117,9 @@ class ReportParams:
     sweep: str | None = None       # a sweep id (``sweep_id`` of its trials' metrics)
     name: str | None = None        # artifacts/reports/<name>/ (default: the sweep id, or "latest")
     metric: str = "recall@5"       # the accuracy axis of the figures
+    headline: bool = False         # also write the README's and docs/results.md's headline table (tasks.eval.headline)
+    headline_datasets: tuple[str, ...] = ("hotpotqa-100", "2wiki-dev")  # its columns, with paper and beyond_paper
+    headline_root: str | None = None  # the checkout holding README.md and docs/ (default: this one)
 
 
 @dataclass(frozen=True)
