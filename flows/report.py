@@ -92,7 +92,8 @@ def write_headline(rows: list[dict[str, Any]], conf: Config) -> list[str]:
     from flows.config import METHOD_NAMES
     from tasks.eval.headline import headline_table, replace_between
 
-    root = Path(conf.report.headline_root or Path(__file__).resolve().parents[1])
+    root = Path(conf.report.headline_root or next(p for p in Path(__file__).resolve().parents
+                                                  if (p / "pyproject.toml").exists()))  # the checkout, wherever this module sits
     methods = [m for m in METHOD_NAMES if any(r["method"] == m for r in rows)]
     table = headline_table(rows, methods, list(conf.report.headline_datasets))
     export = {"command": "dagrag report report.headline=true", "datasets": list(conf.report.headline_datasets),
