@@ -146,8 +146,10 @@ class ReportParams:
     runs: tuple[str, ...] = ()     # these run ids; else the trials of ``sweep``; else the latest per method x dataset
     sweep: str | None = None       # a sweep id (``sweep_id`` of its trials' metrics)
     name: str | None = None        # artifacts/reports/<name>/ (default: the sweep id, or "latest")
-    # the figures' accuracy axis
-    metric: str = field(default="recall@5", metadata=one_of((*RANKING_METRICS, "em", "f1")))
+    metric: str = field(default="recall@5", metadata=one_of((*RANKING_METRICS, "em", "f1")))  # the figures' accuracy axis
+    headline: bool = False         # also write the README's and docs/results.md's headline table (tasks.eval.headline)
+    headline_datasets: tuple[str, ...] = ("hotpotqa-100", "2wiki-dev")  # its columns, with paper and beyond_paper
+    headline_root: str | None = None  # the checkout holding README.md and docs/ (default: this one)
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,66 @@ def select_runs(store: Store, runs: tuple[str, ...], sweep: str | None) -> pd.Da
     return frame.assign(metrics=frame["metrics"].map(json.loads)).reset_index(drop=True)
 
 
+# a headline run is at the defaults: its command-line overrides name only these (compare's own, report's, hydra's)
+HEADLINE_KEYS = ("dataset", "dataset.name", "experiment", "method", "artifacts_dir", "data_dir")
+HEADLINE_PREFIXES = ("report.", "compare.", "hydra.")
+
+
+def headline_runs(store: Store, datasets: tuple[str, ...]) -> pd.DataFrame:
+    """The latest ``evaluate`` run at the defaults (overrides within :data:`HEADLINE_KEYS`) per method × dataset ×
+    experiment, on ``datasets``: what ``dagrag compare`` and ``dagrag compare experiment=beyond_paper`` ran last."""
+    frame = store.query("SELECT run_id, method, dataset, metrics->>'experiment' AS experiment, created_at, metrics "
+                        "FROM metrics WHERE kind = 'evaluate' AND metrics->>'sweep_id' IS NULL")
+    frame = frame[frame["dataset"].isin(datasets)]
+    frame = frame.assign(metrics=frame["metrics"].map(json.loads))
+
+    def at_defaults(metrics: dict) -> bool:
+        keys = [o.lstrip("+~").split("=", 1)[0] for o in (metrics.get("overrides") or [])] \
+            if isinstance(metrics.get("overrides"), list) else list(metrics.get("overrides") or {})
+        return all(k in HEADLINE_KEYS or k.startswith(HEADLINE_PREFIXES) for k in keys)
+
+    frame = frame[frame["metrics"].map(at_defaults)]
+    frame = frame.sort_values("created_at").groupby(["method", "dataset", "experiment"], sort=False).tail(1)
+    return frame.reset_index(drop=True)
+
+
+def headline_rows(runs: pd.DataFrame) -> list[dict[str, Any]]:
+    """The exported rows the headline table is rendered from: ids, commit, date and the table's metrics."""
+    from tasks.eval.headline import ANSWER, RECALL
+
+    out = []
+    for _, r in runs.sort_values(["dataset", "experiment", "method"]).iterrows():
+        row = {"run_id": r["run_id"], "method": r["method"], "dataset": r["dataset"], "experiment": r["experiment"],
+               "git_sha": r.get("commit") or None, "created_at": str(r["created_at"])[:19]}
+        row.update({k: float(r[k]) for k in RECALL})
+        value = r.get(ANSWER)
+        row[ANSWER] = None if value is None or pd.isna(value) else float(value)
+        out.append(row)
+    return out
+
+
+def write_headline(rows: list[dict[str, Any]], conf: Config) -> list[str]:
+    """``docs/results/headline.json`` and the table between the markers of README.md and docs/results.md."""
+    from flows.config import METHOD_NAMES
+    from tasks.eval.headline import headline_table, replace_between
+
+    root = Path(conf.report.headline_root or next(p for p in Path(__file__).resolve().parents
+                                                  if (p / "pyproject.toml").exists()))  # the checkout, wherever this module sits
+    methods = [m for m in METHOD_NAMES if any(r["method"] == m for r in rows)]
+    table = headline_table(rows, methods, list(conf.report.headline_datasets))
+    export = {"command": "dagrag report report.headline=true", "datasets": list(conf.report.headline_datasets),
+              "methods": methods, "rows": rows}
+    written = []
+    for rel in ("README.md", "docs/results.md"):
+        path = root / rel
+        path.write_text(replace_between(path.read_text(), table, str(path)))
+        written.append(str(path))
+    path = root / "docs" / "results" / "headline.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(export, indent=1) + "\n")
+    return [*written, str(path)]
+
+
 SETUP_GROUPS = ("method", "embedder", "ner", "kg")  # the config groups that decide what a query costs
 
 
@@ -175,8 +235,11 @@ def report_flow(cfg: dict) -> dict[str, Any]:
     text = "\n".join(md)
     write_bytes(text.encode(), out_dir / "report.md")
     create_markdown_artifact(key=f"report-{name}", markdown=text, description=f"dagrag report {name}")
-    return {"report": str(out_dir / "report.md"), "figures": [str(out_dir / f) for f in figures],
-            "runs": runs["run_id"].tolist(), "name": name}
+    result = {"report": str(out_dir / "report.md"), "figures": [str(out_dir / f) for f in figures],
+              "runs": runs["run_id"].tolist(), "name": name}
+    if params.headline:
+        result["headline"] = write_headline(headline_rows(runs), conf)
+    return result
 
 
 TABLE_NOTES = (
@@ -285,7 +348,10 @@ def selected_runs(conf: Config) -> pd.DataFrame:
         raise PreflightError(f"no catalog at {catalog}: artifacts_dir names no folder a dagrag command has run "
                              f"in (fix artifacts_dir, or run `dagrag evaluate` first)")
     params = conf.report
-    records = select_runs(Store(conf.artifacts_dir), params.runs, params.sweep)
+    if params.headline and not params.runs:
+        records = headline_runs(Store(conf.artifacts_dir), params.headline_datasets)
+    else:
+        records = select_runs(Store(conf.artifacts_dir), params.runs, params.sweep)
     if records.empty:
         what = (f"report.runs={list(params.runs)}" if params.runs else f"report.sweep={params.sweep}"
                 if params.sweep else "any evaluate run")

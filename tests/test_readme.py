@@ -1,4 +1,5 @@
-"""Every command in the README's ```bash blocks works as printed, in a new shell, from the repository root.
+"""Every command in the ```bash blocks of README.md and docs/**/*.md works as printed, in a new shell, from the
+repository root.
 
 Each command is checked without running it: the program exists (``.venv/bin/dagrag`` and its subcommand,
 a ``make`` target, ``.venv/bin/prefect server start`` and its flags), every Hydra override names a config
@@ -32,6 +33,7 @@ from flows.cli import COMMANDS
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+PAGES = [README, *sorted((REPO / "docs").rglob("*.md"))]  # the README and every page of the docs site
 CONF = REPO / "conf"
 
 PLACEHOLDERS = {"[overrides]"}          # the synopsis lines' stand-in for any overrides
@@ -43,14 +45,19 @@ LAST_LINE = {"evaluate": "metrics", "index": "index", "update": "update", "bench
 
 @dataclass(frozen=True)
 class Command:
-    """One command line of a README ```bash block."""
+    """One command line of a ```bash block of the README or a docs page."""
 
-    line: int                      # 1-based line in README.md
+    line: int                      # 1-based line in its page
     text: str                      # as printed, comment removed
     argv: tuple[str, ...]          # after the leading VAR=value assignments
     env: tuple[tuple[str, str], ...] = ()       # leading VAR=value assignments
     block_env: tuple[str, ...] = ()             # variables exported earlier in the same block
     synopsis: bool = False         # had a placeholder such as [overrides]
+    page: str = "README.md"        # the file it is in, relative to the repository root
+
+    @property
+    def where(self) -> str:
+        return f"{self.page} line {self.line}"
 
 
 @dataclass
@@ -68,7 +75,7 @@ class ReadmeCommandError(AssertionError):
     """A README command names a program, subcommand, flag, config group or key that does not exist."""
 
 
-def readme_commands(text: str) -> list[Command]:
+def readme_commands(text: str, page: str = "README.md") -> list[Command]:
     """The command lines of the ```bash blocks (comments stripped, ``\\`` continuations joined)."""
     out: list[Command] = []
     in_block, pending, start, exported = False, "", 0, []
@@ -94,7 +101,7 @@ def readme_commands(text: str) -> list[Command]:
         while tokens and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", tokens[0]):
             env.append(tuple(tokens.pop(0).split("=", 1)))
         text_ = " ".join(shlex.quote(t) for t in [*(f"{k}={v}" for k, v in env), *tokens])
-        out.append(Command(start, text_, tuple(tokens), tuple(env), tuple(exported), synopsis))
+        out.append(Command(start, text_, tuple(tokens), tuple(env), tuple(exported), synopsis, page))
         if tokens and tokens[0] == "export":
             exported += [t.split("=", 1)[0] for t in tokens[1:]]
     return out
@@ -163,7 +170,7 @@ def plan_dagrag(cmd: Command, sub: str, args: list[str]) -> Plan:
     from flows.config import load_config
 
     if sub not in COMMANDS:
-        raise ReadmeCommandError(f"line {cmd.line}: `dagrag {sub}` is not a command ({sorted(COMMANDS)})")
+        raise ReadmeCommandError(f"{cmd.where}: `dagrag {sub}` is not a command ({sorted(COMMANDS)})")
     if sub == "schedule":  # its own config (conf/schedule.yaml); it serves until stopped
         return Plan(skip="a long-lived process serving scheduled runs (needs `prefect server start`)")
     questions: list[str] = []
@@ -171,7 +178,7 @@ def plan_dagrag(cmd: Command, sub: str, args: list[str]) -> Plan:
         at = args.index("--")
         args, questions = args[:at], args[at + 1:]
         if not questions:
-            raise ReadmeCommandError(f"line {cmd.line}: `dagrag query … --` names no question")
+            raise ReadmeCommandError(f"{cmd.where}: `dagrag query … --` names no question")
     flags = [a for a in args if a.startswith("-")]
     overrides = [a for a in args if not a.startswith("-")]
     other_flags = [f for f in flags if f not in HYDRA_FLAGS_OFFLINE]
@@ -179,7 +186,7 @@ def plan_dagrag(cmd: Command, sub: str, args: list[str]) -> Plan:
         out = subprocess.run([*dagrag_argv(), sub, *args, "--cfg", "job"], capture_output=True, text=True,
                              timeout=120, cwd=REPO)
         if out.returncode != 0:
-            raise ReadmeCommandError(f"line {cmd.line}: {cmd.text}\n{out.stderr[-2000:]}")
+            raise ReadmeCommandError(f"{cmd.where}: {cmd.text}\n{out.stderr[-2000:]}")
     try:
         configs = composed_configs(overrides)
         for cfg in configs:
@@ -187,7 +194,7 @@ def plan_dagrag(cmd: Command, sub: str, args: list[str]) -> Plan:
     except ReadmeCommandError:
         raise
     except Exception as err:  # noqa: BLE001 - Hydra's and the config's own errors, reported with the line
-        raise ReadmeCommandError(f"line {cmd.line}: {cmd.text}\n{type(err).__name__}: {err}") from err
+        raise ReadmeCommandError(f"{cmd.where}: {cmd.text}\n{type(err).__name__}: {err}") from err
     cfg = configs[0]
     method, dataset, llm = cfg["method"]["name"], cfg["dataset"], cfg["llm"]["provider"]
     if cmd.synopsis:
@@ -197,7 +204,11 @@ def plan_dagrag(cmd: Command, sub: str, args: list[str]) -> Plan:
     if cmd.block_env:
         return Plan(skip=f"needs the environment exported above it ({', '.join(cmd.block_env)})")
     if set(flags) & HYDRA_FLAGS_OFFLINE:
-        return Plan(skip=f"a sweep of {len(configs)} jobs (method={method}: minutes)")
+        sweeper = next((o for o in overrides if o.startswith("hydra/sweeper=")), None)
+        return Plan(skip=f"an Optuna sweep ({sweeper}: many trials, minutes)" if sweeper else
+                    f"a sweep of {len(configs)} jobs (method={method}: minutes)")
+    if sub == "report":
+        return Plan(skip="reads the evaluate runs of a catalog (made by `dagrag compare` or `dagrag evaluate` first)")
     if sub == "serve":
         return Plan(skip="a long-lived server (runs until stopped; tests/flows/test_serve_http.py runs it)")
     if sub == "loadtest":
@@ -208,6 +219,8 @@ def plan_dagrag(cmd: Command, sub: str, args: list[str]) -> Plan:
         return Plan(skip=f"needs the user's own files (dataset.path={dataset.get('path')})")
     if dataset["n_passages"] > CHEAP_PASSAGES:
         return Plan(skip=f"a long run (dataset.n_passages={dataset['n_passages']})")
+    if sub in {"compare", "scale", "growth"}:
+        return Plan(skip=f"a long run (dagrag {sub}: every method in turn, minutes on 2 cores)")
     if method not in CHEAP_METHODS or sub not in {"evaluate", "index", "query"}:
         return Plan(skip=f"a long run (dagrag {sub} method={method}: minutes on 2 cores)")
     if sub == "query":  # its index first, in the same artifacts_dir; then the questions
@@ -218,57 +231,58 @@ def plan_dagrag(cmd: Command, sub: str, args: list[str]) -> Plan:
 
 def plan(cmd: Command) -> Plan:
     """Check ``cmd`` (raises :class:`ReadmeCommandError`) and decide whether it runs here."""
-    check_env_names([k for k, _ in cmd.env], f"line {cmd.line}")
+    check_env_names([k for k, _ in cmd.env], f"{cmd.where}")
     argv = list(cmd.argv)
     prog = argv[0]
     if prog == "export":
-        check_env_names([a.split("=", 1)[0] for a in argv[1:]], f"line {cmd.line}")
+        check_env_names([a.split("=", 1)[0] for a in argv[1:]], f"{cmd.where}")
         return Plan(skip="shell set-up for the commands after it")
     if prog == "make":
         targets = [a for a in argv[1:] if "=" not in a and not a.startswith("-")]
         missing = sorted(set(targets) - make_targets())
         if missing:
-            raise ReadmeCommandError(f"line {cmd.line}: no make target {missing}")
+            raise ReadmeCommandError(f"{cmd.where}: no make target {missing}")
         args = dict(a.split("=", 1) for a in argv[1:] if "=" in a)
         if "run" in targets:  # make run ARGS="…" = dagrag evaluate …
             plan_dagrag(cmd, "evaluate", shlex.split(args.get("ARGS", "")))
         return Plan(skip="installs .venv (minutes); `make run` also indexes with the default method")
     if prog == ".venv/bin/dagrag":
         if len(argv) < 2:
-            raise ReadmeCommandError(f"line {cmd.line}: dagrag needs a command")
+            raise ReadmeCommandError(f"{cmd.where}: dagrag needs a command")
         return plan_dagrag(cmd, argv[1], argv[2:])
     if prog == ".venv/bin/python" and argv[1:2] == ["-m"] and len(argv) > 2:
         modules = {m: name for name, (m, _) in COMMANDS.items()}
         if argv[2] not in modules:
-            raise ReadmeCommandError(f"line {cmd.line}: {argv[2]} is not a command module ({sorted(modules)})")
+            raise ReadmeCommandError(f"{cmd.where}: {argv[2]} is not a command module ({sorted(modules)})")
         return plan_dagrag(cmd, modules[argv[2]], argv[3:])
     if prog == ".venv/bin/prefect":
         if argv[1:3] != ["server", "start"]:
-            raise ReadmeCommandError(f"line {cmd.line}: only `prefect server start` is checked")
+            raise ReadmeCommandError(f"{cmd.where}: only `prefect server start` is checked")
         help_text = prefect_server_start_help()
         unknown = [a.split("=")[0] for a in argv[3:] if a.startswith("--") and
                    not re.search(rf"(?<![\w-]){re.escape(a.split('=')[0])}(?![\w-])", help_text)]
         if unknown:
-            raise ReadmeCommandError(f"line {cmd.line}: prefect server start has no {unknown}")
+            raise ReadmeCommandError(f"{cmd.where}: prefect server start has no {unknown}")
         return Plan(skip="a long-lived server (runs until stopped)")
-    raise ReadmeCommandError(f"line {cmd.line}: `{prog}` does not work as printed in a new shell from the "
+    raise ReadmeCommandError(f"{cmd.where}: `{prog}` does not work as printed in a new shell from the "
                              "repository root (use .venv/bin/dagrag, .venv/bin/python, .venv/bin/prefect or make)")
 
 
-COMMANDS_IN_README = readme_commands(README.read_text())
+COMMANDS_IN_DOCS = [c for page in PAGES for c in readme_commands(page.read_text(), page.relative_to(REPO).as_posix())]
+COMMANDS_IN_README = [c for c in COMMANDS_IN_DOCS if c.page == "README.md"]
 
 
 def _id(cmd: Command) -> str:
-    return f"L{cmd.line}:{cmd.text[:70]}"
+    return f"{cmd.page}:L{cmd.line}:{cmd.text[:70]}"
 
 
 def test_readme_has_commands_and_a_quick_one():
-    assert len(COMMANDS_IN_README) >= 10
+    assert len(COMMANDS_IN_README) >= 5 and len(COMMANDS_IN_DOCS) >= 50
     runs = [c for c in COMMANDS_IN_README if plan(c).run]
     assert runs, "no README command is quick enough to run: add one on the sample dataset with method=bm25"
 
 
-@pytest.mark.parametrize("cmd", COMMANDS_IN_README, ids=_id)
+@pytest.mark.parametrize("cmd", COMMANDS_IN_DOCS, ids=_id)
 def test_readme_command_is_valid(cmd: Command):
     plan(cmd)
 
@@ -278,7 +292,7 @@ def prefect_home(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("prefect-home"))
 
 
-@pytest.mark.parametrize("cmd", COMMANDS_IN_README, ids=_id)
+@pytest.mark.parametrize("cmd", COMMANDS_IN_DOCS, ids=_id)
 def test_readme_command_runs(cmd: Command, tmp_path, prefect_home):
     p = plan(cmd)
     if p.run is None:
@@ -309,9 +323,10 @@ def test_readme_command_runs(cmd: Command, tmp_path, prefect_home):
 
 
 def test_readme_synopsis_lists_every_command():
-    """The synopsis block (`dagrag COMMAND [overrides]`) names each command of `flows.cli`, and only those."""
-    listed = [c.argv[1] for c in COMMANDS_IN_README if c.synopsis and c.argv[0] == ".venv/bin/dagrag"]
-    assert sorted(set(listed)) == sorted(COMMANDS), f"README synopsis {listed} against flows.cli {sorted(COMMANDS)}"
+    """The synopsis block (`dagrag COMMAND [overrides]`, docs/commands.md) names each command of `flows.cli`, and
+    only those."""
+    listed = [c.argv[1] for c in COMMANDS_IN_DOCS if c.synopsis and c.argv[0] == ".venv/bin/dagrag"]
+    assert sorted(set(listed)) == sorted(COMMANDS), f"docs synopsis {listed} against flows.cli {sorted(COMMANDS)}"
 
 
 @pytest.mark.parametrize("sub", sorted(COMMANDS))
@@ -390,10 +405,11 @@ def python_blocks(text: str) -> list[tuple[int, str]]:
 
 
 def test_readme_python_examples_run(tmp_path):
-    """Each ```python block runs as printed, in a fresh interpreter in a folder of its own, after the README's
-    `dagrag index method=bm25 dataset=sample` has built the index it opens."""
-    blocks = python_blocks(README.read_text())
-    assert blocks, "the README shows no Python example"
+    """Each ```python block of the README and the docs runs as printed, in a fresh interpreter in a folder of its
+    own, after the README's `dagrag index method=bm25 dataset=sample` has built the index it opens."""
+    blocks = [(f"{page.relative_to(REPO)} line {line}", code) for page in PAGES
+              for line, code in python_blocks(page.read_text())]
+    assert any(where.startswith("README.md ") for where, _ in blocks), "the README shows no Python example"
     built = subprocess.run([sys.executable, "-m", "flows.cli", "index", "method=bm25", "dataset=sample",
                             f"artifacts_dir={tmp_path / 'artifacts'}"], capture_output=True, text=True, timeout=600,
                            cwd=REPO, env={k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"})
@@ -401,5 +417,5 @@ def test_readme_python_examples_run(tmp_path):
     for line, code in blocks:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                              env={**os.environ, "PYTHONPATH": str(REPO)})
-        assert out.returncode == 0, f"README line {line}:\n{out.stderr[-2000:]}"
-        assert out.stdout.strip(), f"README line {line} printed nothing"
+        assert out.returncode == 0, f"{line}:\n{out.stderr[-2000:]}"
+        assert out.stdout.strip(), f"{line} printed nothing"

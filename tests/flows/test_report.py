@@ -112,3 +112,52 @@ def test_report_of_chosen_runs(catalog):
     report_flow(make_config(catalog, "report.runs=[old-dense-wiki-mini]", "report.name=one"))
     rows = _rows((catalog / "artifacts" / "reports" / "one" / "report.md").read_text())
     assert list(rows) == [("wiki-mini", "dense")] and float(rows[("wiki-mini", "dense")]["recall@5"]) == 15.0
+
+
+def test_headline_writes_the_table_between_the_markers_and_its_export(catalog):
+    """``report.headline=true``: the latest default-config run per method × dataset × experiment (a later run
+    with a method override is not one), rendered between the markers of README.md and docs/results.md, and the
+    rows it was rendered from in docs/results/headline.json, equal to the catalog's numbers."""
+    import json
+
+    from tasks.eval.headline import between, headline_table
+
+    store = Store(catalog / "artifacts")
+    tuned = "run-dense-tuned"  # newer than run-dense-hotpot-mini, but not at the defaults
+    _run(store, tuned, "hotpot-mini")
+    store.record_metrics(tuned, "evaluate", "dense", "hotpot-mini",
+                         {**_metrics("dense", "hotpot-mini", 99.0, tuned), "overrides": {"method.top_k": "5"}})
+    root = catalog / "checkout"
+    (root / "docs").mkdir(parents=True)
+    for rel in ("README.md", "docs/results.md"):
+        (root / rel).write_text("# x\n\nbefore\n<!-- results:begin -->\nold\n<!-- results:end -->\nafter\n")
+    cfg = make_config(catalog, "report.headline=true", f"report.headline_root={root}",
+                      "report.headline_datasets=[hotpot-mini,wiki-mini]")
+    result = report_flow(cfg)
+    export = json.loads((root / "docs" / "results" / "headline.json").read_text())
+    ids = sorted(r["run_id"] for r in export["rows"])
+    assert ids == sorted([f"run-{m}-{d}" for m in METHODS for d in DATASETS] + ["run-zoomrag-beyond"])
+    for row in export["rows"]:
+        want = _metrics(row["method"], row["dataset"], METHODS[row["method"]] +
+                        (30 if row["experiment"] == "beyond_paper" else 0), row["run_id"])
+        assert [row[k] for k in ("recall@2", "recall@5", "recall@10", "answer_in_context@2000")] == \
+            [want[k] for k in ("recall@2", "recall@5", "recall@10", "answer_in_context@2000")]
+        assert row["git_sha"] == COMMIT
+    table = headline_table(export["rows"], export["methods"], export["datasets"])
+    for rel in ("README.md", "docs/results.md"):
+        text = (root / rel).read_text()
+        assert between(text) == table and text.startswith("# x\n\nbefore\n") and text.endswith("\nafter\n")
+    assert "| zoomrag | 60.0 / 70.0 / 80.0 · 66.0 | 90.0 / 100.0 / 110.0 · 96.0 | 55.0 / 65.0 / 75.0 · 61.0 | – |" in table
+    assert "| dense | 50.0 / 60.0 / 70.0 · 56.0 | – |" in table
+    assert len(result["headline"]) == 3
+
+
+def test_headline_refuses_a_page_without_its_markers(catalog):
+    root = catalog / "checkout"
+    (root / "docs").mkdir(parents=True)
+    (root / "README.md").write_text("# no markers\n")
+    (root / "docs" / "results.md").write_text("<!-- results:begin -->\n<!-- results:end -->\n")
+    cfg = make_config(catalog, "report.headline=true", f"report.headline_root={root}",
+                      "report.headline_datasets=[hotpot-mini,wiki-mini]")
+    with pytest.raises(ValueError, match="README.md must hold <!-- results:begin -->"):
+        report_flow(cfg)

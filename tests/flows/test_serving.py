@@ -144,3 +144,22 @@ def test_answer_through_the_llm_layer_python_and_http(built):
     with uvicorn_thread(Service(opened(built, "dense"), ServeParams(), api_key=None)) as url:
         refused = httpx.post(f"{url}/answer", json={"question": questions[0]})
     assert refused.status_code == 501 and "llm=local" in refused.json()["error"]
+
+
+def test_docs_stage_diagrams_name_the_stages_each_method_runs(built):
+    """Each method page's mermaid diagram (docs/methods/*.md) names exactly the stages its evaluate run recorded,
+    less those evaluate adds beside the index (flows.report.INDEX_EXCLUDED): the diagrams cannot drift from the DAGs."""
+    import json
+
+    from flows.report import INDEX_EXCLUDED
+    from tasks.core.store import Store
+    from tests.test_docs import method_diagrams
+
+    diagrams = method_diagrams()
+    for method in METHOD_NAMES:
+        cfg = built[method][0]
+        run_dir = Path(cfg["artifacts_dir"]).parent / f"run-{method}"
+        run_id = json.loads((run_dir / "metrics.json").read_text())["run_id"]
+        ran = Store(cfg["artifacts_dir"]).query("SELECT DISTINCT stage FROM stage_events WHERE run_id = ?", [run_id])
+        stages = set(ran["stage"]) - set(INDEX_EXCLUDED)
+        assert diagrams[method] == stages, f"docs diagram of method={method}: {sorted(diagrams[method])}, ran {sorted(stages)}"
