@@ -144,7 +144,7 @@ def method_diagrams() -> dict[str, set[str]]:
 
 
 def test_every_method_has_one_stage_diagram():
-    from flows.config import METHOD_NAMES
+    from flows.methods import NAMES as METHOD_NAMES
 
     assert sorted(method_diagrams()) == sorted(METHOD_NAMES)
     assert diagram_stages('```mermaid\nflowchart LR\n  %% stages of method=x\n  a["ingest"] --> b["embed: p"]\n'

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.config import METHOD_NAMES
+from flows.methods import NAMES as METHOD_NAMES
 from tasks.eval.headline import ANSWER, RECALL, between, headline_table
 
 REPO = Path(__file__).resolve().parents[1]
