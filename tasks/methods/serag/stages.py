@@ -19,6 +19,7 @@ from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_stage
 from tasks.core.hashing import fingerprint
 from tasks.core.store import ArtifactRef, Store
+from tasks.graph.encoding_tree import MERGE_ENGINES, encoding_tree
 from tasks.graph.sparse import coo_matrix, to_coo
 from tasks.methods.serag import algorithm as se
 from tasks.text.chunk import ChunkParams
@@ -26,8 +27,6 @@ from tasks.text.embed import embeddings_to_arrow, load_embeddings
 from tasks.text.gazetteer import LinkingParams
 
 log = logging.getLogger("dagrag.serag")
-
-from tasks.graph.encoding_tree import MERGE_ENGINES, encoding_tree
 
 
 NER_INPUTS = ("embedded", "text")  # SeRAGParams.ner_input
