@@ -56,7 +56,7 @@ class ArchParams:
     name: str = "archrag"
     top_k: int = 10  # passages ranked per query (the harness's recall@k rule, see retriever)
     # ArchRAG returns no passages (§3.2.1). entity_rank: the passages of the retrieved entities, in the order of
-    # their rank (issue #52's principle, fixed before measuring) | similarity_sum: the rule before issue #52
+    # their rank (a principle fixed before it was measured) | similarity_sum: the earlier rule, kept for comparison
     passage_rule: str = "entity_rank"
     topk_chunk: int = 0  # from the authors' code: passages of a separate dense index added (0 in their query.sh)
     # §3.1.1 chunks (code: GraphRAG's 600-token windows with 100 overlap; whitespace tokens here)

@@ -69,7 +69,7 @@ class SeRAGParams(LinkingParams):
     # by the number of vocabulary entities gated in for the query, so many matched names do not add up)
     bonus_norm: str = "none"
     # what NER reads: embedded (§3.1 extracts each chunk's entity set; the chunk is what is embedded, with
-    # chunk_unit=passage title + "\n" + text) | text (the passage text without its title; before issue #52)
+    # chunk_unit=passage title + "\n" + text) | text (the passage text without its title: the earlier reading, kept for comparison)
     ner_input: str = "embedded"
     # Table 2 ablations
     self_query: bool = True  # needs an LLM (llm=local|openai); without one the retriever says it ran without

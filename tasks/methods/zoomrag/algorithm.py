@@ -64,7 +64,7 @@ class ZoomParams:
     omega: float = 0.5
     keep_ratio: float = 0.7
     k_std: float = 3.0
-    # beyond the paper (issue #17): a per-row cap on the doc-doc rule, so the block grows with n, not n²
+    # beyond the paper, for 100,000 passages: a per-row cap on the doc-doc rule, so the block grows with n, not n²
     doc_doc_max_neighbors: int = 64  # 0: the paper's rule alone (about 1% of every row is kept: n² cells)
     doc_doc_stats_sample: int = 8192  # with a cap: the row mean/std from this many sampled columns (exact below)
     doc_doc_search: str = "auto"  # with a cap: exact (faiss.knn, time ~ n²) | ivf (approximate) | auto (see below)
@@ -86,7 +86,7 @@ class ZoomParams:
     walk_node_order: str = "locality"  # locality: M's nodes renumbered once so the walks read memory in order
     walk_sparse_max: float = 0.02  # DocZoom steps are sparse products while the state fills at most this share
     chunk_iterations: int = 50
-    # beyond the paper (issue #20), each at its paper value: the title walk over M (see title_walk_block)
+    # beyond the paper, each at its paper value: the title walk over M (see title_walk_block)
     title_edge_weight: float = 0.0  # extra weight of the edge from a title's entity to the document it titles
     title_name_weight: float = 1.0  # factor on document -> entity edges whose entity titles some document
     idf_edges: bool = False  # document -> entity edges also weighted by the entity's IDF
