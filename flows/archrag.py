@@ -1,4 +1,4 @@
-"""ArchRAG DAG (paper 002, Fig. 2): passages → chunks → knowledge graph (``kg=llm``, the paper's; or the
+"""ArchRAG DAG (Wang et al., 2025, Fig. 2): passages → chunks → knowledge graph (``kg=llm``, the paper's; or the
 LLM-free ``kg=cooccur``) → entity attributes → attributed communities layer by layer with a summary each
 (Algorithm 1) → C-HNSW over entities and every community layer (§3.1.3).
 

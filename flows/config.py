@@ -4,9 +4,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import importlib
-import math
-import re
 import types
 import typing
 from dataclasses import dataclass, field

@@ -1,5 +1,5 @@
 """``python -m flows.growth [growth.fraction=0.05] [growth.methods=[…]] [dataset=… data_dir=…] [overrides]``: what
-an update costs against a full build, for every method (issue #17: "growth costs what it adds").
+an update costs against a full build, for every method: growth should cost what it adds.
 
 1. The dataset's documents are split into a base corpus and a held-out ``growth.fraction`` of them (a seeded
    sample of the sorted document ids, so corpus order plays no part). Both corpora are written in HippoRAG
@@ -117,7 +117,7 @@ def measure_update(base: Store, copy_dir: Path, argv: list[str], timeout_s: int)
 
 
 def update_split(wall_s: float, payload: dict[str, Any], stages: pd.DataFrame) -> dict[str, float]:
-    """Where one update's wall seconds went (issue #17): the child's start-up (process start to its flow's
+    """Where one update's wall seconds went: the child's start-up (process start to its flow's
     body: interpreter, imports, config, Prefect's flow run), model loading (``timed`` steps that load or export
     a model, inside some stage's seconds: the encoder from its model cache; spaCy's load stays in the NER
     stage), the per-row stages (chunk, NER, embeddings: the new rows) and the whole-corpus ones (graphs,

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from flows.config import ScaleParams

@@ -32,10 +32,10 @@ for _name in ("httpx", "httpx2", "httpcore", "faiss.loader"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
 from flows.config import ConfigError, load_config, with_runner  # noqa: E402 - after the levels: faiss logs on import
-from flows.evaluate import evaluate_flow
-from flows.index import index_flow
-from flows.observe import RUN_END_HOOKS, name_task_runs, observed, run_label, stage_rows, tags_for, verdict
-from tasks.core.store import Store
+from flows.evaluate import evaluate_flow  # noqa: E402
+from flows.index import index_flow  # noqa: E402
+from flows.observe import RUN_END_HOOKS, name_task_runs, observed, run_label, stage_rows, tags_for, verdict  # noqa: E402
+from tasks.core.store import Store  # noqa: E402
 
 log = logging.getLogger("dagrag")
 

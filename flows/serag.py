@@ -1,4 +1,4 @@
-"""SeRAG DAG (paper 003, Fig. 1): passages → chunks, NER, embeddings → multi-perspective graph (§3.1)
+"""SeRAG DAG (the anonymous ICML submission, undated, Fig. 1): passages → chunks, NER, embeddings → multi-perspective graph (§3.1)
 → 2-D encoding tree minimising structural entropy (eq. 1, K = 2) → community vectors (§3.2, eqs. 8–9).
 
 Online (§3.3): self-query pseudo-document (with an LLM) → coarse top-k_coarse communities → hybrid

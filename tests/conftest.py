@@ -12,6 +12,8 @@ from hypothesis import settings  # noqa: E402
 
 from tasks.core.stage import RunContext  # noqa: E402
 
+pytest_plugins = ["tests.llm_server"]  # its llm_server fixture, for every test
+
 # Property tests draw the same examples on every run (`make test`, CI): a run passes or fails for the code, not
 # the draw. `HYPOTHESIS_PROFILE=explore make test` draws new ones, as a search for counter-examples.
 settings.register_profile("repeatable", derandomize=True)

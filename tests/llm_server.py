@@ -301,7 +301,7 @@ def iter_auth_headers(server: FakeLLMServer) -> Iterator[str]:
         yield from list(server.stats.auth_headers)
 
 
-try:  # optional pytest fixture (import it into a test module to use it)
+try:  # a pytest fixture (tests/conftest.py registers this module as a plugin)
     import pytest
 
     @pytest.fixture

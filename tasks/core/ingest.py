@@ -158,7 +158,7 @@ def shuffle_documents(docs: pd.DataFrame, seed: int | None) -> pd.DataFrame:
 
     A permutation of positions reordered the whole corpus when it grew, and every stage that reads corpus
     order changed with it: on a 5% growth of hotpotqa-100, 476 of the 629 ArchRAG descriptions that changed
-    had only had their sentences reordered (issue #17).
+    had only had their sentences reordered.
     """
     if seed is None:
         return docs

@@ -1,7 +1,7 @@
-"""Why a graph method misses a gold passage that a simpler retriever finds (issue #20, error analysis).
+"""Why a graph method misses a gold passage that a simpler retriever finds (error analysis).
 
 Pure pandas over a run's ``hits`` and the dataset's tables; no models. A missed gold passage gets one
-reason, judged from titles alone (the reference matching of ``shared/notes/multi-hop-structure.md``:
+reason, judged from titles alone (the multi-hop benchmarks' reference matching of a title in a text:
 whole-word, lower case, trailing parenthetical qualifier removed):
 
 * ``comparison, one side missing``: a comparison question whose other gold passage is retrieved;

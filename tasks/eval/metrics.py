@@ -52,7 +52,7 @@ def recall_by_type(hits: pd.DataFrame, gold: pd.DataFrame, questions: pd.DataFra
 
 def names_gold_title(questions: pd.DataFrame, gold: pd.DataFrame, documents: pd.DataFrame) -> pd.Series:
     """Per qid: whether the question names the title of one of its gold passages (whole word, lower case,
-    trailing parenthetical qualifier removed, as in ``shared/notes/multi-hop-structure.md``)."""
+    trailing parenthetical qualifier removed: the multi-hop benchmarks' reference matching)."""
     title = documents.set_index("doc_id")["title"].astype(str)
     g = gold.drop_duplicates(["qid", "doc_id"])
     g = g.assign(name=title.reindex(g["doc_id"]).fillna("").map(plain_title).to_numpy())
@@ -67,7 +67,7 @@ def names_gold_title(questions: pd.DataFrame, gold: pd.DataFrame, documents: pd.
 def recall_by_title_mention(hits: pd.DataFrame, gold: pd.DataFrame, questions: pd.DataFrame,
                             documents: pd.DataFrame, ks: list[int], qids: list[str]) -> dict[str, dict[str, float]]:
     """:func:`recall_at_k` on the questions that name a gold passage's title and on those that name none
-    (issue #20: where title links cannot help, a graph method must still beat the simple retrievers)."""
+    (where title links cannot help, a graph method must still beat the simple retrievers)."""
     named = names_gold_title(questions[questions["qid"].isin(set(qids))], gold, documents)
     out = {}
     for key, flag in (("names_gold_title", True), ("names_no_gold_title", False)):

@@ -14,7 +14,7 @@ every method; its options combine, an entry is kept when it passes *every* test 
 * ``zero_diagonal``: self-pairs are neither neighbours nor part of the statistics;
 * ``stats_sample``: with ``k`` and ``k_std`` together, each row's k best by faiss and the mean + k_std * std
   statistics from a seeded sample of that many columns (exact when the rows are no more): memory and
-  output grow with n·k, not n² (ZoomRAG at scale, issue #17);
+  output grow with n·k, not n² (ZoomRAG at 100,000 passages);
 * ``search``: "exact" (faiss.knn, time n²·d), "ivf" (an inverted-file index of ``ivf_nlist`` k-means
   cells, ``ivf_nprobe`` searched per row: approximate, time ~ n²·d·nprobe/nlist) or "auto" (exact up to
   ``exact_max`` rows, ivf above; :func:`search_for`).
@@ -166,7 +166,7 @@ def sampled_row_stats(emb: np.ndarray, sample: int, transform: Transform | None 
     With ``sample >= n`` every column is used, and the figures are the exact row statistics of
     :func:`mean_std_mask` (the diagonal left out when ``zero_diagonal``). Time n·sample·d, memory block_rows·sample.
     The sums of x and x² are kept in float64 and a row's own column is subtracted from them, so no block is
-    copied or masked (NaN-aware reductions took 7 of this function's 12 s at 100k; issue #17).
+    copied or masked (NaN-aware reductions took 7 of this function's 12 s at 100k passages).
     """
     n = emb.shape[0]
     cols = np.arange(n) if sample >= n else np.sort(np.random.default_rng(seed).choice(n, sample, replace=False))

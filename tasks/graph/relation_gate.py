@@ -1,4 +1,4 @@
-"""The relation gate (beyond the papers, issue #20), shared by ZoomRAG's DocZoom and LinearRAG's PPR.
+"""The relation gate (beyond the papers), shared by ZoomRAG's DocZoom and LinearRAG's PPR.
 
 A passage that names several titles (a film's director, producer and cast) sends a title walk's mass to all of
 them alike; the gate re-weights, per question, its edges to those titles by how well the sentence naming each
@@ -14,7 +14,7 @@ import scipy.sparse as sp
 
 @dataclass(frozen=True)
 class RelationGate:
-    """Beyond the paper (issue #20): which of the titles a document names does the question's relation point to?
+    """Beyond the paper: which of the titles a document names does the question's relation point to?
 
     A document that names several titles (a film's director, producer and cast) sends the title walk's mass to
     all of them alike. The gate re-weights, per question, M's document -> title-entity edges (entity e names

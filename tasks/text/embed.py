@@ -34,7 +34,7 @@ from tasks.text.onnx_encoder import INT8_KINDS
 QUERY_RUNTIMES = ("onnxruntime", "torch")
 DOC_RUNTIMES = ("torch", "onnxruntime")
 # fp32 | int8 (ONNX Runtime's dynamic quantisation) | bf16 (PyTorch's bfloat16 autocast); the last two beyond
-# the paper and approximate (issue #17; README, "int8" and "bfloat16 stored embeddings" under Commands)
+# the paper and approximate, for builds at scale (README, "int8" and "bfloat16 stored embeddings" under Commands)
 PRECISIONS = ("fp32", "int8", "bf16")
 
 
@@ -44,7 +44,7 @@ class EmbedderParams:
 
     model: str = PACKAGED_MODEL
     # stored texts per encoder call: small batches stay in cache (2Wiki passages 16 against 24 ms each at 64 in
-    # alternating rounds, a whole 2Wiki build of every method 0.89x the time; issue #17; measured while batches
+    # alternating rounds, a whole 2Wiki build of every method 0.89x the time; measured while batches
     # were still cut by characters, so partly less padding). No fp32 stored value depends on it (int8's do: one
     # activation scale per batch, README); only entity names (~5 tokens) are slower at 16.
     batch_size: int = field(default=16, metadata=COUNT)
@@ -61,10 +61,10 @@ class EmbedderParams:
     query_runtime: str = field(default="onnxruntime", metadata=one_of(QUERY_RUNTIMES))
     # stored embeddings (passages, sentences, entities, summaries): onnxruntime (same weights, checked equal to
     # 1e-5; a process that embeds never imports sentence-transformers, 8-11 s here; passages as fast, 256-token
-    # texts about 16% slower than torch: issue #17) | torch
+    # texts about 16% slower than torch) | torch
     doc_runtime: str = field(default="onnxruntime", metadata=one_of(DOC_RUNTIMES))
     # fp32 | int8 (int8 weights for whatever runs on onnxruntime) | bf16 (stored texts of bf16_min_tokens tokens or
-    # more on torch in bfloat16; shorter texts and questions stay fp32); both beyond the paper, approximate (#17)
+    # more on torch in bfloat16; shorter texts and questions stay fp32); both beyond the paper, approximate, for builds at scale
     precision: str = field(default="fp32", metadata=one_of(PRECISIONS))
     # with int8: weight products left in fp32, by kind (tasks.text.onnx_encoder.INT8_KINDS; beyond the paper)
     int8_keep_fp32: tuple[str, ...] = field(default=(), metadata=one_of(INT8_KINDS))
@@ -306,7 +306,7 @@ def embedded_texts(ctx: RunContext, table: ArtifactRef, id_col: str, params: Emb
                    ) -> dict[str, ArtifactRef]:
     """Stage: ``embedded_texts(<id_col>, text, text_start)``, each passage as :func:`embed` with ``use_template``
     embeds it (``title + "\n" + text``), and where its own text starts there: the input of a NER that must
-    read what is embedded (SeRAG, issue #52)."""
+    read what is embedded (SeRAG §3.1: a chunk's entities are those of the text it embeds)."""
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
         frame = ctx.store.read(table, [id_col, "text", "title"])
         out = pd.DataFrame({id_col: frame[id_col].to_numpy(), "text": render_texts(frame, params.doc_template),

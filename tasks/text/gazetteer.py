@@ -1,4 +1,4 @@
-"""Title-aware entity linking, beyond the papers: a gazetteer of the corpus's own names (issue #20).
+"""Title-aware entity linking, beyond the papers: a gazetteer of the corpus's own names.
 
 The papers link a passage to the entities spaCy finds in it, one node per exact normalised string.
 On Wikipedia-style corpora that loses the links that matter: a passage is about the entity its
@@ -71,13 +71,13 @@ LINKINGS = ("ner", "gazetteer")
 
 @dataclass(frozen=True)
 class LinkingParams:
-    """Beyond the papers (issue #20): how a graph method links passages and questions to entities.
+    """Beyond the papers: how a graph method links passages and questions to entities.
 
     ``graph_linking``: ``ner`` (the papers: spaCy mentions) or ``gazetteer`` (titles are entity nodes,
     corpus names matched everywhere). ``query_linking``: ``ner`` (the papers) or ``gazetteer``
     (names the question contains, IDF-weighted seeds). ``gazetteer_min_chars``: shortest name matched.
     ``query_ner``: with gazetteer query linking, whether spaCy's question mentions are kept as seeds too
-    (false: the gazetteer alone, microseconds a question instead of spaCy's milliseconds; issue #17).
+    (false: the gazetteer alone, microseconds a question instead of spaCy's milliseconds).
     ``query_lowercase_weight``: factor on the seed of a name the question writes all in lower case.
     ``cover_named_min_seed``: see :func:`cover_named`; 0 leaves the method's ranking alone.
     """
@@ -389,7 +389,7 @@ def qualified_title_mentions(questions: Sequence[str], qualified: tuple[Gazettee
 
 def cover_named(scores: np.ndarray, seeds: sp.sparray, titled: sp.sparray, min_seed: float,
                 qualified: sp.sparray | None = None) -> np.ndarray:
-    """Scores (Q x N) re-ordered so that each name the question names comes first (issue #20, comparisons).
+    """Scores (Q x N) re-ordered so that each name the question names comes first (a comparison question names both of its passages).
 
     For every seed (q, e) of weight >= ``min_seed`` (``seeds`` Q x E, e.g. IDF times the case factor of
     :func:`query_seeds`), the best-scoring passage that e titles (``titled`` E x N) is lifted above every
@@ -441,10 +441,10 @@ class TitleIndex:
         return cover_named(scores, seeds, self.titled, min_seed, qualified_title_mentions(questions, self.qualified))
 
 
-# ---------------------------------------------------------------- checking the graph (issue #20, item 4)
+# ---------------------------------------------------------------- checking the graph: what linking put in it
 
 def plain_title(title: str) -> str:
-    """A title as ``shared/notes/multi-hop-structure.md`` matches it: qualifier removed, lower case."""
+    """A title as the multi-hop benchmarks' reference matching reads it: qualifier removed, lower case."""
     return _QUALIFIER.sub("", str(title)).lower().strip()
 
 
@@ -458,7 +458,7 @@ def named_titles(titles: Sequence[str], texts: Sequence[str], min_chars: int = 4
     """``(doc, titled)``: passage ``doc``'s lower-cased text names passage ``titled``'s title (whole word).
 
     An independent reference for :func:`title_link_coverage`: one regex alternation of the titles over
-    the raw lower-cased text, as in ``shared/notes/multi-hop-structure.md``; no gazetteer normalisation.
+    the raw lower-cased text, as the reference matching does; no gazetteer normalisation.
     """
     plain = [plain_title(t) for t in titles]
     by_name: dict[str, list[int]] = {}

@@ -1,4 +1,4 @@
-"""Fault tests: damage real files of a real store, then run the real flow or command (issue #53).
+"""Fault tests: damage real files of a real store, then run the real flow or command: it must never trust a damaged file.
 
 Each case must end one of two ways: the damage is found and the work computed again, to the metrics of a clean
 run; or the command stops with one line that names the file and the fix. Never a silent wrong result, never a

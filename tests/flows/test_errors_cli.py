@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import json
 
-import pandas as pd
-
 from flows.errors import main
 from tasks.core.ingest import SampleParams, load_dataset
 

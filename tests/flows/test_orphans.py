@@ -1,4 +1,4 @@
-"""A killed command leaves no process behind (issue #12): not Prefect's temporary API server, not anything.
+"""A killed command leaves no process behind : not Prefect's temporary API server, not anything.
 
 The command runs as a user runs it (``python -m flows.cli evaluate …``, what ``.venv/bin/dagrag`` calls) in a
 subprocess with no ``PREFECT_API_URL``, so it starts its own temporary server. Every descendant it ever has

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 
 import pandas as pd
-import pytest
 
 from flows.evaluate import evaluate_flow
 from tests.flows.conftest import make_config

@@ -1,4 +1,4 @@
-"""ArchRAG's LLM-based hierarchical clustering (paper 002, §3.1.2, Algorithm 1), pure numpy/scipy.
+"""ArchRAG's LLM-based hierarchical clustering (Wang et al., 2025, §3.1.2, Algorithm 1), pure numpy/scipy.
 
 One iteration per layer: (1) augment the graph with attribute kNN edges (line 3), (2) weight every edge
 by its endpoints' attribute similarity (lines 4–5), (3) cluster the weighted graph (line 6), (4) summarise
@@ -43,7 +43,7 @@ class ClusterParams:
     min_clusters: int = 10  # code (index.sh): a level with fewer communities is discarded and the loop stops
     max_level: int = 6  # code (index.sh): community levels at most
     seed: int = 0
-    # beyond the paper (issue #17): line 3's kNN search, exact (time ~ n²) or an inverted file
+    # beyond the paper, for 100,000 passages: line 3's kNN search, exact (time ~ n²) or an inverted file
     knn_search: str = "exact"  # exact | ivf | auto: exact up to knn_exact_max nodes in a layer, ivf above
     knn_exact_max: int = 50_000
     ivf_nlist: int = 0  # k-means cells (0: sqrt(n))

@@ -4,10 +4,10 @@ and the retrieved entities / relations / community reports that adaptive filteri
 Passage ranking is the HARNESS's rule, not the paper's (ArchRAG retrieves entities and communities, never
 passages), ``method.passage_rule``:
 
-- ``entity_rank`` (default; its principle fixed before it was measured, issue #52): the passages of the retrieved
+- ``entity_rank`` (default; its principle fixed before it was measured): the passages of the retrieved
   entities, in the order of their rank. A passage ranks at the best-ranked retrieved entity it mentions; passages
   of one entity by how many retrieved entities they mention, then corpus order. Communities rank no passage.
-- ``similarity_sum`` (the rule before issue #52): a passage scores the sum, over the retrieved items that involve
+- ``similarity_sum`` (the earlier rule, kept for comparison): a passage scores the sum, over the retrieved items that involve
   an entity it mentions, of the item's similarity to the query (clipped at 0), where a retrieved community
   spreads its similarity evenly over its member entities.
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd

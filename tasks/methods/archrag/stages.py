@@ -60,7 +60,7 @@ class ArchParams:
     # passages ranked per query (the harness's recall@k rule, see retriever)
     top_k: int = field(default=10, metadata=COUNT)
     # ArchRAG returns no passages (§3.2.1). entity_rank: the passages of the retrieved entities, in the order of
-    # their rank (issue #52's principle, fixed before measuring) | similarity_sum: the rule before issue #52
+    # their rank (a principle fixed before it was measured) | similarity_sum: the earlier rule, kept for comparison
     passage_rule: str = "entity_rank"
     # from the authors' code: passages of a separate dense index added (0 in their query.sh)
     topk_chunk: int = field(default=0, metadata=COUNT0)

@@ -1,6 +1,6 @@
 """EraRAG, pure layer: hyperplane-LSH hierarchy, selective updates, collapsed search.
 
-Paper: EraRAG (``shared/papers/004_d206a8f3f3988860.txt``), section III, Algorithms 1-3.
+Paper: EraRAG (Zhang et al., 2025; the docs' bibliography), section III, Algorithms 1-3.
 numpy / faiss / pandas only: no I/O, no Prefect, no models, no LLM calls. The summariser
 is a callback (``Summarise`` of :mod:`tasks.llm.summarize`, where the model-free extractive one
 and the LLM one live).

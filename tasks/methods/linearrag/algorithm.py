@@ -1,6 +1,6 @@
 """LinearRAG retrieval, pure layer: Tri-Graph, semantic bridging, global importance PPR.
 
-Paper: LinearRAG (``shared/papers/001_f7294848ce654359.txt``), section 3 and appendices
+Paper: LinearRAG (Zhuang et al., 2025; the docs' bibliography), section 3 and appendices
 D, E.2, G. Everything here is numpy / scipy.sparse in, arrays out: no I/O, no models.
 
 Shapes used throughout (Q queries, P passages, S sentences, E entities, d embedding dim):
@@ -92,7 +92,7 @@ class LinearRAGParams:
     ppr_threads: int = field(default=1, metadata=COUNT0)
     # alternating (block Gauss-Seidel over passages and entities) | power: same fixed point
     ppr_sweeps: str = field(default="alternating", metadata=one_of(('power', 'alternating')))
-    # beyond the paper (issue #20), each at its paper value: the title walk and the passage reset
+    # beyond the paper, each at its paper value: the title walk and the passage reset
     # omega: extra weight of the edge from a title's entity to the passage it titles
     title_edge_weight: float = field(default=0.0, metadata=COUNT0)
     # factor on passage -> entity edges whose entity is some passage's title
@@ -459,7 +459,7 @@ def rank_passages(scores: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarra
 
 
 def top_similarity_reset(passage_similarity: np.ndarray, depth: int = 20, weight: float = 0.3) -> np.ndarray:
-    """Passage reset of the title walk (beyond the paper, issue #20): (Q x P), each row sums to ``weight``.
+    """Passage reset of the title walk (beyond the paper): (Q x P), each row sums to ``weight``.
 
     The ``depth`` passages most similar to the query share ``weight`` in proportion to their
     cosine above the (depth + 1)-th one, so the reset is a soft dense top-``depth`` rather than
@@ -529,7 +529,7 @@ def global_importance(
     across batches.
     """
     entity_reset = sp.csr_array(bridging.activation)
-    if params.passage_reset == "top_similarity":  # beyond the paper (issue #20)
+    if params.passage_reset == "top_similarity":  # beyond the paper
         passage_reset = top_similarity_reset(passage_similarity, params.passage_reset_depth,
                                              params.passage_reset_weight)
         sums = np.asarray(entity_reset.sum(axis=1), dtype=np.float64).ravel()
@@ -552,7 +552,7 @@ def global_importance(
 
 
 def relation_gate_patch(gate: RelationGate, q_emb: np.ndarray, n_passages: int, n_entities: int) -> SidePatch:
-    """Beyond the paper (issue #20): the relation gate (:func:`tasks.graph.relation_gate.gate_patch`, built on
+    """Beyond the paper: the relation gate (:func:`tasks.graph.relation_gate.gate_patch`, built on
     the walk's column-stochastic matrix) as per-query changes to the PPR's passage -> entity transitions. Each
     passage keeps its total probability towards the titles it names, so the walk stays stochastic."""
     edges = gate_patch(gate, q_emb)

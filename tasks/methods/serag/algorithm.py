@@ -1,4 +1,4 @@
-"""SeRAG (paper 003) equations: the multi-perspective graph (§3.1, eqs. 3–7), the localized
+"""SeRAG (the anonymous ICML submission, undated) equations: the multi-perspective graph (§3.1, eqs. 3–7), the localized
 structural weight and token-free consolidation (§3.2, eqs. 8–9), and hybrid coarse-to-fine
 scoring (§3.3, eqs. 10–13), batched over queries.
 
@@ -30,7 +30,7 @@ class GraphParams:
     dist_window: int = 10  # App. A.3 "within a window of 10": read as |i − j| <= 10 inside one document
     max_entity_chunks: int = 50  # logical-layer cap: an entity in more chunks than this links none (no clique)
     semantic_only: bool = False  # Table 2 ablation: W = W_sem only (no logical / distance layer)
-    # beyond the paper (issue #17): the kNN search of the semantic layer, exact (time ~ n²) or an inverted file
+    # beyond the paper, for 100,000 passages: the kNN search of the semantic layer, exact (time ~ n²) or an inverted file
     knn_search: str = "auto"  # exact | ivf | auto: exact up to knn_exact_max chunks, ivf above
     knn_exact_max: int = 50_000
     ivf_nlist: int = 0  # k-means cells (0: sqrt(n))

@@ -19,6 +19,7 @@ from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, input_fps, run_stage
 from tasks.core.hashing import fingerprint
 from tasks.core.store import ArtifactRef, Store
+from tasks.graph.encoding_tree import MERGE_ENGINES, encoding_tree
 from tasks.graph.sparse import coo_matrix, to_coo
 from tasks.methods.serag import algorithm as se
 from tasks.text.chunk import CHUNK_UNITS, ChunkParams
@@ -29,8 +30,6 @@ from tasks.graph.knn import SEARCHES
 from tasks.methods.serag.algorithm import BONUS_NORMS, COMMUNITY_FILTERS
 
 log = logging.getLogger("dagrag.serag")
-
-from tasks.graph.encoding_tree import MERGE_ENGINES, encoding_tree
 
 
 NER_INPUTS = ("embedded", "text")  # SeRAGParams.ner_input
@@ -78,7 +77,7 @@ class SeRAGParams(LinkingParams):
     # by the number of vocabulary entities gated in for the query, so many matched names do not add up)
     bonus_norm: str = field(default="none", metadata=one_of(BONUS_NORMS))
     # what NER reads: embedded (§3.1 extracts each chunk's entity set; the chunk is what is embedded, with
-    # chunk_unit=passage title + "\n" + text) | text (the passage text without its title; before issue #52)
+    # chunk_unit=passage title + "\n" + text) | text (the passage text without its title; the earlier reading, kept for comparison)
     ner_input: str = field(default="embedded", metadata=one_of(NER_INPUTS))
     # Table 2 ablations
     self_query: bool = True  # needs an LLM (llm=local|openai); without one the retriever says it ran without

@@ -66,7 +66,7 @@ class ZoomParams:
     omega: float = field(default=0.5, metadata=PROB)
     keep_ratio: float = field(default=0.7, metadata=within("(0, 1]"))
     k_std: float = 3.0
-    # beyond the paper (issue #17): a per-row cap on the doc-doc rule, so the block grows with n, not n²
+    # beyond the paper, for 100,000 passages: a per-row cap on the doc-doc rule, so the block grows with n, not n²
     # 0: the paper's rule alone (about 1% of every row is kept: n² cells)
     doc_doc_max_neighbors: int = field(default=64, metadata=COUNT0)
     # with a cap: the row mean/std from this many sampled columns (exact below)
@@ -95,7 +95,7 @@ class ZoomParams:
     # DocZoom steps are sparse products while the state fills at most this share
     walk_sparse_max: float = field(default=0.02, metadata=PROB)
     chunk_iterations: int = field(default=50, metadata=COUNT)
-    # beyond the paper (issue #20), each at its paper value: the title walk over M (see title_walk_block)
+    # beyond the paper, each at its paper value: the title walk over M (see title_walk_block)
     # extra weight of the edge from a title's entity to the document it titles
     title_edge_weight: float = field(default=0.0, metadata=COUNT0)
     # factor on document -> entity edges whose entity titles some document

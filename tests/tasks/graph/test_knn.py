@@ -197,7 +197,7 @@ def test_symmetrised_takes_the_larger_weight_of_a_pair():
 # ---------------------------------------------------------------- the old ZoomRAG sparsification, bit for bit
 
 
-# ---------------------------------------------------------------- capped mean + k*std at scale (issue #17)
+# ---------------------------------------------------------------- capped mean + k*std at scale (100,000 passages)
 
 
 @pytest.mark.parametrize("k,k_std,zero_diagonal", [(3, 1.0, True), (10, 0.0, True), (7, 0.5, False)])

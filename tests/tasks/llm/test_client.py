@@ -22,7 +22,7 @@ from tasks.llm.params import (
     LLMUnreachable,
 )
 from tasks.llm.schema import check_empty_fraction
-from tests.llm_server import FakeLLMServer, llm_server  # noqa: F401  (fixture)
+from tests.llm_server import FakeLLMServer
 
 ENTITY_SCHEMA = {"type": "object", "required": ["entities"],
                  "properties": {"entities": {"type": "array", "items": {"type": "string"}}}}

@@ -19,7 +19,7 @@ from tasks.llm.summarize import (
     make_summariser,
 )
 from tasks.text.sentences import split_sentences
-from tests.llm_server import FakeLLMServer, llm_server  # noqa: F401  (fixture)
+from tests.llm_server import FakeLLMServer
 
 TEXTS = [("Dr. Ada Lovelace wrote notes. They described an engine.", "Babbage built it. It computed tables."),
          ("Paris is in France. It is large.",),

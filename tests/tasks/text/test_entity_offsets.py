@@ -1,4 +1,4 @@
-"""NER over the embedded text (title + "\n" + text, SeRAG, issue #52): its mentions map back onto each passage's
+"""NER over the embedded text (title + "\n" + text, SeRAG §3.1): its mentions map back onto each passage's
 own text, a title's mentions to the passage's first chunk."""
 from __future__ import annotations
 

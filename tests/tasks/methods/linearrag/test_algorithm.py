@@ -461,7 +461,7 @@ def test_exact_vocabulary_strings_link_with_similarity_one() -> None:
                                rtol=1e-6)
 
 
-# ------------------------------------------------------------- the title walk (beyond the paper, issue #20)
+# ------------------------------------------------------------- the title walk (beyond the paper)
 
 @pytest.mark.parametrize("weighting", ["share", "count", "indicator"])
 def test_title_walk_graph_defaults_are_the_papers_graph(weighting: str) -> None:

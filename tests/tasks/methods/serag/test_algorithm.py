@@ -81,7 +81,9 @@ def test_structural_weight_by_hand():
         [0, 1, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0], [0, 1, 0, 0, 0, 0],
         [0, 0, 0, 0, 2, 0], [0, 0, 0, 2, 0, 0], [0, 0, 0, 0, 0, 0]], dtype=float))
     w = se.structural_weight(adj, np.array([0, 0, 0, 1, 1, 2]))
-    h = lambda p: -p * np.log2(p)
+    def h(p: float) -> float:
+        return -p * np.log2(p)
+
     np.testing.assert_allclose(w, [h(0.25), h(0.5), h(0.25), 0.5, 0.5, 0.0])
 
 

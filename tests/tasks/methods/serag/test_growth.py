@@ -56,7 +56,9 @@ def test_growth_matches_full_build_on_new_rows_and_keeps_old_ones():
         a, b = getattr(grown, layer), getattr(ref, layer)
         assert (a != b).nnz == 0 or np.allclose((a - b).toarray(), 0, atol=1e-12)
     assert ref.dist.nnz > 0 and ref.log.nnz > 0
-    involving_new = lambda i, j: bool(is_new[i] or is_new[j])
+    def involving_new(i: int, j: int) -> bool:
+        return bool(is_new[i] or is_new[j])
+
     g, r = pairs(grown.sem, involving_new), pairs(ref.sem, involving_new)
     assert g.keys() == r.keys() and len(g) > 0
     assert all(abs(g[key] - r[key]) < 1e-6 for key in g)

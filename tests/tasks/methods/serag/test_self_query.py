@@ -7,7 +7,7 @@ from tasks.llm.client import LLMClient
 from tasks.llm.params import LLMParams
 from tasks.methods.serag.retriever import SELF_QUERY_STAGE, SelfQuery, self_query_client
 from tasks.methods.serag.stages import SeRAGParams
-from tests.llm_server import FakeLLMServer, llm_server  # noqa: F401  (fixture)
+from tests.llm_server import FakeLLMServer
 
 
 def _params(base_url: str) -> LLMParams:

@@ -100,7 +100,7 @@ def test_doc_doc_block_blocked_equals_dense(block_rows):
 
 @pytest.mark.parametrize("cap", [1, 3, 10])
 def test_capped_doc_doc_block_keeps_the_papers_cells_that_are_among_each_rows_best(cap):
-    """Beyond the paper (#17): the cap only removes cells, each row keeps its ``cap`` largest of the paper's."""
+    """Beyond the paper, for 100,000 passages: the cap only removes cells, each row keeps its ``cap`` largest of the paper's."""
     emb = unit_rows(np.random.default_rng(4), 300, 4)  # low dimension: several cells per row pass mean + 1σ
     paper = doc_doc_block(emb, k_std=1.0).toarray()
     got = doc_doc_block(emb, k_std=1.0, max_neighbors=cap).toarray()
@@ -468,7 +468,7 @@ def test_top_docs_equals_full_lexsort(seed, n):
         np.testing.assert_array_equal(top_docs(scores, n, k), np.lexsort((-scores[:, 1:],), axis=1)[:, :k])
 
 
-# ------------------------------------------------------------- the title walk (beyond the paper, issue #20)
+# ------------------------------------------------------------- the title walk (beyond the paper)
 
 def _title_corpus():
     """Docs 0 (about a, names b), 1 (about b), 2 and 3 (distractors naming a hub h and each other's topic)."""
