@@ -22,8 +22,16 @@ from typing import Any, Iterator, Mapping
 import duckdb
 import pandas as pd
 
-from tasks.core.files import CATALOG, CATALOG_LOCK, DISK_ERRORS, StoreError, disk_error, file_digest, file_problem, \
-    first_line
+from tasks.core.files import (
+    CATALOG,
+    CATALOG_LOCK,
+    DISK_ERRORS,
+    StoreError,
+    disk_error,
+    file_digest,
+    file_problem,
+    first_line,
+)
 from tasks.core.hashing import json_default
 
 log = logging.getLogger("dagrag")

@@ -14,8 +14,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tasks.core.catalog import Catalog
-from tasks.core.files import DamagedFile, StoreError, file_problem, first_line, parquet_problem, quarantine, \
-    write_parquet
+from tasks.core.files import (
+    DamagedFile,
+    StoreError,
+    file_problem,
+    first_line,
+    parquet_problem,
+    quarantine,
+    write_parquet,
+)
 from tasks.core.vectors import current_layout
 
 log = logging.getLogger("dagrag")

@@ -83,7 +83,7 @@ def run_stage(ctx: RunContext, stage: str, code: str, params: Any, inputs: Mappi
     """Run ``compute`` unless a stage with the same fingerprint is in the catalog; return output refs.
 
     ``compute`` returns ``({name: table-or-bytes}, rows_computed)``. After a catalog miss the stage's
-    lock is taken (:meth:`Store.stage_lock`) and the catalog is read again: a run that finds another
+    lock is taken (:func:`tasks.core.locks.stage_lock`) and the catalog is read again: a run that finds another
     process computing the same stage waits for it and then reuses its outputs ('cached'), so
     concurrent runs on one ``artifacts_dir`` compute each stage once. If the other process fails or
     is killed, the lock is released and this run computes the stage itself.

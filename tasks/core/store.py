@@ -42,8 +42,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks.core.catalog import Catalog
-from tasks.core.files import LINKABLE_SUFFIXES, LOCKS, ROWS, StoreError, file_digest, file_problem, \
-    parquet_problem, quarantine_damaged
+from tasks.core.files import (
+    LINKABLE_SUFFIXES,
+    LOCKS,
+    ROWS,
+    StoreError,
+    file_digest,
+    file_problem,
+    parquet_problem,
+    quarantine_damaged,
+)
 from tasks.core.hashing import json_default
 from tasks.core.row_cache import RowCache
 

@@ -16,8 +16,15 @@ from tasks.core.store import ArtifactRef
 from tasks.llm import ner as llm_ner
 from tasks.llm.client import LLMClient, ledger_rows, make_client
 from tasks.llm.params import LLMDryRun, LLMParams, llm_identity
-from tasks.text.ner import NERParams, entity_mentions, is_numeric_label, load_ner, normalize_entity, recognise, \
-    recognise_windows
+from tasks.text.ner import (
+    NERParams,
+    entity_mentions,
+    is_numeric_label,
+    load_ner,
+    normalize_entity,
+    recognise,
+    recognise_windows,
+)
 
 
 def ner_client(params: NERParams, llm: LLMParams | None, artifacts_dir: str) -> LLMClient | None:
