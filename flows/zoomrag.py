@@ -8,6 +8,8 @@ from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
 from tasks.methods.zoomrag.retriever import ZoomRetriever
 from tasks.methods.zoomrag.stages import (
+    DocDocParams,
+    GlobalBlockParams,
     ZoomRAGParams,
     doc_doc_graph,
     global_block,
@@ -32,8 +34,9 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
                                  p.title_aliases, p.alias_min_share)
              if p.graph_linking == "gazetteer"  # beyond the paper: titles and corpus names as entity nodes
              else entity_graph(ctx, documents, chunks, mentions.result()["mentions"]))
-    doc_doc = doc_doc_graph(ctx, doc_embeddings, p)["doc_doc"]
-    block = global_block(ctx, doc_doc, graph["doc_entity"], graph["entities"], documents.rows, p)
+    doc_doc = doc_doc_graph(ctx, DocDocParams.of(cfg), doc_embeddings)["doc_doc"]
+    block = global_block(ctx, GlobalBlockParams.of(cfg), doc_doc, graph["doc_entity"], graph["entities"],
+                         documents.rows)
     out = {"chunks": chunks, "doc_embeddings": doc_embeddings, "chunk_embeddings": chunk_embeddings, **graph, **block}
     if p.relation_gate_temperature > 0 and p.relation_gate_masked:  # beyond the paper: the gate reads relations
         out |= index_relation_embeddings(ctx, chunks, graph["entities"], graph["chunk_entity"], p.gazetteer_min_chars,
