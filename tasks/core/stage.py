@@ -76,19 +76,19 @@ _ROLE = "stage"  # the field-metadata key of a stage parameter's role (see Stage
 def from_config(key: str, default: Any = dataclasses.MISSING) -> Any:
     """A stage parameter read from the config under another name: ``key`` is a field of one of the class's
     ``SOURCES`` (``"chunk_unit"``) or a ``"group.field"`` (``"llm.model"``)."""
-    return dataclasses.field(default=default, metadata={_ROLE: {"role": "config", "key": key}})
+    return dataclasses.field(default=default, kw_only=True, metadata={_ROLE: {"role": "config", "key": key}})
 
 
 def run_setting(default: Any = dataclasses.MISSING, key: str | None = None) -> Any:
     """A stage parameter that decides how the stage runs (a batch size, a device) or whether it refuses its input
     (a length limit), never the value of an output: read from the config like the others, not fingerprinted."""
-    return dataclasses.field(default=default, metadata={_ROLE: {"role": "run", "key": key}})
+    return dataclasses.field(default=default, kw_only=True, metadata={_ROLE: {"role": "run", "key": key}})
 
 
 def wired(default: Any = dataclasses.MISSING) -> Any:
     """A stage parameter the flow calling the stage passes (which id column, whether passages are rendered with
     their title): part of the fingerprint, never read from the config."""
-    return dataclasses.field(default=default, metadata={_ROLE: {"role": "wired"}})
+    return dataclasses.field(default=default, kw_only=True, metadata={_ROLE: {"role": "wired"}})
 
 
 def _role(f: dataclasses.Field) -> dict[str, Any]:
@@ -107,6 +107,8 @@ class StageParams:
     * :func:`run_setting`: read likewise, but it decides how the stage runs, not what it computes: not
       fingerprinted;
     * :func:`wired`: passed by the flow calling the stage (``id_col="doc_id"``); fingerprinted.
+
+    The three helpers make their fields keyword-only, so they may come in any order.
 
     A config field no source holds takes its default (a method without ``window_tokens`` chunks with the
     default window); one without a default is an error naming the sources.

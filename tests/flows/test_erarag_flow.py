@@ -204,7 +204,16 @@ def test_llm_summaries_and_rerun_costs_no_calls(shared, tmp_path):
 
 
 def test_llm_summariser_without_llm_is_an_error():
+    from types import SimpleNamespace
+
+    from tasks.methods.erarag.stages import HierarchyParams
+    from tasks.text.embed import EmbedderParams
+
+    def kind(method: EraParams, llm: LLMParams) -> str:
+        cfg = SimpleNamespace(method=method, embedder=EmbedderParams(), llm=llm)
+        return HierarchyParams.of(cfg).kind()
+
     with pytest.raises(ValueError, match="needs an LLM"):
-        EraParams(summariser="llm").resolved_summariser(LLMParams())
-    assert EraParams().resolved_summariser(LLMParams()) == "extractive"
-    assert EraParams().resolved_summariser(LLMParams(provider="local", model="m")) == "llm"
+        kind(EraParams(summariser="llm"), LLMParams())
+    assert kind(EraParams(), LLMParams()) == "extractive"
+    assert kind(EraParams(), LLMParams(provider="local", model="m")) == "llm"

@@ -11,7 +11,6 @@ from dataclasses import dataclass, fields, replace
 
 from tasks.core.resources import cpu_threads
 from tasks.methods.linearrag import algorithm as lr
-from tasks.text.chunk import ChunkParams
 from tasks.text.gazetteer import LinkingParams
 
 
@@ -42,7 +41,3 @@ class LinearParams(lr.LinearRAGParams, LinkingParams):
         names = {f.name for f in fields(lr.LinearRAGParams)}
         algo = lr.LinearRAGParams(**{f.name: getattr(self, f.name) for f in fields(self) if f.name in names})
         return replace(algo, ppr_threads=algo.ppr_threads or cpu_threads())  # 0: one block of queries per CPU
-
-    def sentences(self) -> ChunkParams:
-        """Passages are cut into sentences (section 3.1)."""
-        return ChunkParams(unit="sentence")

@@ -14,7 +14,6 @@ from tasks.core.stage import RunContext, StageParams, input_fps, run_setting, ru
 from tasks.core.store import ArtifactRef, Store
 from tasks.graph.sparse import coo_matrix, to_coo
 from tasks.methods.zoomrag import algorithm as zoom
-from tasks.text.chunk import ChunkParams
 from tasks.text.embed import load_embeddings
 from tasks.text.gazetteer import LinkingParams
 
@@ -47,10 +46,6 @@ class ZoomRAGParams(zoom.ZoomParams, LinkingParams):
         fields = zoom.ZoomParams.__dataclass_fields__
         walk = zoom.ZoomParams(**{k: v for k, v in asdict(self).items() if k in fields})
         return replace(walk, walk_threads=walk.walk_threads or cpu_threads())  # 0: one batch of queries per CPU
-
-    def chunking(self) -> ChunkParams:
-        """How documents are cut into chunks for ChunkZoom."""
-        return ChunkParams(unit=self.chunk_unit)
 
 
 @dataclass(frozen=True)
