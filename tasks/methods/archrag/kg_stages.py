@@ -9,6 +9,7 @@ The algorithms are in :mod:`tasks.methods.archrag.kg`.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,7 +115,7 @@ class ExtractParams(StageParams):
 
     @classmethod
     def of_kg(cls, params: LLMKGParams) -> "ExtractParams":
-        return cls(**{f: getattr(params, f) for f in cls.__dataclass_fields__})
+        return cls(**{f.name: getattr(params, f.name) for f in dataclasses.fields(cls)})
 
 
 class ExtractCount:
