@@ -189,8 +189,10 @@ def test_llm_summaries_and_rerun_costs_no_calls(shared, tmp_path):
         first = evaluate_flow(cfg, str(tmp_path / "r1"))
         assert first["summariser"] == "llm" and first["nodes_per_layer"] == [60, 6]
         store = Store(shared / "artifacts")
-        meta_path = store.query("SELECT path FROM stages WHERE stage = 'erarag_hierarchy' AND name = 'meta' "
-                                "AND params LIKE '%\"llm\"%'")["path"][0]
+        metas = store.query("SELECT path, params FROM stages WHERE stage = 'erarag_hierarchy' AND name = 'meta'")
+        llm_made = [r.path for r in metas.itertuples() if json.loads(r.params)["llm_provider"] == "local"]
+        assert len(llm_made) == 1
+        meta_path = llm_made[0]
         assert read_meta(meta_path)["summariser"] == "llm"
         nodes = pq.read_table(meta_path.replace("/meta-", "/nodes-")).to_pandas()
         summaries = nodes.loc[nodes["layer"] == 1, "text"]
