@@ -15,9 +15,9 @@ from tasks.methods.archrag.stages import (
     ArchParams,
     CHNSWBuildParams,
     EntityTextsParams,
-    HierarchyParams,
     chnsw_stage,
     entity_texts_stage,
+    hierarchy_params,
     hierarchy_stage,
 )
 from tasks.text.chunk import ChunkParams, chunk
@@ -36,7 +36,7 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
     kg = archrag_kg(ctx, cfg, documents, chunks, mentions)
     texts = entity_texts_stage(ctx, EntityTextsParams.of(cfg), kg["entities"])["entity_texts"]
     entity_embeddings = embed(ctx, EmbedParams.of(cfg, id_col="entity_id"), texts)["embeddings"]
-    hierarchy = hierarchy_stage(ctx, HierarchyParams.of(cfg), kg["entities"], kg["relations"], entity_embeddings,
+    hierarchy = hierarchy_stage(ctx, hierarchy_params(cfg), kg["entities"], kg["relations"], entity_embeddings,
                                 kg["kg_meta"], cfg.llm)
     chnsw = chnsw_stage(ctx, CHNSWBuildParams.of(cfg), entity_embeddings, hierarchy["community_embeddings"])
     dense = ({"passage_embeddings": embed(ctx, EmbedParams.of(cfg, id_col="doc_id", use_template=True),

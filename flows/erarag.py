@@ -11,9 +11,9 @@ from tasks.core.store import ArtifactRef
 from tasks.methods.erarag.retriever import EraRetriever
 from tasks.methods.erarag.stages import (
     EraParams,
-    HierarchyParams,
     HyperplanesParams,
     LeavesParams,
+    hierarchy_params,
     hierarchy_stage,
     hyperplanes_stage,
     leaves_stage,
@@ -31,7 +31,7 @@ def _dag(ctx: RunContext, data: dict[str, ArtifactRef], cfg, incremental: bool) 
     leaves = leaves_stage(ctx, LeavesParams.of(cfg), documents, chunks)["leaves"]
     leaf_embeddings = embed(ctx, EmbedParams.of(cfg, id_col="chunk_id", use_template=True), leaves)["embeddings"]
     planes = hyperplanes_stage(ctx, HyperplanesParams.of(cfg), leaf_embeddings)["hyperplanes"]
-    graph = hierarchy_stage(ctx, HierarchyParams.of(cfg), leaves, leaf_embeddings, planes, cfg.llm, incremental)
+    graph = hierarchy_stage(ctx, hierarchy_params(cfg), leaves, leaf_embeddings, planes, cfg.llm, incremental)
     return {"chunks": chunks, "leaves": leaves, "leaf_embeddings": leaf_embeddings, "hyperplanes": planes, **graph}
 
 

@@ -191,7 +191,7 @@ class Stage:
 STAGES: dict[type, Stage] = {}  # parameter class -> its stage (one class per stage)
 
 
-def stage(name: str, *, params: type) -> Callable[[Callable], Any]:
+def stage(name: str, *, params: type | tuple[type, ...]) -> Callable[[Callable], Any]:
     """Declare a stage: ``@stage("doc_doc_graph", params=DocDocParams)`` over ``def doc_doc_graph(ctx, params,
     *inputs)``.
 
@@ -205,11 +205,16 @@ def stage(name: str, *, params: type) -> Callable[[Callable], Any]:
     (the config groups its fields come from, by name), marks fields :func:`from_config` (another name),
     :func:`run_setting` (not fingerprinted) or :func:`wired` (set by the flow), and its flow calls it with
     ``Params.of(cfg, **wired)``. ``tests/tasks/core/test_stage_params.py`` checks every registered stage.
-    Several stages may share a catalog name (one ``ingest`` per dataset kind), never a parameter class.
+    Several stages may share a catalog name (one ``ingest`` per dataset kind), never a parameter class. A stage
+    whose variants read different settings takes a tuple of classes (an extractive or an LLM summariser): its
+    flow picks the variant, and each variant's params are exactly what that variant reads.
     """
-    if not (isinstance(params, type) and issubclass(params, StageParams) and dataclasses.is_dataclass(params)
-            and params.__dataclass_params__.frozen):  # type: ignore[attr-defined]
-        raise TypeError(f"stage {name!r}: params must be a frozen dataclass subclassing StageParams, got {params!r}")
+    classes = params if isinstance(params, tuple) else (params,)
+    for cls in classes:
+        if not (isinstance(cls, type) and issubclass(cls, StageParams) and dataclasses.is_dataclass(cls)
+                and cls.__dataclass_params__.frozen):  # type: ignore[attr-defined]
+            raise TypeError(f"stage {name!r}: params must be frozen dataclasses subclassing StageParams, got {cls!r}")
+    expected = " or ".join(c.__name__ for c in classes)
 
     def declare(fn: Callable) -> Any:
         from prefect import task
@@ -218,18 +223,20 @@ def stage(name: str, *, params: type) -> Callable[[Callable], Any]:
         signature = inspect.signature(fn)
         if "params" not in signature.parameters:
             raise TypeError(f"stage {name!r}: {fn.__qualname__} takes no 'params' argument")
-        if params in STAGES and STAGES[params].fn.__qualname__ != fn.__qualname__:
-            raise TypeError(f"{params.__name__} is already the params of stage {STAGES[params].name!r}")
+        for cls in classes:
+            if cls in STAGES and STAGES[cls].fn.__qualname__ != fn.__qualname__:
+                raise TypeError(f"{cls.__name__} is already the params of stage {STAGES[cls].name!r}")
 
         @functools.wraps(fn)
         def checked(*args: Any, **kwargs: Any) -> Any:
             got = signature.bind(*args, **kwargs).arguments["params"]
-            if type(got) is not params:
-                raise TypeError(f"stage {name!r} takes {params.__name__} params, got {type(got).__name__}: "
-                                f"build them with {params.__name__}.of(cfg)")
+            if type(got) not in classes:
+                raise TypeError(f"stage {name!r} takes {expected} params, got {type(got).__name__}: "
+                                f"build them with {classes[0].__name__}.of(cfg)")
             return fn(*args, **kwargs)
 
-        STAGES[params] = Stage(name, fn, params)
+        for cls in classes:
+            STAGES[cls] = Stage(name, fn, cls)
         return task(name=name, cache_policy=NO_CACHE)(checked)
 
     return declare

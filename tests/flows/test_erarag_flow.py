@@ -190,7 +190,7 @@ def test_llm_summaries_and_rerun_costs_no_calls(shared, tmp_path):
         assert first["summariser"] == "llm" and first["nodes_per_layer"] == [60, 6]
         store = Store(shared / "artifacts")
         metas = store.query("SELECT path, params FROM stages WHERE stage = 'erarag_hierarchy' AND name = 'meta'")
-        llm_made = [r.path for r in metas.itertuples() if json.loads(r.params)["llm_provider"] == "local"]
+        llm_made = [r.path for r in metas.itertuples() if json.loads(r.params).get("llm_provider") == "local"]
         assert len(llm_made) == 1
         meta_path = llm_made[0]
         assert read_meta(meta_path)["summariser"] == "llm"
@@ -208,14 +208,17 @@ def test_llm_summaries_and_rerun_costs_no_calls(shared, tmp_path):
 def test_llm_summariser_without_llm_is_an_error():
     from types import SimpleNamespace
 
-    from tasks.methods.erarag.stages import HierarchyParams
+    from tasks.methods.erarag.stages import LLMHierarchyParams, hierarchy_params
     from tasks.text.embed import EmbedderParams
 
-    def kind(method: EraParams, llm: LLMParams) -> str:
-        cfg = SimpleNamespace(method=method, embedder=EmbedderParams(), llm=llm)
-        return HierarchyParams.of(cfg).kind()
+    def params(method: EraParams, llm: LLMParams):
+        return hierarchy_params(SimpleNamespace(method=method, embedder=EmbedderParams(), llm=llm))
 
     with pytest.raises(ValueError, match="needs an LLM"):
-        kind(EraParams(summariser="llm"), LLMParams())
-    assert kind(EraParams(), LLMParams()) == "extractive"
-    assert kind(EraParams(), LLMParams(provider="local", model="m")) == "llm"
+        params(EraParams(summariser="llm"), LLMParams())
+    assert params(EraParams(), LLMParams()).kind == "extractive"
+    llm = params(EraParams(), LLMParams(provider="local", model="m"))
+    assert llm.kind == "llm" and isinstance(llm, LLMHierarchyParams) and llm.llm_model == "m"
+    # an extractive hierarchy reads no LLM setting: an LLM configured for answers leaves it as it is
+    assert params(EraParams(summariser="extractive"), LLMParams(provider="local", model="m")) == params(
+        EraParams(summariser="extractive"), LLMParams())

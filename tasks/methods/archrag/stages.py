@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import numpy as np
 import pandas as pd
@@ -25,6 +25,7 @@ from tasks.graph.sparse import group_positions
 from tasks.llm.client import ledger_rows
 from tasks.llm.ledger import estimate_text_tokens
 from tasks.llm.params import LLMDryRun, LLMParams, Messages
+from tasks.llm.summarize import summariser_kind
 from tasks.methods.archrag import algorithm as alg
 from tasks.methods.archrag.chnsw import CHNSW, CHNSWParams
 from tasks.text.chunk import ChunkParams
@@ -207,7 +208,8 @@ def report_text(title: str, summary: str, findings: list[str]) -> str:
 class Summaries:
     """Alg. 1 line 7 with a content-addressed cache: one summary per community, extractive or an LLM report."""
 
-    def __init__(self, ctx: RunContext, params: "HierarchyParams", kind: str, llm: Optional[LLMParams]) -> None:
+    def __init__(self, ctx: RunContext, params: "ExtractiveHierarchyParams | LLMHierarchyParams", kind: str,
+                 llm: Optional[LLMParams]) -> None:
         self.ctx, self.params, self.kind, self.embedder = ctx, params, kind, params.encoder()
         self.client = None
         if kind == "llm":
@@ -380,8 +382,8 @@ class CommunityInputs:
 
 @dataclass(frozen=True)
 class HierarchyParams(StageParams):
-    """Algorithm 1 (:class:`tasks.methods.archrag.algorithm.ClusterParams`), the summariser (line 7) and the
-    encoder of the community attributes; what in the ``llm`` group changes a report (never endpoint or key)."""
+    """Algorithm 1 (:class:`tasks.methods.archrag.algorithm.ClusterParams`), what a summary is made from (line 7)
+    and the encoder of the community attributes; its two variants add their summariser's settings."""
 
     SOURCES = ("method",)
     augment: bool
@@ -399,21 +401,14 @@ class HierarchyParams(StageParams):
     knn_exact_max: int
     ivf_nlist: int
     ivf_nprobe: int
-    summariser: str
-    summary_tokens: int
     report_input_tokens: int
-    report_max_tokens: int
+    summary_tokens: int  # the extractive summary (with an LLM: of a report that stays invalid)
     embedder_model: str = from_config("embedder.model")
     max_seq_length: int = from_config("embedder.max_seq_length")
     doc_runtime: str = from_config("embedder.doc_runtime")
     precision: str = from_config("embedder.precision")
     int8_keep_fp32: tuple[str, ...] = from_config("embedder.int8_keep_fp32")
     bf16_min_tokens: int = from_config("embedder.bf16_min_tokens")
-    llm_provider: str = from_config("llm.provider")
-    llm_model: str = from_config("llm.model")
-    llm_temperature: float = from_config("llm.temperature")
-    llm_seed: int = from_config("llm.seed")
-    llm_json_mode: bool = from_config("llm.json_mode")
     embed_batch_size: int = run_setting(key="embedder.batch_size")
     device: str = run_setting(key="embedder.device")
 
@@ -426,20 +421,36 @@ class HierarchyParams(StageParams):
         return stored_encoder(self.embedder_model, self.max_seq_length, self.doc_runtime, self.precision,
                               self.int8_keep_fp32, self.bf16_min_tokens, self.embed_batch_size, self.device)
 
-    def kind(self) -> str:
-        """``auto`` → llm when an LLM is configured, else extractive; ``llm`` without one is an error."""
-        has_llm = self.llm_provider != "none"
-        if self.summariser == "llm" and not has_llm:
-            raise ValueError("method.summariser=llm needs an LLM (llm=local or llm=openai); "
-                             "use method.summariser=extractive or auto")
-        if self.summariser == "auto":
-            return "llm" if has_llm else "extractive"
-        return self.summariser
+
+@dataclass(frozen=True)
+class ExtractiveHierarchyParams(HierarchyParams):
+    """``archrag_hierarchy`` with extractive summaries: no LLM setting is read."""
+
+    kind: ClassVar[str] = "extractive"
+
+
+@dataclass(frozen=True)
+class LLMHierarchyParams(HierarchyParams):
+    """``archrag_hierarchy`` with the LLM's community reports: their budget, and what in the ``llm`` group changes
+    a report (never the endpoint or key)."""
+
+    kind: ClassVar[str] = "llm"
+    report_max_tokens: int = from_config("report_max_tokens")
+    llm_model: str = from_config("llm.model")
+    llm_temperature: float = from_config("llm.temperature")
+    llm_seed: int = from_config("llm.seed")
+    llm_json_mode: bool = from_config("llm.json_mode")
 
     def llm(self) -> dict[str, Any]:
         """The model and sampling a report was made with (as :func:`tasks.text.ner.llm_identity` writes them)."""
         return {"model": self.llm_model, "temperature": self.llm_temperature, "seed": self.llm_seed,
                 "json_mode": self.llm_json_mode}
+
+
+def hierarchy_params(cfg: Any) -> ExtractiveHierarchyParams | LLMHierarchyParams:
+    """The hierarchy stage's params of the summariser ``method.summariser`` resolves to (:func:`summariser_kind`)."""
+    kind = summariser_kind(cfg.method.summariser, cfg.llm.provider)
+    return (LLMHierarchyParams if kind == "llm" else ExtractiveHierarchyParams).of(cfg)
 
 
 def hierarchy_tables(h: alg.Hierarchy, inputs: CommunityInputs) -> dict[str, Any]:
@@ -461,13 +472,13 @@ def hierarchy_tables(h: alg.Hierarchy, inputs: CommunityInputs) -> dict[str, Any
     return {"communities": communities, "parents": parents, "community_embeddings": emb_table}
 
 
-@stage("archrag_hierarchy", params=HierarchyParams)
-def hierarchy_stage(ctx: RunContext, params: HierarchyParams, entities: ArtifactRef, relations: ArtifactRef,
+@stage("archrag_hierarchy", params=(ExtractiveHierarchyParams, LLMHierarchyParams))
+def hierarchy_stage(ctx: RunContext, params: ExtractiveHierarchyParams | LLMHierarchyParams, entities: ArtifactRef, relations: ArtifactRef,
                     entity_embeddings: ArtifactRef, kg_meta: ArtifactRef, llm: Optional[LLMParams]
                     ) -> dict[str, ArtifactRef]:
     """Stage: Algorithm 1 over the KG, a summary per community (cached by content), its meta row. ``llm`` is
     the service the report writer calls (what in it changes a report is in ``params``)."""
-    kind = params.kind()
+    kind = params.kind
 
     def compute() -> tuple[dict[str, Any], int]:
         ent = Store.read(entities).sort_values("entity_id").reset_index(drop=True)

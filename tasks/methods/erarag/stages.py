@@ -27,7 +27,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import numpy as np
 import pandas as pd
@@ -54,7 +54,7 @@ from tasks.core.store import (
 )
 from tasks.llm.client import make_client
 from tasks.llm.params import LLMDryRun, LLMParams
-from tasks.llm.summarize import Summarise, dry_run_summariser, make_summariser
+from tasks.llm.summarize import Summarise, dry_run_summariser, make_summariser, summariser_kind
 from tasks.methods.erarag import algorithm as erarag
 from tasks.text.embed import EmbedderParams, cached_encode, load_embeddings, stored_encoder
 
@@ -162,8 +162,8 @@ def summary_messages(child_texts: tuple[str, ...], words: int) -> list[dict[str,
                                         "write only what the passages support.\n\n" + body}]
 
 
-def erarag_summariser(kind: str, params: "HierarchyParams", embedder: EmbedderParams, client: Any,
-                      store: Store) -> Summarise:
+def erarag_summariser(kind: str, params: "ExtractiveHierarchyParams | LLMHierarchyParams", embedder: EmbedderParams,
+                      client: Any, store: Store) -> Summarise:
     """EraRAG's ``Summarise`` (Alg. 1 line 13): extractive (no model calls but the encoder) or the LLM's
     summaries with EraRAG's prompt under ledger stage ``erarag_summary``; summaries (and, for the
     ``centroid`` rank, sentences) are embedded with the leaves' encoder through the text row cache."""
@@ -220,8 +220,6 @@ class HierarchyParams(StageParams):
     summary_tokens: int
     window_tokens: int
     overlap_tokens: int
-    summariser: str
-    extractive_rank: str
     doc_template: str = from_config("embedder.doc_template")
     embedder_model: str = from_config("embedder.model")
     max_seq_length: int = from_config("embedder.max_seq_length")
@@ -229,10 +227,6 @@ class HierarchyParams(StageParams):
     precision: str = from_config("embedder.precision")
     int8_keep_fp32: tuple[str, ...] = from_config("embedder.int8_keep_fp32")
     bf16_min_tokens: int = from_config("embedder.bf16_min_tokens")
-    llm_provider: str = from_config("llm.provider")
-    llm_model: str = from_config("llm.model")
-    llm_temperature: float = from_config("llm.temperature")
-    llm_seed: int = from_config("llm.seed")
     # local (Alg. 3) keeps a base's segments, and the result names its base among its inputs; a build is the same
     # either way: it decides how an update runs, which the inputs already tell
     update_segmenting: str = run_setting()
@@ -251,14 +245,32 @@ class HierarchyParams(StageParams):
         return stored_encoder(self.embedder_model, self.max_seq_length, self.doc_runtime, self.precision,
                               self.int8_keep_fp32, self.bf16_min_tokens, self.embed_batch_size, self.device)
 
-    def kind(self) -> str:
-        """``extractive`` or ``llm``; ``llm`` without a configured LLM is an error, not a fallback."""
-        if self.summariser == "llm" and self.llm_provider == "none":
-            raise ValueError("method.summariser=llm needs an LLM (llm=local or llm=openai); "
-                             "use method.summariser=extractive or auto")
-        if self.summariser == "auto":
-            return "llm" if self.llm_provider != "none" else "extractive"
-        return self.summariser
+
+@dataclass(frozen=True)
+class ExtractiveHierarchyParams(HierarchyParams):
+    """``erarag_hierarchy`` with extractive summaries: how sentences are ranked; no LLM setting is read."""
+
+    kind: ClassVar[str] = "extractive"
+    extractive_rank: str = from_config("extractive_rank")
+
+
+@dataclass(frozen=True)
+class LLMHierarchyParams(HierarchyParams):
+    """``erarag_hierarchy`` with the LLM's summaries: what in the ``llm`` group changes a summary (not base_url,
+    concurrency or timeouts)."""
+
+    kind: ClassVar[str] = "llm"
+    extractive_rank: str = from_config("extractive_rank")  # the dry run's stand-in summaries
+    llm_provider: str = from_config("llm.provider")
+    llm_model: str = from_config("llm.model")
+    llm_temperature: float = from_config("llm.temperature")
+    llm_seed: int = from_config("llm.seed")
+
+
+def hierarchy_params(cfg: Any) -> ExtractiveHierarchyParams | LLMHierarchyParams:
+    """The hierarchy stage's params of the summariser ``method.summariser`` resolves to (:func:`summariser_kind`)."""
+    kind = summariser_kind(cfg.method.summariser, cfg.llm.provider)
+    return (LLMHierarchyParams if kind == "llm" else ExtractiveHierarchyParams).of(cfg)
 
 
 @dataclass(frozen=True)
@@ -269,7 +281,7 @@ class Base:
     nodes_path: str
 
 
-def find_base(store: Store, dataset: str, params: HierarchyParams, planes_fp: str, inputs: dict[str, str],
+def find_base(store: Store, dataset: str, params: "ExtractiveHierarchyParams | LLMHierarchyParams", planes_fp: str, inputs: dict[str, str],
               reuse_updates: bool) -> tuple[Optional[dict[str, str]], Optional[Base]]:
     """(the inputs of a stored hierarchy of exactly these leaves, or None; the latest other stored hierarchy
     of ``dataset`` with the same params, code and hyperplanes whose files exist, or None).
@@ -289,12 +301,12 @@ def find_base(store: Store, dataset: str, params: HierarchyParams, planes_fp: st
     return same, base
 
 
-def _compute_hierarchy(ctx: RunContext, hp: HierarchyParams, llm: LLMParams, leaves: ArtifactRef,
+def _compute_hierarchy(ctx: RunContext, hp: "ExtractiveHierarchyParams | LLMHierarchyParams", llm: LLMParams, leaves: ArtifactRef,
                        leaf_embeddings: ArtifactRef, planes: ArtifactRef,
                        base: Optional[Base]) -> tuple[dict[str, pa.Table | pd.DataFrame], int]:
     """Alg. 1 from scratch, or Alg. 3 from ``base``: only segments whose membership changed are summarised."""
     t0 = time.perf_counter()
-    kind, params, embedder = hp.kind(), hp.structure(), hp.encoder()
+    kind, params, embedder = hp.kind, hp.structure(), hp.encoder()
     store = ctx.store
     table = Store.read(leaves, ["chunk_id", "doc_id", "title", "text"])
     ids, emb = load_embeddings(leaf_embeddings, "chunk_id")
@@ -342,15 +354,14 @@ def _compute_hierarchy(ctx: RunContext, hp: HierarchyParams, llm: LLMParams, lea
     return {"nodes": nodes_table(h, doc_of), "meta": meta_df}, report.resummarised
 
 
-@stage(HIERARCHY, params=HierarchyParams)
-def hierarchy_stage(ctx: RunContext, params: HierarchyParams, leaves: ArtifactRef, leaf_embeddings: ArtifactRef,
+@stage(HIERARCHY, params=(ExtractiveHierarchyParams, LLMHierarchyParams))
+def hierarchy_stage(ctx: RunContext, params: ExtractiveHierarchyParams | LLMHierarchyParams, leaves: ArtifactRef, leaf_embeddings: ArtifactRef,
                     planes: ArtifactRef, llm: LLMParams, incremental: bool = False) -> dict[str, ArtifactRef]:
     """Stage: the EraRAG graph of the current leaves. ``incremental`` (``flows.update``) starts from the
     latest stored graph with the same params. With ``update_segmenting=rebuild`` the result is stored under
     a full build's fingerprint; with ``local`` (Alg. 3) it keeps the base's segments, so its inputs also
     name the base, and a later index or evaluate of the same corpus uses it as it is. ``llm`` is the service
     the LLM summariser calls (what in it changes a summary is in ``params``)."""
-    params.kind()  # an LLM summariser without an LLM fails here, before anything is read
     inputs = input_fps(leaves=leaves, embeddings=leaf_embeddings, planes=planes)
     local = params.update_segmenting == "local"
     base = None
