@@ -11,8 +11,8 @@ The algorithms live in :mod:`tasks.methods.erarag.algorithm`; this module stores
   of each leaf) and a one-row ``meta`` table: which summariser made the summaries (``extractive`` or
   ``llm``, never switched silently), whether the graph was built (Alg. 1) or updated (Alg. 3) and
   from which stored graph, and the per-layer count of re-summarised segments.
-* An update starts from the latest stored hierarchy of the same dataset and config slice (same
-  hyperplanes, chunking, embedder, structure, summariser and code version). With
+* An update starts from the latest stored hierarchy of the same dataset and stage params (same
+  hyperplanes, chunking, embedder, structure, summariser) and code version. With
   ``update_segmenting=local`` (Alg. 3, the default) it keeps that hierarchy's segments, so the result
   depends on it and is stored with the base's fingerprint among its inputs; with ``rebuild`` every
   layer is cut as a build cuts it and the result is stored under a full build's fingerprint. Old files
@@ -394,15 +394,16 @@ def read_meta(ref: ArtifactRef | str) -> dict:
 INDEX_STAGES = ("ingest", "chunk", "erarag_leaves", "embed", "erarag_hyperplanes", HIERARCHY)
 
 
-def full_build_seconds(store: Store, dataset: str, slice_params: str,
+def full_build_seconds(store: Store, dataset: str, params: str,
                        n_leaves: int) -> tuple[Optional[float], Optional[str]]:
-    """Seconds the catalog recorded for the latest full build (Alg. 1) of this dataset and slice, summed
-    over its index stages and scaled linearly to ``n_leaves``; (None, None) when there is none."""
+    """Seconds the catalog recorded for the latest full build (Alg. 1) of this dataset and hierarchy params (JSON,
+    as the catalog holds them), summed over its index stages and scaled linearly to ``n_leaves``; (None, None) when
+    there is none."""
     ev = store.query("SELECT run_id, stage, fp, status, seconds, created_at FROM stage_events WHERE dataset = ?",
                      [dataset])
     metas = store.query("SELECT fp, path, params FROM stages WHERE stage = ? AND name = 'meta' AND dataset = ?",
                         [HIERARCHY, dataset])
-    want = json.loads(slice_params)
+    want = json.loads(params)
     builds = []
     for r in metas.itertuples():
         if json.loads(r.params) == want and Path(r.path).exists():
