@@ -14,7 +14,7 @@ from tasks.methods.archrag.retriever import ArchRetriever, answer
 from tasks.methods.archrag.stages import (
     ArchParams,
     CHNSWBuildParams,
-    EntityTextsParams,
+    EntityAttributeTextsParams,
     chnsw_stage,
     entity_texts_stage,
     hierarchy_params,
@@ -34,7 +34,7 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
     chunks = chunk(ctx, ChunkParams.of(cfg), documents)["chunks"]
     mentions = ner(ctx, documents, "doc_id", cfg)["mentions"] if cfg.kg.builder == "cooccur" else None
     kg = archrag_kg(ctx, cfg, documents, chunks, mentions)
-    texts = entity_texts_stage(ctx, EntityTextsParams.of(cfg), kg["entities"])["entity_texts"]
+    texts = entity_texts_stage(ctx, EntityAttributeTextsParams.of(cfg), kg["entities"])["entity_texts"]
     entity_embeddings = embed(ctx, EmbedParams.of(cfg, id_col="entity_id"), texts)["embeddings"]
     hierarchy = hierarchy_stage(ctx, hierarchy_params(cfg), kg["entities"], kg["relations"], entity_embeddings,
                                 kg["kg_meta"], cfg.llm)

@@ -130,12 +130,13 @@ def entity_text(name: str, description: str) -> str:
 
 
 @dataclass(frozen=True)
-class EntityTextsParams(StageParams):
+class EntityAttributeTextsParams(StageParams):
     """None: an entity's attribute text is its name and description."""
 
 
-@stage("archrag_entity_texts", params=EntityTextsParams)
-def entity_texts_stage(ctx: RunContext, params: EntityTextsParams, entities: ArtifactRef) -> dict[str, ArtifactRef]:
+@stage("archrag_entity_texts", params=EntityAttributeTextsParams)
+def entity_texts_stage(ctx: RunContext, params: EntityAttributeTextsParams, entities: ArtifactRef
+                       ) -> dict[str, ArtifactRef]:
     """Stage: ``entity_texts(entity_id, text)`` in entity-id order, the shared embed stage's input."""
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
         e = Store.read(entities, ["entity_id", "name", "description"]).sort_values("entity_id")
