@@ -15,13 +15,16 @@ from tasks.methods.archrag.kg_stages import archrag_kg
 from tasks.methods.archrag.retriever import ArchRetriever, answer
 from tasks.methods.archrag.stages import (
     ArchParams,
+    CHNSWBuildParams,
+    EntityAttributeTextsParams,
     chnsw_stage,
     entity_texts_stage,
+    hierarchy_params,
     hierarchy_stage,
     update_summary,
 )
-from tasks.text.chunk import chunk
-from tasks.text.embed import embed
+from tasks.text.chunk import ChunkParams, chunk
+from tasks.text.embed import EmbedParams, embed
 from tasks.llm.ner_backends import ner
 
 
@@ -29,15 +32,16 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
     """Index stages of ``method=archrag``; ``flows.update`` runs the same ones (per-chunk stages are
     row-incremental, communities are recomputed, unchanged communities keep their cached summaries)."""
     p, documents = cfg.method, data["documents"]
-    chunks = chunk(ctx, documents, p.chunking())["chunks"]
-    mentions = ner(ctx, documents, "doc_id", cfg.ner, cfg.llm)["mentions"] if cfg.kg.builder == "cooccur" else None
-    kg = archrag_kg(ctx, documents, chunks, mentions, cfg.kg, cfg.llm)
-    texts = entity_texts_stage(ctx, kg["entities"])["entity_texts"]
-    entity_embeddings = embed(ctx, texts, "entity_id", cfg.embedder)["embeddings"]
-    hierarchy = hierarchy_stage(ctx, kg["entities"], kg["relations"], entity_embeddings, kg["kg_meta"], p, cfg.llm,
-                                cfg.embedder)
-    chnsw = chnsw_stage(ctx, entity_embeddings, hierarchy["community_embeddings"], p)
-    dense = ({"passage_embeddings": embed(ctx, documents, "doc_id", cfg.embedder, use_template=True)["embeddings"]}
+    chunks = chunk(ctx, ChunkParams.of(cfg), documents)["chunks"]
+    mentions = ner(ctx, documents, "doc_id", cfg)["mentions"] if cfg.kg.builder == "cooccur" else None
+    kg = archrag_kg(ctx, cfg, documents, chunks, mentions)
+    texts = entity_texts_stage(ctx, EntityAttributeTextsParams.of(cfg), kg["entities"])["entity_texts"]
+    entity_embeddings = embed(ctx, EmbedParams.of(cfg, id_col="entity_id"), texts)["embeddings"]
+    hierarchy = hierarchy_stage(ctx, hierarchy_params(cfg), kg["entities"], kg["relations"], entity_embeddings,
+                                kg["kg_meta"], cfg.llm)
+    chnsw = chnsw_stage(ctx, CHNSWBuildParams.of(cfg), entity_embeddings, hierarchy["community_embeddings"])
+    dense = ({"passage_embeddings": embed(ctx, EmbedParams.of(cfg, id_col="doc_id", use_template=True),
+                                          documents)["embeddings"]}
              if p.topk_chunk else {})  # the authors' code: a separate dense index of the passages (topk_chunk)
     return {"chunks": chunks, **kg, "entity_embeddings": entity_embeddings, **hierarchy, **chnsw, **dense}
 

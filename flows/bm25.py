@@ -4,12 +4,12 @@ from __future__ import annotations
 from flows.methods import Method
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
-from tasks.methods.bm25 import BM25Params, BM25Retriever, bm25_index
+from tasks.methods.bm25 import BM25IndexParams, BM25Params, BM25Retriever, bm25_index
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
     """Index stages of ``method=bm25``."""
-    return {"bm25": bm25_index(ctx, data["documents"], cfg.method)["bm25"]}
+    return {"bm25": bm25_index(ctx, BM25IndexParams.of(cfg), data["documents"])["bm25"]}
 
 
 def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> BM25Retriever:

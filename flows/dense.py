@@ -5,12 +5,12 @@ from flows.methods import Method
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
 from tasks.methods.dense import DenseParams, DenseRetriever
-from tasks.text.embed import embed
+from tasks.text.embed import EmbedParams, embed
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
     """Index stages of ``method=dense``."""
-    doc_embeddings = embed(ctx, data["documents"], "doc_id", cfg.embedder, use_template=True)["embeddings"]
+    doc_embeddings = embed(ctx, EmbedParams.of(cfg, id_col="doc_id", use_template=True), data["documents"])["embeddings"]
     return {"doc_embeddings": doc_embeddings}
 
 

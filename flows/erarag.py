@@ -12,22 +12,26 @@ from tasks.core.store import ArtifactRef
 from tasks.methods.erarag.retriever import EraRetriever
 from tasks.methods.erarag.stages import (
     EraParams,
+    HyperplanesParams,
+    LeavesParams,
+    hierarchy_params,
     hierarchy_stage,
     hyperplanes_stage,
     leaves_stage,
     update_summary,
 )
-from tasks.text.chunk import chunk
-from tasks.text.embed import embed
+from tasks.text.chunk import ChunkParams, chunk
+from tasks.text.embed import EmbedParams, embed
 
 
 def _dag(ctx: RunContext, data: dict[str, ArtifactRef], cfg, incremental: bool) -> dict[str, ArtifactRef]:
-    p, documents = cfg.method, data["documents"]
-    chunks = chunk(ctx, documents, p.chunking())["chunks"]
-    leaves = leaves_stage(ctx, documents, chunks)["leaves"]
-    leaf_embeddings = embed(ctx, leaves, "chunk_id", cfg.embedder, use_template=True)["embeddings"]
-    planes = hyperplanes_stage(ctx, leaf_embeddings, p)["hyperplanes"]
-    graph = hierarchy_stage(ctx, leaves, leaf_embeddings, planes, p, cfg.llm, cfg.embedder, incremental)
+    """EraRAG's index stages (``incremental``: Alg. 3 from the latest stored hierarchy)."""
+    documents = data["documents"]
+    chunks = chunk(ctx, ChunkParams.of(cfg, unit="window"), documents)["chunks"]  # leaves: token windows
+    leaves = leaves_stage(ctx, LeavesParams.of(cfg), documents, chunks)["leaves"]
+    leaf_embeddings = embed(ctx, EmbedParams.of(cfg, id_col="chunk_id", use_template=True), leaves)["embeddings"]
+    planes = hyperplanes_stage(ctx, HyperplanesParams.of(cfg), leaf_embeddings)["hyperplanes"]
+    graph = hierarchy_stage(ctx, hierarchy_params(cfg), leaves, leaf_embeddings, planes, cfg.llm, incremental)
     return {"chunks": chunks, "leaves": leaves, "leaf_embeddings": leaf_embeddings, "hyperplanes": planes, **graph}
 
 

@@ -8,15 +8,15 @@ from __future__ import annotations
 from flows.methods import Method
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
-from tasks.methods.bm25 import bm25_index
+from tasks.methods.bm25 import BM25IndexParams, bm25_index
 from tasks.methods.hybrid.retriever import HybridParams, HybridRetriever
-from tasks.text.embed import embed
+from tasks.text.embed import EmbedParams, embed
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
     """Index stages of ``method=hybrid``."""
-    doc_embeddings = embed(ctx, data["documents"], "doc_id", cfg.embedder, use_template=True)["embeddings"]
-    bm25 = bm25_index(ctx, data["documents"], cfg.method.bm25())["bm25"]
+    doc_embeddings = embed(ctx, EmbedParams.of(cfg, id_col="doc_id", use_template=True), data["documents"])["embeddings"]
+    bm25 = bm25_index(ctx, BM25IndexParams.of(cfg), data["documents"])["bm25"]
     return {"doc_embeddings": doc_embeddings, "bm25": bm25}
 
 

@@ -9,33 +9,31 @@ from flows.methods import Method, always
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
 from tasks.methods.linearrag.retriever import LinearParams, LinearRetriever
-from tasks.text.chunk import chunk
-from tasks.text.embed import embed
-from tasks.text.gazetteer import index_relation_embeddings, linked_entity_graph
-from tasks.text.entities import entity_graph, entity_texts
+from tasks.text.chunk import ChunkParams, chunk
+from tasks.text.embed import EmbedParams, embed
+from tasks.text.gazetteer import LinkedGraphParams, index_relation_embeddings, linked_entity_graph
+from tasks.text.entities import EntityGraphParams, EntityTextsParams, entity_graph, entity_texts
 from tasks.llm.ner_backends import QueryRecogniser, ner
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
     """Index stages of ``method=linearrag``."""
     p, documents = cfg.method, data["documents"]
-    mentions = ner.submit(ctx, documents, "doc_id", cfg.ner, cfg.llm)
-    sentences = chunk(ctx, documents, p.sentences())["chunks"]
-    passage_embeddings = embed(ctx, documents, "doc_id", cfg.embedder, use_template=True)["embeddings"]
-    sentence_embeddings = embed(ctx, sentences, "chunk_id", cfg.embedder)["embeddings"]
-    graph = (linked_entity_graph(ctx, documents, sentences, mentions.result()["mentions"], p.gazetteer_min_chars,
-                                 p.title_aliases, p.alias_min_share)
+    mentions = ner(ctx, documents, "doc_id", cfg, submit=True)
+    sentences = chunk(ctx, ChunkParams.of(cfg), documents)["chunks"]  # sentences (section 3.1)
+    passage_embeddings = embed(ctx, EmbedParams.of(cfg, id_col="doc_id", use_template=True), documents)["embeddings"]
+    sentence_embeddings = embed(ctx, EmbedParams.of(cfg, id_col="chunk_id"), sentences)["embeddings"]
+    graph = (linked_entity_graph(ctx, LinkedGraphParams.of(cfg), documents, sentences, mentions.result()["mentions"])
              if p.graph_linking == "gazetteer"  # beyond the paper: titles and corpus names as entity nodes
-             else entity_graph(ctx, documents, sentences, mentions.result()["mentions"]))
+             else entity_graph(ctx, EntityGraphParams.of(cfg), documents, sentences, mentions.result()["mentions"]))
     out = {"sentences": sentences, "passage_embeddings": passage_embeddings,
            "sentence_embeddings": sentence_embeddings, "entities": graph["entities"],
            "contain": graph["doc_entity"], "mention": graph["chunk_entity"]}
     if p.query_ner:  # eq. (3) matches the question's NER strings to entity embeddings; the gazetteer alone needs none
-        entities = entity_texts(ctx, graph["entities"])["entity_texts"]
-        out["entity_embeddings"] = embed(ctx, entities, "entity_id", cfg.embedder)["embeddings"]
+        entities = entity_texts(ctx, EntityTextsParams.of(cfg), graph["entities"])["entity_texts"]
+        out["entity_embeddings"] = embed(ctx, EmbedParams.of(cfg, id_col="entity_id"), entities)["embeddings"]
     if p.relation_gate_temperature > 0 and p.relation_gate_masked:  # beyond the paper: the gate reads relations
-        out |= index_relation_embeddings(ctx, sentences, graph["entities"], graph["chunk_entity"],
-                                         p.gazetteer_min_chars, cfg.embedder)
+        out |= index_relation_embeddings(ctx, cfg, sentences, graph["entities"], graph["chunk_entity"])
     return out
 
 

@@ -11,45 +11,57 @@ from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
 from tasks.methods.serag.retriever import SelfQuery, SeRAGRetriever, self_query_client
 from tasks.methods.serag.stages import (
+    CommunitiesParams,
+    SeRAGGraphParams,
     SeRAGParams,
+    TreeParams,
     serag_communities,
     serag_graph,
     serag_tree,
     stored_update,
     update_summary,
 )
-from tasks.text.chunk import chunk
-from tasks.text.embed import embed, embedded_texts
-from tasks.text.entities import entity_graph, entity_texts, passage_text_mentions
-from tasks.text.gazetteer import linked_entity_graph
+from tasks.text.chunk import ChunkParams, chunk
+from tasks.text.embed import EmbeddedTextsParams, EmbedParams, embed, embedded_texts
+from tasks.text.entities import (
+    EntityGraphParams,
+    EntityTextsParams,
+    TextMentionsParams,
+    entity_graph,
+    entity_texts,
+    passage_text_mentions,
+)
+from tasks.text.gazetteer import LinkedGraphParams, linked_entity_graph
 from tasks.llm.ner_backends import QueryRecogniser, ner
 
 
 def _dag(ctx: RunContext, data: dict[str, ArtifactRef], cfg, incremental: bool) -> dict[str, ArtifactRef]:
+    """SeRAG's index stages (``incremental``: the graph grows from the latest stored one)."""
     p, documents = cfg.method, data["documents"]
     if p.ner_input == "embedded" and p.chunk_unit == "passage":  # NER reads the text embedded: title + text
-        rendered = embedded_texts(ctx, documents, "doc_id", cfg.embedder)["embedded_texts"]
-        mentions = ner.submit(ctx, rendered, "doc_id", cfg.ner, cfg.llm)
-        mentions = passage_text_mentions.submit(ctx, mentions.result()["mentions"], rendered, "doc_id")
+        rendered = embedded_texts(ctx, EmbeddedTextsParams.of(cfg, id_col="doc_id"), documents)["embedded_texts"]
+        mentions = ner(ctx, rendered, "doc_id", cfg, submit=True)
+        mentions = passage_text_mentions.submit(ctx, TextMentionsParams.of(cfg, id_col="doc_id"),
+                                                mentions.result()["mentions"], rendered)
     else:  # chunks are embedded as their text (or ner_input=text): NER reads the passage text
-        mentions = ner.submit(ctx, documents, "doc_id", cfg.ner, cfg.llm)
-    chunks = chunk(ctx, documents, p.chunking())["chunks"]
+        mentions = ner(ctx, documents, "doc_id", cfg, submit=True)
+    chunks = chunk(ctx, ChunkParams.of(cfg), documents)["chunks"]
     if p.chunk_unit == "passage":  # one chunk per passage, in passage order: embed it as dense does (title + text)
-        chunk_embeddings = embed(ctx, documents, "doc_id", cfg.embedder, use_template=True)["embeddings"]
+        chunk_embeddings = embed(ctx, EmbedParams.of(cfg, id_col="doc_id", use_template=True), documents)["embeddings"]
     else:
-        chunk_embeddings = embed(ctx, chunks, "chunk_id", cfg.embedder)["embeddings"]
-    entities = (linked_entity_graph(ctx, documents, chunks, mentions.result()["mentions"], p.gazetteer_min_chars,
-                                 p.title_aliases, p.alias_min_share)
+        chunk_embeddings = embed(ctx, EmbedParams.of(cfg, id_col="chunk_id"), chunks)["embeddings"]
+    entities = (linked_entity_graph(ctx, LinkedGraphParams.of(cfg), documents, chunks, mentions.result()["mentions"])
                 if p.graph_linking == "gazetteer"  # beyond the paper: titles and corpus names as entity nodes
-                else entity_graph(ctx, documents, chunks, mentions.result()["mentions"]))
-    names = entity_texts(ctx, entities["entities"])["entity_texts"]
-    entity_embeddings = embed(ctx, names, "entity_id", cfg.embedder)["embeddings"]
-    graph_inputs = (ctx, documents, chunks, chunk_embeddings, entities["chunk_entity"], entities["entities"], p)
+                else entity_graph(ctx, EntityGraphParams.of(cfg), documents, chunks, mentions.result()["mentions"]))
+    names = entity_texts(ctx, EntityTextsParams.of(cfg), entities["entities"])["entity_texts"]
+    entity_embeddings = embed(ctx, EmbedParams.of(cfg, id_col="entity_id"), names)["embeddings"]
+    graph_inputs = (ctx, SeRAGGraphParams.of(cfg), documents, chunks, chunk_embeddings, entities["chunk_entity"],
+                    entities["entities"])
     if not incremental and p.reuse_updates:  # a graph flows.update grew for this very corpus: used as it is
         incremental = stored_update(*graph_inputs)
     graph = serag_graph(*graph_inputs, incremental)
-    tree = serag_tree(ctx, graph["W"], graph["W_meta"], p.tree_engine)
-    communities = serag_communities(ctx, graph["W"], tree["community"], chunk_embeddings, p)
+    tree = serag_tree(ctx, TreeParams.of(cfg), graph["W"], graph["W_meta"])
+    communities = serag_communities(ctx, CommunitiesParams.of(cfg), graph["W"], tree["community"], chunk_embeddings)
     return {"chunks": chunks, "chunk_embeddings": chunk_embeddings, **entities,
             "entity_embeddings": entity_embeddings, **graph, **tree, **communities}
 

@@ -11,22 +11,19 @@ Bad input raises :class:`IngestError` naming file, record index and field, befor
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import importlib
 import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
-from tasks.core.code_identity import code_version
-from tasks.core.stage import RunContext, run_stage
+from tasks.core.sample import generate_sample
+from tasks.core.stage import RunContext, StageParams, run_setting, run_stage, stage
 from tasks.core.store import ArtifactRef
 from tasks.core.limits import COUNT, COUNT0, one_of, within
 
@@ -387,35 +384,49 @@ def raw_sources(params: DatasetParams, data_dir: str) -> tuple[list[Path], Path 
     return [], None
 
 
-def load_dataset(params: DatasetParams, data_dir: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, IngestReport]:
-    """Read and validate a dataset → (documents, questions, gold, report); nothing is written."""
+def sample_records(n_passages: int, n_questions: int, seed: int) -> tuple[list[Any], list[Any]]:
+    """(corpus records, question records) of the generated sample (:mod:`tasks.core.sample`)."""
+    return generate_sample(n_passages, n_questions, seed)
+
+
+def question_file_records(qpath: Path | None) -> list[Any]:
+    """The records of a questions file (JSON list or JSONL); none without one."""
+    if qpath is None:
+        return []
+    return read_jsonl(qpath) if qpath.suffix == ".jsonl" else read_json_list(qpath)
+
+
+def corpus_file_records(kind: str, corpus: Path) -> list[Any]:
+    """The ``{title, text}`` records of a corpus file (``hipporag``: JSON list; ``jsonl``) or folder."""
+    if kind == "hipporag":
+        return read_json_list(corpus)
+    return read_jsonl(corpus) if kind == "jsonl" else read_text_folder(corpus)
+
+
+def canonical_tables(corpus: list[Any], source: str, qrecs: list[Any], qsource: str, max_text_chars: int | None,
+                     shuffle_seed: int | None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, IngestReport]:
+    """Validated records → (documents, questions, gold, report)."""
     report = IngestReport()
-    if isinstance(params, SampleParams):
-        # imported by name so that code_version(ingest) follows the generator only for sample datasets
-        generate_sample = importlib.import_module("tasks.core.sample").generate_sample
-        corpus, qrecs = generate_sample(params.n_passages, params.n_questions, params.seed)
-        source, qsource = "sample", "sample"
-    else:
-        files, qpath = raw_sources(params, data_dir)
-        if isinstance(params, HippoRAGParams):
-            corpus = read_json_list(files[0])
-        elif params.kind == "jsonl":
-            corpus = read_jsonl(files[0])
-        else:
-            corpus = read_text_folder(Path(params.path))
-        source = str(files[0]) if params.kind != "folder" else params.path
-        qrecs = (read_jsonl(qpath) if qpath and qpath.suffix == ".jsonl" else read_json_list(qpath)) if qpath else []
-        qsource = str(qpath)
-    docs = canonical_documents(corpus, source, report, params.max_text_chars)
+    docs = canonical_documents(corpus, source, report, max_text_chars)
     questions, gold_keys = parse_questions(qrecs, qsource)
     gold = match_gold(docs, gold_keys, report)
-    return shuffle_documents(docs, params.shuffle_seed), questions, gold, report
+    return shuffle_documents(docs, shuffle_seed), questions, gold, report
 
 
-def fingerprinted(params: DatasetParams) -> dict[str, Any]:
-    """The dataset params that can change a table: ``max_text_chars`` only refuses input, so a limit that
-    refuses nothing leaves the stages cached."""
-    return {k: v for k, v in dataclasses.asdict(params).items() if k != "max_text_chars"}
+def corpus_path(params: HippoRAGParams | UserCorpusParams, data_dir: str) -> Path:
+    """Where a dataset's corpus is: ``<data_dir>/<name>/corpus.json``, or ``dataset.path``."""
+    return Path(data_dir) / params.name / "corpus.json" if isinstance(params, HippoRAGParams) else Path(params.path)
+
+
+def load_dataset(params: DatasetParams, data_dir: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, IngestReport]:
+    """Read and validate a dataset → (documents, questions, gold, report); nothing is written."""
+    if isinstance(params, SampleParams):
+        corpus, qrecs = sample_records(params.n_passages, params.n_questions, params.seed)
+        return canonical_tables(corpus, "sample", qrecs, "sample", params.max_text_chars, params.shuffle_seed)
+    _, qpath = raw_sources(params, data_dir)
+    corpus = corpus_path(params, data_dir)
+    return canonical_tables(corpus_file_records(params.kind, corpus), str(corpus), question_file_records(qpath),
+                            str(qpath), params.max_text_chars, params.shuffle_seed)
 
 
 def content_hash(paths: list[Path]) -> str:
@@ -427,27 +438,77 @@ def content_hash(paths: list[Path]) -> str:
     return h.hexdigest()[:16]
 
 
-@task(name="ingest", cache_policy=NO_CACHE)
+@dataclass(frozen=True)
+class SampleIngestParams(StageParams):
+    """``ingest`` of the generated sample: its size and seeds; ``max_text_chars`` only refuses input."""
+
+    SOURCES = ("dataset",)
+    n_passages: int
+    n_questions: int
+    seed: int
+    shuffle_seed: int | None
+    max_text_chars: int | None = run_setting()
+
+
+@dataclass(frozen=True)
+class FileIngestParams(StageParams):
+    """``ingest`` of a corpus read from files (``hipporag``, ``jsonl``, ``folder``; their bytes are its input):
+    which reader, the corpus order; ``max_text_chars`` only refuses input."""
+
+    SOURCES = ("dataset",)
+    kind: str
+    shuffle_seed: int | None
+    max_text_chars: int | None = run_setting()
+
+
 def ingest(ctx: RunContext, params: DatasetParams, data_dir: str) -> dict[str, ArtifactRef]:
-    """Stage: canonical ``documents``, ``questions`` and ``gold`` tables of a dataset."""
+    """The ``ingest`` stage of the dataset's kind: the generated sample, or files read from disk."""
+    dataset = SimpleNamespace(dataset=params)
+    if isinstance(params, SampleParams):
+        return ingest_sample(ctx, SampleIngestParams.of(dataset))
     files, qpath = raw_sources(params, data_dir)
-    raw = {"content": content_hash(files + ([qpath] if qpath else []))}
-    sample = [importlib.import_module("tasks.core.sample").generate_sample] if isinstance(params, SampleParams) else []
-    code = code_version(ingest, *sample)
+    raw = content_hash(files + ([qpath] if qpath else []))
+    return ingest_files(ctx, FileIngestParams.of(dataset), str(corpus_path(params, data_dir)),
+                        str(qpath) if qpath else None, raw)
 
+
+def _ingest_outputs(docs: pd.DataFrame, questions: pd.DataFrame, gold: pd.DataFrame,
+                    report: IngestReport) -> tuple[dict[str, pd.DataFrame], int]:
+    """The ``ingest`` stage's tables, its report logged."""
+    summary = report.summary()
+    if summary["unmatched_gold"] or summary["ambiguous_gold"]:
+        log.warning("gold passages: %d not found in the corpus (e.g. %s), %d matched several passages "
+                    "(e.g. %s)", summary["unmatched_gold"], summary["unmatched_examples"],
+                    summary["ambiguous_gold"], summary["ambiguous_examples"])
+    if summary["duplicate_records"]:
+        log.warning("corpus: %d duplicate (title, text) records kept once", summary["duplicate_records"])
+    report_df = pd.DataFrame([{"report": json.dumps(summary)}])
+    return {"documents": docs, "questions": questions, "gold": gold, "ingest_report": report_df}, len(docs)
+
+
+@stage("ingest", params=SampleIngestParams)
+def ingest_sample(ctx: RunContext, params: SampleIngestParams) -> dict[str, ArtifactRef]:
+    """Stage: canonical ``documents``, ``questions`` and ``gold`` tables of the generated sample."""
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
-        docs, questions, gold, report = load_dataset(params, data_dir)
-        summary = report.summary()
-        if summary["unmatched_gold"] or summary["ambiguous_gold"]:
-            log.warning("gold passages: %d not found in the corpus (e.g. %s), %d matched several passages "
-                        "(e.g. %s)", summary["unmatched_gold"], summary["unmatched_examples"],
-                        summary["ambiguous_gold"], summary["ambiguous_examples"])
-        if summary["duplicate_records"]:
-            log.warning("corpus: %d duplicate (title, text) records kept once", summary["duplicate_records"])
-        report_df = pd.DataFrame([{"report": json.dumps(summary)}])
-        return {"documents": docs, "questions": questions, "gold": gold, "ingest_report": report_df}, len(docs)
+        corpus, qrecs = sample_records(params.n_passages, params.n_questions, params.seed)
+        return _ingest_outputs(*canonical_tables(corpus, "sample", qrecs, "sample", params.max_text_chars,
+                                                 params.shuffle_seed))
 
-    return run_stage(ctx, "ingest", code, fingerprinted(params), raw, compute)
+    return run_stage(ctx, params, {"content": content_hash([])}, compute)
+
+
+@stage("ingest", params=FileIngestParams)
+def ingest_files(ctx: RunContext, params: FileIngestParams, corpus: str, questions: str | None,
+                 content: str) -> dict[str, ArtifactRef]:
+    """Stage: canonical ``documents``, ``questions`` and ``gold`` tables of a corpus file or folder (and its
+    questions file), whose bytes hash to ``content``."""
+    def compute() -> tuple[dict[str, pd.DataFrame], int]:
+        qpath = Path(questions) if questions else None
+        return _ingest_outputs(*canonical_tables(corpus_file_records(params.kind, Path(corpus)), corpus,
+                                                 question_file_records(qpath), str(qpath), params.max_text_chars,
+                                                 params.shuffle_seed))
+
+    return run_stage(ctx, params, {"content": content}, compute)
 
 
 # ----------------------------------------------------------------------------- gold evidence sentences
@@ -480,28 +541,57 @@ def supporting_sentences(records: list[Any]) -> pd.DataFrame:
 def question_records(params: DatasetParams, data_dir: str) -> list[Any]:
     """The raw question records of a dataset (empty when it has none)."""
     if isinstance(params, SampleParams):
-        generate_sample = importlib.import_module("tasks.core.sample").generate_sample
-        return generate_sample(params.n_passages, params.n_questions, params.seed)[1]
-    _, qpath = raw_sources(params, data_dir)
-    if qpath is None:
-        return []
-    return read_jsonl(qpath) if qpath.suffix == ".jsonl" else read_json_list(qpath)
+        return sample_records(params.n_passages, params.n_questions, params.seed)[1]
+    return question_file_records(raw_sources(params, data_dir)[1])
 
 
-@task(name="evidence", cache_policy=NO_CACHE)
+@dataclass(frozen=True)
+class SampleEvidenceParams(StageParams):
+    """``evidence`` of the generated sample: which sample."""
+
+    SOURCES = ("dataset",)
+    n_passages: int
+    n_questions: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class FileEvidenceParams(StageParams):
+    """``evidence`` of a questions file: nothing but its bytes, the stage's input."""
+
+
 def gold_evidence(ctx: RunContext, params: DatasetParams, data_dir: str) -> dict[str, ArtifactRef]:
-    """Stage: the ``gold_sentences`` table (supporting facts kept at ingestion, for evidence recall).
+    """The ``evidence`` stage of the dataset's kind: the ``gold_sentences`` table (supporting facts kept at
+    ingestion, for evidence recall).
 
     A stage of its own beside :func:`ingest`, on the same raw files, so that keeping the supporting facts
     leaves the fingerprints of ``ingest`` and of every index stage built on it unchanged.
     """
+    dataset = SimpleNamespace(dataset=params)
+    if isinstance(params, SampleParams):
+        return sample_evidence(ctx, SampleEvidenceParams.of(dataset))
     files, qpath = raw_sources(params, data_dir)
-    raw = {"content": content_hash(files + ([qpath] if qpath else []))}
-    sample = [importlib.import_module("tasks.core.sample").generate_sample] if isinstance(params, SampleParams) else []
-    code = code_version(gold_evidence, *sample)
+    raw = content_hash(files + ([qpath] if qpath else []))
+    return file_evidence(ctx, FileEvidenceParams.of(dataset), str(qpath) if qpath else None, raw)
 
+
+@stage("evidence", params=SampleEvidenceParams)
+def sample_evidence(ctx: RunContext, params: SampleEvidenceParams) -> dict[str, ArtifactRef]:
+    """Stage: the generated sample's ``gold_sentences``."""
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
-        table = supporting_sentences(question_records(params, data_dir))
+        table = supporting_sentences(sample_records(params.n_passages, params.n_questions, params.seed)[1])
         return {"gold_sentences": table}, len(table)
 
-    return run_stage(ctx, "evidence", code, fingerprinted(params), raw, compute)
+    return run_stage(ctx, params, {"content": content_hash([])}, compute)
+
+
+@stage("evidence", params=FileEvidenceParams)
+def file_evidence(ctx: RunContext, params: FileEvidenceParams, questions: str | None,
+                  content: str) -> dict[str, ArtifactRef]:
+    """Stage: the ``gold_sentences`` of a questions file (none without one), whose dataset's bytes hash to
+    ``content``."""
+    def compute() -> tuple[dict[str, pd.DataFrame], int]:
+        table = supporting_sentences(question_file_records(Path(questions) if questions else None))
+        return {"gold_sentences": table}, len(table)
+
+    return run_stage(ctx, params, {"content": content}, compute)

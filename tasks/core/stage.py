@@ -1,5 +1,8 @@
 """How a cached stage runs: fingerprint → catalog lookup → compute → atomic write → catalog row.
 
+A stage is declared once, with the parameters it takes (:func:`stage`, :class:`StageParams`); those
+parameters are its fingerprint's config part, and its code identity is derived from its function.
+
 Two kinds of stage:
 - :func:`run_stage` — a whole-table stage (ingest, graphs, indexes). Same fingerprint → skipped.
 - :func:`run_row_stage` — a per-row stage (chunk, NER, embed). Rows are cached by a content key
@@ -14,10 +17,12 @@ compute it once: the second waits and reuses it.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, ClassVar, Iterator, Mapping
 
 import pandas as pd
 import pyarrow as pa
@@ -59,6 +64,212 @@ class StageNotBuilt(LookupError):
         self.stage, self.fp = stage, fp
 
 
+# ----------------------------------------------------------------------------- declared stages
+
+_ROLE = "stage"  # the field-metadata key of a stage parameter's role (see StageParams)
+
+
+def from_config(key: str, default: Any = dataclasses.MISSING) -> Any:
+    """A stage parameter read from the config under another name: ``key`` is a field of one of the class's
+    ``SOURCES`` (``"chunk_unit"``) or a ``"group.field"`` (``"llm.model"``)."""
+    return dataclasses.field(default=default, kw_only=True, metadata={_ROLE: {"role": "config", "key": key}})
+
+
+def run_setting(default: Any = dataclasses.MISSING, key: str | None = None) -> Any:
+    """A stage parameter that decides how the stage runs (a batch size, a device) or whether it refuses its input
+    (a length limit), never the value of an output: read from the config like the others, not fingerprinted."""
+    return dataclasses.field(default=default, kw_only=True, metadata={_ROLE: {"role": "run", "key": key}})
+
+
+def wired(default: Any = dataclasses.MISSING) -> Any:
+    """A stage parameter the flow calling the stage passes (which id column, whether passages are rendered with
+    their title): part of the fingerprint, never read from the config."""
+    return dataclasses.field(default=default, kw_only=True, metadata={_ROLE: {"role": "wired"}})
+
+
+def _role(f: dataclasses.Field) -> dict[str, Any]:
+    return f.metadata.get(_ROLE, {"role": "config", "key": None})
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """Base of every stage's parameters: a frozen dataclass of exactly what its compute body reads.
+
+    A field is one of three kinds:
+
+    * a config field (the default): read from the composed config by :meth:`of`, under its own name from one of
+      ``SOURCES`` (the config groups it may come from, in order: ``("method",)``, ``("embedder",)``) or under
+      the name :func:`from_config` gives; fingerprinted;
+    * :func:`run_setting`: read likewise, but it decides how the stage runs, not what it computes: not
+      fingerprinted;
+    * :func:`wired`: passed by the flow calling the stage (``id_col="doc_id"``); fingerprinted.
+
+    The three helpers make their fields keyword-only, so they may come in any order.
+
+    A config field no source holds takes its default (a method without ``window_tokens`` chunks with the
+    default window); one without a default is an error naming the sources.
+    """
+
+    SOURCES: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def of(cls, config: Any, **given: Any) -> "StageParams":
+        """These parameters of a composed config (``flows.config.Config``): the one projection every flow uses.
+
+        ``given`` sets wired fields, and may set a config field where the flow fixes it for its method
+        (EraRAG's leaves are token windows: ``ChunkParams.of(cfg, unit="window")``)."""
+        return cls(**cls.values_of(config, **given))
+
+    @classmethod
+    def values_of(cls, config: Any, **given: Any) -> dict[str, Any]:
+        """The field values :meth:`of` builds the params from (a config field no source holds: absent, its
+        default applies)."""
+        values: dict[str, Any] = {}
+        unknown = set(given) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no field(s) {sorted(unknown)}")
+        for f in dataclasses.fields(cls):
+            role = _role(f)
+            if f.name in given:
+                values[f.name] = given[f.name]
+                continue
+            if role["role"] != "wired":
+                found = config_value(config, cls.SOURCES, role.get("key") or f.name)
+                if found is not _ABSENT:
+                    values[f.name] = found
+                    continue
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                where = ("the flow passes it" if role["role"] == "wired" else
+                         f"config {role.get('key') or f.name!r} in {', '.join(cls.SOURCES) or 'no source'}")
+                raise TypeError(f"{cls.__name__}.{f.name} has no value: {where}")
+        return values
+
+    def identity(self) -> dict[str, Any]:
+        """The fingerprinted part: every field but the :func:`run_setting` ones, as plain data."""
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self) if _role(f)["role"] != "run"}
+
+
+_ABSENT = object()
+
+
+def config_value(config: Any, sources: tuple[str, ...], key: str) -> Any:
+    """The config leaf ``key`` ("group.field", or a field of the first of ``sources`` that has it), or ``_ABSENT``."""
+    if "." in key:
+        group, name = key.split(".", 1)
+        candidates = [(getattr(config, group, None), name)]
+    else:
+        candidates = [(getattr(config, s, None), key) for s in sources]
+    for obj, name in candidates:
+        if dataclasses.is_dataclass(obj) and name in {f.name for f in dataclasses.fields(obj)}:
+            return getattr(obj, name)
+    return _ABSENT
+
+
+def _plain(value: Any) -> Any:
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A registered stage: its catalog name, its function and its parameter class."""
+
+    name: str
+    fn: Callable
+    params: type
+
+    def code(self) -> str:
+        """The stage's code identity: everything its function runs (:func:`tasks.core.code_identity.code_version`)."""
+        from tasks.core.code_identity import code_version
+
+        return code_version(self.fn)
+
+
+STAGES: dict[type, Stage] = {}  # parameter class -> its stage (one class per stage)
+
+
+def stage(name: str, *, params: type | tuple[type, ...]) -> Callable[[Callable], Any]:
+    """Declare a stage: ``@stage("doc_doc_graph", params=DocDocParams)`` over ``def doc_doc_graph(ctx, params,
+    *inputs)``.
+
+    The function becomes a Prefect task named ``name`` (no Prefect result cache: the catalog decides), is
+    registered in :data:`STAGES` under its parameter class, and must be called with an instance of exactly that
+    class as ``params``: the only configuration it reads. Its body hands its outputs to :func:`run_stage` (or
+    :func:`run_row_stage`) with those params, which fingerprint them with the function's code identity and
+    the inputs' fingerprints.
+
+    A new stage declares its params as a frozen dataclass subclassing :class:`StageParams` with ``SOURCES``
+    (the config groups its fields come from, by name), marks fields :func:`from_config` (another name),
+    :func:`run_setting` (not fingerprinted) or :func:`wired` (set by the flow), and its flow calls it with
+    ``Params.of(cfg, **wired)``. ``tests/tasks/core/test_stage_params.py`` checks every registered stage.
+    Several stages may share a catalog name (one ``ingest`` per dataset kind), never a parameter class. A stage
+    whose variants read different settings takes a tuple of classes (an extractive or an LLM summariser): its
+    flow picks the variant, and each variant's params are exactly what that variant reads.
+    """
+    classes = params if isinstance(params, tuple) else (params,)
+    for cls in classes:
+        if not (isinstance(cls, type) and issubclass(cls, StageParams) and dataclasses.is_dataclass(cls)
+                and cls.__dataclass_params__.frozen):  # type: ignore[attr-defined]
+            raise TypeError(f"stage {name!r}: params must be frozen dataclasses subclassing StageParams, got {cls!r}")
+    expected = " or ".join(c.__name__ for c in classes)
+
+    def declare(fn: Callable) -> Any:
+        from prefect import task
+        from prefect.cache_policies import NO_CACHE
+
+        signature = inspect.signature(fn)
+        if "params" not in signature.parameters:
+            raise TypeError(f"stage {name!r}: {fn.__qualname__} takes no 'params' argument")
+        for cls in classes:
+            if cls in STAGES and STAGES[cls].fn.__qualname__ != fn.__qualname__:
+                raise TypeError(f"{cls.__name__} is already the params of stage {STAGES[cls].name!r}")
+
+        @functools.wraps(fn)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            got = signature.bind(*args, **kwargs).arguments["params"]
+            if type(got) not in classes:
+                raise TypeError(f"stage {name!r} takes {expected} params, got {type(got).__name__}: "
+                                f"build them with {classes[0].__name__}.of(cfg)")
+            return fn(*args, **kwargs)
+
+        for cls in classes:
+            STAGES[cls] = Stage(name, fn, cls)
+        return task(name=name, cache_policy=NO_CACHE)(checked)
+
+    return declare
+
+
+def stage_of(params: StageParams) -> Stage:
+    """The registered stage these params belong to."""
+    try:
+        return STAGES[type(params)]
+    except KeyError:
+        raise TypeError(f"{type(params).__name__} is the params of no registered stage (@stage(..., "
+                        f"params={type(params).__name__}))") from None
+
+
+def stage_fingerprint(params: StageParams, inputs: Mapping[str, str]) -> str:
+    """The fingerprint :func:`run_stage` gives a stage with these params and inputs."""
+    spec = stage_of(params)
+    return fingerprint(spec.name, spec.code(), params.identity(), inputs)
+
+
+def run_stage(ctx: RunContext, params: StageParams, inputs: Mapping[str, str],
+              compute: Callable[[], tuple[Mapping[str, Output], int]], ext: Mapping[str, str] | None = None,
+              ) -> dict[str, ArtifactRef]:
+    """The stage whose params these are, run by :func:`run_named_stage` with its name, code identity and params."""
+    spec = stage_of(params)
+    return run_named_stage(ctx, spec.name, spec.code(), params.identity(), inputs, compute, ext)
+
+
+def run_row_stage(ctx: RunContext, params: StageParams, row_params: Any, inputs: Mapping[str, str], keys: pd.Series,
+                  compute_rows: Callable[[list[str]], pa.Table | pd.DataFrame], key: str,
+                  assemble: Callable[[pa.Table], Mapping[str, Output]]) -> dict[str, ArtifactRef]:
+    """A per-row stage whose params these are (:func:`run_named_row_stage`); ``row_params`` derive from them."""
+    spec = stage_of(params)
+    return run_named_row_stage(ctx, spec.name, spec.code(), params.identity(), row_params, inputs, keys,
+                               compute_rows, key, assemble)
+
+
 def params_dict(params: Any) -> Any:
     """A config slice as plain JSON data (dataclasses become dicts)."""
     return dataclasses.asdict(params) if dataclasses.is_dataclass(params) else params
@@ -77,8 +288,8 @@ def input_fps(**refs: ArtifactRef | Mapping[str, ArtifactRef] | None) -> dict[st
     return out
 
 
-def run_stage(ctx: RunContext, stage: str, code: str, params: Any, inputs: Mapping[str, str],
-              compute: Callable[[], tuple[Mapping[str, Output], int]], ext: Mapping[str, str] | None = None,
+def run_named_stage(ctx: RunContext, stage: str, code: str, params: Any, inputs: Mapping[str, str],
+                    compute: Callable[[], tuple[Mapping[str, Output], int]], ext: Mapping[str, str] | None = None,
               ) -> dict[str, ArtifactRef]:
     """Run ``compute`` unless a stage with the same fingerprint is in the catalog; return output refs.
 
@@ -156,9 +367,10 @@ def _write_outputs(store: Store, dataset: str, stage: str, fp: str, outputs: Map
     return refs
 
 
-def run_row_stage(ctx: RunContext, stage: str, code: str, params: Any, row_params: Any,
-                  inputs: Mapping[str, str], keys: pd.Series, compute_rows: Callable[[list[str]], pa.Table | pd.DataFrame],
-                  key: str, assemble: Callable[[pa.Table], Mapping[str, Output]]) -> dict[str, ArtifactRef]:
+def run_named_row_stage(ctx: RunContext, stage: str, code: str, params: Any, row_params: Any,
+                        inputs: Mapping[str, str], keys: pd.Series,
+                        compute_rows: Callable[[list[str]], pa.Table | pd.DataFrame],
+                        key: str, assemble: Callable[[pa.Table], Mapping[str, Output]]) -> dict[str, ArtifactRef]:
     """A per-row stage: compute rows only for keys missing from the row cache, then assemble outputs.
 
     ``row_params`` is what changes a row's value: the params that matter (a model name, not a batch
@@ -187,7 +399,7 @@ def run_row_stage(ctx: RunContext, stage: str, code: str, params: Any, row_param
                     raise
         return assemble(rows), computed
 
-    return run_stage(ctx, stage, code, params, {**inputs, "_rows": param_fp}, compute)
+    return run_named_stage(ctx, stage, code, params, {**inputs, "_rows": param_fp}, compute)
 
 
 def partition_plan(n_rows: int, partition_rows: int) -> list[tuple[int, int]]:

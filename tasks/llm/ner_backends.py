@@ -2,28 +2,25 @@
 chat model (:mod:`tasks.llm.ner`, ``ner=llm``)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-import pyarrow as pa
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from tasks.core.code_identity import code_version
-from tasks.core.row_cache import text_key
-from tasks.core.stage import RunContext, input_fps, run_row_stage
+from tasks.core.stage import RunContext, StageParams, from_config, stage, wired
 from tasks.core.store import ArtifactRef
 from tasks.llm import ner as llm_ner
 from tasks.llm.client import LLMClient, ledger_rows, make_client
 from tasks.llm.params import LLMDryRun, LLMParams, llm_identity
 from tasks.text.ner import (
     NERParams,
-    entity_mentions,
+    SpacyNERParams,
     is_numeric_label,
     load_ner,
     normalize_entity,
-    recognise,
-    recognise_windows,
+    mention_rows,
+    spacy_ner_stage,
 )
 
 
@@ -66,52 +63,48 @@ class QueryRecogniser:
                 for ents in self(questions)]
 
 
-@task(name="ner", cache_policy=NO_CACHE)
-def ner(ctx: RunContext, table: ArtifactRef, id_col: str, params: NERParams,
-        llm: LLMParams | None = None) -> dict[str, ArtifactRef]:
-    """Stage: entity mentions ``(id, surface, label, start, end, entity)`` of every text in ``table``.
+@dataclass(frozen=True)
+class LLMNERParams(StageParams):
+    """The NER stage with the chat model (``ner.backend=llm``): which mentions are kept, the empty-reply limit,
+    and what in the ``llm`` group changes a reply (:func:`llm_identity`: never the endpoint or key)."""
 
-    Row-incremental: the recogniser (spaCy, or the LLM for ``backend=llm``) runs only on texts (by
-    content) it has not seen with this model.
-    """
-    frame = ctx.store.read(table, [id_col, "text"])
-    keys = frame["text"].map(text_key)
-    client = ner_client(params, llm, ctx.artifacts_dir)
+    SOURCES = ("ner",)
+    keep_numeric: bool
+    min_chars: int
+    max_empty_fraction: float
+    model: str = from_config("llm.model")
+    temperature: float = from_config("llm.temperature")
+    seed: int = from_config("llm.seed")
+    json_mode: bool = from_config("llm.json_mode")
+    id_col: str = wired()
+
+
+def ner(ctx: RunContext, table: ArtifactRef, id_col: str, cfg, submit: bool = False):
+    """The NER stage of ``cfg.ner.backend`` over ``table``'s texts (``submit``: as a Prefect future)."""
+    if cfg.ner.backend == "llm":
+        run, args = llm_ner_stage, (ctx, LLMNERParams.of(cfg, id_col=id_col), table, cfg.llm)
+    else:
+        run, args = spacy_ner_stage, (ctx, SpacyNERParams.of(cfg, id_col=id_col), table)
+    return run.submit(*args) if submit else run(*args)
+
+
+@stage("ner", params=LLMNERParams)
+def llm_ner_stage(ctx: RunContext, params: LLMNERParams, table: ArtifactRef, llm: "LLMParams") -> dict[str, ArtifactRef]:
+    """Stage: the mentions of :func:`spacy_ner_stage`, extracted by the chat model ``llm`` (a service: its
+    reply-changing settings are in ``params``). Row-incremental likewise; the calls go to the run's ledger."""
+    if llm is None or llm.provider == "none":
+        raise ValueError("ner=llm extracts entities with the chat model: configure one with llm=local "
+                         "(llm.base_url=...) or llm=openai, or use ner=spacy")
+    client = make_client(llm, Path(ctx.artifacts_dir) / "llm_cache.duckdb")
 
     def spans_of(texts: list[str]) -> pd.DataFrame:
-        if client is None:
-            return recognise_windows(texts, params)
         if ctx.llm_dry_run:
             msgs = [llm_ner.ner_messages(t, params.keep_numeric) for t in texts]
             raise LLMDryRun(llm_ner.NER_STAGE, client.dry_run_estimate(msgs, llm.max_tokens))
         return llm_ner.llm_recognise(client, texts, params.keep_numeric, params.max_empty_fraction).spans
 
-    def compute_rows(missing: list[str]) -> pa.Table:
-        first = frame.assign(key=keys).drop_duplicates("key").set_index("key").loc[missing]
-        spans = spans_of(first["text"].tolist())
-        grouped = spans.groupby("text_idx")
-        lists = {c: grouped[c].apply(list) for c in ["surface", "label", "start", "end"]}
-        out = pd.DataFrame({"key": missing})
-        for c, s in lists.items():
-            out[c] = [s.get(i, []) for i in range(len(missing))]
-        return pa.Table.from_pandas(out, preserve_index=False)
-
-    def assemble(rows: pa.Table) -> dict[str, pd.DataFrame]:
-        cached = rows.to_pandas().set_index("key")
-        spans = cached.loc[keys.tolist()].reset_index(drop=True)
-        spans[id_col] = frame[id_col].to_numpy()
-        spans = spans.explode(["surface", "label", "start", "end"]).dropna(subset=["surface"])
-        spans = spans.rename_axis("text_idx").reset_index()
-        mentions = entity_mentions(spans, params).drop(columns="text_idx")
-        mentions = mentions.astype({"start": "int32", "end": "int32"})
-        return {"mentions": mentions[[id_col, "surface", "label", "start", "end", "entity"]]}
-
-    if client is None:  # not recognise_windows: it changes no row a text under the window gave before (a longer
-        # one failed), so every cached row stays valid
-        row_params = {"model": params.model, "matmul": params.matmul, "code": code_version(recognise, load_ner)}
-    else:  # the prompt, keep_numeric (it changes the prompt) and the model name a row
-        row_params = {"backend": "llm", "llm": llm_identity(llm), "keep_numeric": params.keep_numeric,
-                      "code": code_version(llm_ner.llm_recognise, llm_ner.ner_messages)}
+    # the prompt, keep_numeric (it changes the prompt) and the model name a row
+    row_params = {"backend": "llm", "llm": llm_identity(params), "keep_numeric": params.keep_numeric,
+                  "code": code_version(llm_ner.llm_recognise, llm_ner.ner_messages)}
     with ledger_rows(ctx.store, ctx.run_id, client, llm_ner.NER_STAGE):
-        return run_row_stage(ctx, "ner", code_version(ner), params, row_params,
-                             input_fps(table=table), keys, compute_rows, "key", assemble)
+        return mention_rows(ctx, params, table, spans_of, row_params)

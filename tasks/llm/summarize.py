@@ -58,6 +58,17 @@ Split = Callable[[str], list[str]]
 SummaryPrompt = Callable[[tuple[str, ...], int], Messages]
 
 
+def summariser_kind(summariser: str, llm_provider: str) -> str:
+    """``extractive`` or ``llm`` for a method's ``summariser`` setting: ``auto`` is llm when an LLM is configured
+    (``llm_provider`` not ``none``), else extractive; ``llm`` without one is an error, not a fallback."""
+    if summariser == "llm" and llm_provider == "none":
+        raise ValueError("method.summariser=llm needs an LLM (llm=local or llm=openai); "
+                         "use method.summariser=extractive or auto")
+    if summariser == "auto":
+        return "llm" if llm_provider != "none" else "extractive"
+    return summariser
+
+
 def _normalise(x: np.ndarray) -> np.ndarray:
     """Row-wise L2 normalisation (zero rows stay zero)."""
     x = np.asarray(x, dtype=np.float32)

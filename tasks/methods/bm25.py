@@ -11,11 +11,8 @@ from pathlib import Path
 
 import bm25s
 import numpy as np
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
-from tasks.core.code_identity import code_version
-from tasks.core.stage import RunContext, input_fps, run_stage
+from tasks.core.stage import RunContext, StageParams, input_fps, run_stage, stage
 from tasks.core.store import ArtifactRef
 from tasks.eval.retrieve import Hits
 from tasks.text.embed import render_texts
@@ -37,7 +34,18 @@ class BM25Params:
     batch_size: int = field(default=256, metadata=COUNT)
 
 
-def build_bm25(texts: list[str], params: BM25Params) -> bm25s.BM25:
+@dataclass(frozen=True)
+class BM25IndexParams(StageParams):
+    """The BM25 index's keys (``method=bm25`` and ``method=hybrid`` share an index when they are equal)."""
+
+    SOURCES = ("method",)
+    k1: float
+    b: float
+    stopwords: str
+    doc_template: str
+
+
+def build_bm25(texts: list[str], params: BM25IndexParams) -> bm25s.BM25:
     """Tokenise and index a corpus."""
     tokens = bm25s.tokenize(texts, stopwords=params.stopwords, show_progress=False)
     model = bm25s.BM25(k1=params.k1, b=params.b)
@@ -63,17 +71,14 @@ def unpack(blob: bytes) -> bm25s.BM25:
         return bm25s.BM25.load(tmp, show_progress=False, verbosity=0)
 
 
-@task(name="bm25_index", cache_policy=NO_CACHE)
-def bm25_index(ctx: RunContext, documents: ArtifactRef, params: BM25Params) -> dict[str, ArtifactRef]:
+@stage("bm25_index", params=BM25IndexParams)
+def bm25_index(ctx: RunContext, params: BM25IndexParams, documents: ArtifactRef) -> dict[str, ArtifactRef]:
     """Stage: the BM25 index of the corpus (a global structure, rebuilt from ``documents``)."""
-    index_params = {"k1": params.k1, "b": params.b, "stopwords": params.stopwords, "doc_template": params.doc_template}
-
     def compute() -> tuple[dict[str, bytes], int]:
         docs = ctx.store.read(documents, ["title", "text"])
         return {"bm25": pack(build_bm25(render_texts(docs, params.doc_template), params))}, len(docs)
 
-    return run_stage(ctx, "bm25_index", code_version(bm25_index), index_params,
-                     input_fps(documents=documents), compute, ext={"bm25": "tar"})
+    return run_stage(ctx, params, input_fps(documents=documents), compute, ext={"bm25": "tar"})
 
 
 class BM25Retriever:

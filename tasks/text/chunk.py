@@ -11,11 +11,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 import pyarrow as pa
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from tasks.core.code_identity import code_version
-from tasks.core.stage import RunContext, input_fps, run_row_stage
+from tasks.core.stage import RunContext, StageParams, from_config, input_fps, run_row_stage, stage
 from tasks.core.store import ArtifactRef
 from tasks.text import sentences
 
@@ -23,10 +21,12 @@ CHUNK_UNITS = ("passage", "sentence", "window")  # how a document is cut into ch
 
 
 @dataclass(frozen=True)
-class ChunkParams:
-    """How documents are cut: ``unit`` is passage | sentence | window (whitespace tokens)."""
+class ChunkParams(StageParams):
+    """How documents are cut: ``unit`` is passage | sentence | window (whitespace tokens); the chunk stage's
+    params (``method.chunk_unit``, ``method.window_tokens``, ``method.overlap_tokens`` where the method has them)."""
 
-    unit: str = "sentence"
+    SOURCES = ("method",)
+    unit: str = from_config("chunk_unit", "sentence")
     window_tokens: int = 1200
     overlap_tokens: int = 100
 
@@ -81,8 +81,8 @@ def chunk_documents(docs: pd.DataFrame, params: ChunkParams) -> pd.DataFrame:
     return frame.astype({"position": "int32", "start": "int32", "end": "int32"})
 
 
-@task(name="chunk", cache_policy=NO_CACHE)
-def chunk(ctx: RunContext, documents: ArtifactRef, params: ChunkParams) -> dict[str, ArtifactRef]:
+@stage("chunk", params=ChunkParams)
+def chunk(ctx: RunContext, params: ChunkParams, documents: ArtifactRef) -> dict[str, ArtifactRef]:
     """Stage: chunk every document not chunked before with these params (row-incremental by doc_id)."""
     store = ctx.store
     docs = store.read(documents, ["doc_id", "text"])
@@ -98,7 +98,6 @@ def chunk(ctx: RunContext, documents: ArtifactRef, params: ChunkParams) -> dict[
         table = table.sort_values(["_o", "position"], kind="stable").drop(columns="_o").reset_index(drop=True)
         return {"chunks": table}
 
-    code = code_version(chunk)
-    return run_row_stage(ctx, "chunk", code, params, {"params": params, "code": code},
-                         input_fps(documents=documents), docs["doc_id"],
+    row_params = {"params": params.identity(), "code": code_version(chunk_documents)}  # a row: its document's chunks
+    return run_row_stage(ctx, params, row_params, input_fps(documents=documents), docs["doc_id"],
                          compute_rows, "doc_id", assemble)

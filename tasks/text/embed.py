@@ -15,14 +15,12 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from tasks.core.code_identity import code_version
 from tasks.core.progress import progress_bar
-from tasks.core.stage import RunContext, input_fps, run_row_stage, run_stage
 from tasks.core.hashing import short_hash
 from tasks.core.row_cache import text_key
+from tasks.core.stage import RunContext, StageParams, input_fps, run_row_stage, run_setting, run_stage, stage, wired
 from tasks.core.store import ArtifactRef, Store
 from tasks.core.vectors import arrow_to_embeddings, embeddings_to_arrow
 from tasks.text.encoder import PACKAGED_MODEL, load_encoder
@@ -262,21 +260,55 @@ def render_texts(frame: pd.DataFrame, template: str | None) -> list[str]:
     return [template.format(title=t, text=x) for t, x in zip(frame["title"].tolist(), frame["text"].tolist())]
 
 
-@task(name="embed", cache_policy=NO_CACHE)
-def embed(ctx: RunContext, table: ArtifactRef, id_col: str, params: EmbedderParams,
-          use_template: bool = False) -> dict[str, ArtifactRef]:
+@dataclass(frozen=True)
+class EmbedParams(StageParams):
+    """The embed stage's params: the ``embedder`` settings a stored embedding depends on, how the flow renders its
+    rows (``use_template``: passages as ``doc_template`` renders them) and their id column; batch size and device
+    decide how it runs (an fp32 value does not depend on them)."""
+
+    SOURCES = ("embedder",)
+    model: str
+    max_seq_length: int
+    doc_runtime: str
+    precision: str
+    int8_keep_fp32: tuple[str, ...]
+    bf16_min_tokens: int
+    doc_template: str
+    id_col: str = wired()
+    use_template: bool = wired(False)
+    batch_size: int = run_setting()
+    device: str = run_setting()
+
+    def encoder(self) -> EmbedderParams:
+        """The encoder settings :func:`encode_stored` takes."""
+        return stored_encoder(self.model, self.max_seq_length, self.doc_runtime, self.precision, self.int8_keep_fp32,
+                              self.bf16_min_tokens, self.batch_size, self.device)
+
+
+def stored_encoder(model: str, max_seq_length: int, doc_runtime: str, precision: str, int8_keep_fp32: tuple[str, ...],
+                   bf16_min_tokens: int, batch_size: int, device: str) -> EmbedderParams:
+    """The :class:`EmbedderParams` of a stage that stores embeddings, from the settings its params hold (the
+    question-side ones at their defaults, or torch where the device is not the CPU)."""
+    return EmbedderParams(model=model, batch_size=batch_size, max_seq_length=max_seq_length, device=device,
+                          doc_runtime=doc_runtime, query_runtime=doc_runtime if device != "cpu" else "onnxruntime",
+                          precision=precision, int8_keep_fp32=tuple(int8_keep_fp32), bf16_min_tokens=bf16_min_tokens)
+
+
+@stage("embed", params=EmbedParams)
+def embed(ctx: RunContext, params: EmbedParams, table: ArtifactRef) -> dict[str, ArtifactRef]:
     """Stage: ``embeddings(<id_col>, emb)`` for every row of ``table``, in table order.
 
     Row-incremental: a text (by content) already embedded with this model is not embedded again.
     """
-    cols = [id_col, "text"] + (["title"] if use_template else [])
+    id_col, encoder = params.id_col, params.encoder()
+    cols = [id_col, "text"] + (["title"] if params.use_template else [])
     frame = ctx.store.read(table, cols)
-    texts = render_texts(frame, params.doc_template if use_template else None)
+    texts = render_texts(frame, params.doc_template if params.use_template else None)
     keys = pd.Series([text_key(t) for t in texts])
 
     def compute_rows(missing: list[str]) -> pa.Table:
         by_key = dict(zip(keys.tolist(), texts))
-        emb = encode_stored([by_key[k] for k in missing], params)
+        emb = encode_stored([by_key[k] for k in missing], encoder)
         return pa.table({"key": missing, "emb": embeddings_to_arrow(emb)})
 
     def assemble(rows: pa.Table) -> dict[str, pa.Table]:
@@ -284,13 +316,11 @@ def embed(ctx: RunContext, table: ArtifactRef, id_col: str, params: EmbedderPara
         emb = arrow_to_embeddings(rows.column("emb"))[[pos[k] for k in keys.tolist()]]
         return {"embeddings": pa.table({id_col: frame[id_col].tolist(), "emb": embeddings_to_arrow(emb)})}
 
+    # a row's identity: the model, its input length, the code and runtime computing it (not the template: rows are
+    # keyed by the text they embed)
     row_params = {"model": params.model, "max_seq_length": params.max_seq_length,
-                  "code": stored_code(params), **params.stored_identity()}
-    # the stage's identity is what its embeddings depend on: the rows' identity and the template, not the batch
-    # size or the query-side settings (which used to re-run every stage downstream of the embeddings)
-    stage_params = {**row_params, "template": params.doc_template if use_template else None}
-    return run_row_stage(ctx, "embed", code_version(embed), stage_params, row_params,
-                         input_fps(table=table), keys, compute_rows, "key", assemble)
+                  "code": stored_code(encoder), **encoder.stored_identity()}
+    return run_row_stage(ctx, params, row_params, input_fps(table=table), keys, compute_rows, "key", assemble)
 
 
 def text_starts(frame: pd.DataFrame, template: str | None) -> list[int]:
@@ -301,20 +331,29 @@ def text_starts(frame: pd.DataFrame, template: str | None) -> list[int]:
     return [len(head.format(title=t)) for t in frame["title"].tolist()]
 
 
-@task(name="embedded_texts", cache_policy=NO_CACHE)
-def embedded_texts(ctx: RunContext, table: ArtifactRef, id_col: str, params: EmbedderParams
-                   ) -> dict[str, ArtifactRef]:
+@dataclass(frozen=True)
+class EmbeddedTextsParams(StageParams):
+    """How a passage is rendered for embedding (``embedder.doc_template``), and its id column."""
+
+    SOURCES = ("embedder",)
+    doc_template: str
+    id_col: str = wired()
+
+
+@stage("embedded_texts", params=EmbeddedTextsParams)
+def embedded_texts(ctx: RunContext, params: EmbeddedTextsParams, table: ArtifactRef) -> dict[str, ArtifactRef]:
     """Stage: ``embedded_texts(<id_col>, text, text_start)``, each passage as :func:`embed` with ``use_template``
     embeds it (``title + "\n" + text``), and where its own text starts there: the input of a NER that must
     read what is embedded (SeRAG §3.1: a chunk's entities are those of the text it embeds)."""
+    id_col = params.id_col
+
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
         frame = ctx.store.read(table, [id_col, "text", "title"])
         out = pd.DataFrame({id_col: frame[id_col].to_numpy(), "text": render_texts(frame, params.doc_template),
                             "text_start": np.asarray(text_starts(frame, params.doc_template), np.int32)})
         return {"embedded_texts": out}, len(out)
 
-    return run_stage(ctx, "embedded_texts", code_version(embedded_texts), {"template": params.doc_template},
-                     input_fps(table=table), compute)
+    return run_stage(ctx, params, input_fps(table=table), compute)
 
 
 def load_embeddings(ref: ArtifactRef, id_col: str) -> tuple[np.ndarray, np.ndarray]:

@@ -6,14 +6,12 @@ Incidence counts come from the index's own mentions (never from substring counti
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
-from tasks.core.code_identity import code_version
-from tasks.core.stage import RunContext, input_fps, run_stage
+from tasks.core.stage import RunContext, StageParams, input_fps, run_stage, stage, wired
 from tasks.core.store import ArtifactRef, Store
 from tasks.text.ner import normalize_entity
 
@@ -56,18 +54,24 @@ def text_mentions(mentions: pd.DataFrame, id_col: str, text_start: pd.Series) ->
     return mentions.assign(start=start.astype(mentions["start"].dtype), end=end.astype(mentions["end"].dtype))
 
 
-@task(name="text_mentions", cache_policy=NO_CACHE)
-def passage_text_mentions(ctx: RunContext, mentions: ArtifactRef, rendered: ArtifactRef, id_col: str
-                          ) -> dict[str, ArtifactRef]:
+@dataclass(frozen=True)
+class TextMentionsParams(StageParams):
+    """The id column of the rendered passages (no config: the offsets follow from the inputs)."""
+
+    id_col: str = wired()
+
+
+@stage("text_mentions", params=TextMentionsParams)
+def passage_text_mentions(ctx: RunContext, params: TextMentionsParams, mentions: ArtifactRef,
+                          rendered: ArtifactRef) -> dict[str, ArtifactRef]:
     """Stage: the mentions NER found in ``rendered`` (:func:`tasks.text.embed.embedded_texts`), with offsets into
     each passage's own text (:func:`text_mentions`), the shape every entity stage reads."""
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
-        starts = Store.read(rendered, [id_col, "text_start"]).set_index(id_col)["text_start"]
-        out = text_mentions(Store.read(mentions), id_col, starts)
+        starts = Store.read(rendered, [params.id_col, "text_start"]).set_index(params.id_col)["text_start"]
+        out = text_mentions(Store.read(mentions), params.id_col, starts)
         return {"mentions": out}, len(out)
 
-    return run_stage(ctx, "text_mentions", code_version(passage_text_mentions), {"id_col": id_col},
-                     input_fps(mentions=mentions, rendered=rendered), compute)
+    return run_stage(ctx, params, input_fps(mentions=mentions, rendered=rendered), compute)
 
 
 _WORD = re.compile(r"\w+")
@@ -88,8 +92,13 @@ def query_entity_links(questions: list[str], vocab_index: dict[str, int], max_wo
     return found
 
 
-@task(name="entity_graph", cache_policy=NO_CACHE)
-def entity_graph(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef | None,
+@dataclass(frozen=True)
+class EntityGraphParams(StageParams):
+    """None: the entity layer follows from its inputs (the NER's mentions already carry the NER settings)."""
+
+
+@stage("entity_graph", params=EntityGraphParams)
+def entity_graph(ctx: RunContext, params: EntityGraphParams, documents: ArtifactRef, chunks: ArtifactRef | None,
                  doc_mentions: ArtifactRef) -> dict[str, ArtifactRef]:
     """Stage: entity vocabulary and doc–entity (and chunk–entity) incidence, as COO tables."""
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
@@ -102,12 +111,16 @@ def entity_graph(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef | 
             out["chunk_entity"] = incidence(chunk_mentions(mentions, ch), "chunk_id", ch["chunk_id"].tolist(), vocab)
         return out, len(vocab)
 
-    return run_stage(ctx, "entity_graph", code_version(entity_graph), {},
-                     input_fps(documents=documents, chunks=chunks, mentions=doc_mentions), compute)
+    return run_stage(ctx, params, input_fps(documents=documents, chunks=chunks, mentions=doc_mentions), compute)
 
 
-@task(name="entity_texts", cache_policy=NO_CACHE)
-def entity_texts(ctx: RunContext, entities: ArtifactRef) -> dict[str, ArtifactRef]:
+@dataclass(frozen=True)
+class EntityTextsParams(StageParams):
+    """None: an entity's text is its name."""
+
+
+@stage("entity_texts", params=EntityTextsParams)
+def entity_texts(ctx: RunContext, params: EntityTextsParams, entities: ArtifactRef) -> dict[str, ArtifactRef]:
     """Stage: ``entity_texts(entity_id, text)`` in vocabulary order, the shared embed stage's input.
 
     An entity node is its normalised string, so the id is the string and so is the text.
@@ -117,4 +130,4 @@ def entity_texts(ctx: RunContext, entities: ArtifactRef) -> dict[str, ArtifactRe
         names = vocab["entity"].astype(str).to_numpy()
         return {"entity_texts": pd.DataFrame({"entity_id": names, "text": names})}, len(names)
 
-    return run_stage(ctx, "entity_texts", code_version(entity_texts), {}, input_fps(entities=entities), compute)
+    return run_stage(ctx, params, input_fps(entities=entities), compute)

@@ -26,14 +26,11 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
-from tasks.core.code_identity import code_version
-from tasks.core.stage import RunContext, input_fps, run_stage
+from tasks.core.stage import RunContext, StageParams, from_config, input_fps, run_stage, stage
 from tasks.core.store import ArtifactRef, Store
 from tasks.graph.relation_gate import RelationGate
-from tasks.text.embed import EmbedderParams, embed, load_embeddings
+from tasks.text.embed import EmbedParams, embed, load_embeddings
 from tasks.text.ner import normalize_entity
 from tasks.core.limits import COUNT, COUNT0, one_of
 
@@ -500,14 +497,25 @@ def title_link_coverage(titles: Sequence[str], texts: Sequence[str], doc_entity:
 
 # ---------------------------------------------------------------- stage
 
-@task(name="linked_entity_graph", cache_policy=NO_CACHE)
-def linked_entity_graph(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef,
-                        doc_mentions: ArtifactRef, min_chars: int = 4, title_aliases: bool = False,
-                        alias_min_share: float = 0.5) -> dict[str, ArtifactRef]:
+@dataclass(frozen=True)
+class LinkedGraphParams(StageParams):
+    """The gazetteer's entity layer (``method.graph_linking=gazetteer``): shortest name, and title aliases."""
+
+    SOURCES = ("method",)
+    min_chars: int = from_config("gazetteer_min_chars")
+    title_aliases: bool = False
+    alias_min_share: float = 0.5
+
+
+@stage("linked_entity_graph", params=LinkedGraphParams)
+def linked_entity_graph(ctx: RunContext, params: LinkedGraphParams, documents: ArtifactRef, chunks: ArtifactRef,
+                        doc_mentions: ArtifactRef) -> dict[str, ArtifactRef]:
     """Stage: the gazetteer's entity vocabulary and doc–/chunk–entity counts, the tables
     :func:`tasks.text.entities.entity_graph` writes (``graph_linking: gazetteer``). With ``title_aliases``
     the vocabulary's ``aliases`` column holds each title's unambiguous short forms
     (:func:`unambiguous_short_forms`), and the chunks are matched with them."""
+    min_chars = params.min_chars
+
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
         docs = Store.read(documents, ["doc_id", "title"])
         ch = Store.read(chunks, ["chunk_id", "doc_id", "position", "text"])
@@ -521,26 +529,32 @@ def linked_entity_graph(ctx: RunContext, documents: ArtifactRef, chunks: Artifac
         lowest = pd.Series(ch["position"].to_numpy()).groupby(chunk_doc).idxmin()
         first[lowest.index.to_numpy()] = lowest.to_numpy()
         doc_entity, chunk_entity = linked_incidence(titles, texts, chunk_doc, first, Gazetteer.of(names))
-        if title_aliases:  # a second pass: the first one's passage–name counts decide which short forms stand
+        if params.title_aliases:  # a second pass: the first one's passage–name counts decide which short forms stand
             doc_names = sp.csr_array((doc_entity["value"], (doc_entity["row"], doc_entity["col"])),
                                      shape=(len(docs), len(names)))
             doc_texts = pd.Series(texts).groupby(chunk_doc).agg(" ".join).reindex(range(len(docs)), fill_value="")
-            aliases = unambiguous_short_forms(titles, doc_texts.tolist(), names, doc_names, alias_min_share, min_chars)
+            aliases = unambiguous_short_forms(titles, doc_texts.tolist(), names, doc_names, params.alias_min_share,
+                                              min_chars)
             joined = pd.Series(list(aliases), dtype=object).groupby(list(aliases.values())).agg("|".join)
             vocab["aliases"] = joined.reindex(vocab["entity_idx"]).fillna("").to_numpy(dtype=object)
             doc_entity, chunk_entity = linked_incidence(titles, texts, chunk_doc, first,
                                                         Gazetteer.of(names, aliases=aliases))
         return {"entities": vocab, "doc_entity": doc_entity, "chunk_entity": chunk_entity}, len(vocab)
 
-    slice_ = {"min_chars": min_chars, **({"title_aliases": True, "alias_min_share": alias_min_share}
-                                         if title_aliases else {})}  # off: the same fingerprints as before
-    return run_stage(ctx, "linked_entity_graph", code_version(linked_entity_graph), slice_,
-                     input_fps(documents=documents, chunks=chunks, mentions=doc_mentions), compute)
+    return run_stage(ctx, params, input_fps(documents=documents, chunks=chunks, mentions=doc_mentions), compute)
 
 
-@task(name="relation_sentences", cache_policy=NO_CACHE)
-def relation_sentences(ctx: RunContext, chunks: ArtifactRef, entities: ArtifactRef, chunk_entity: ArtifactRef,
-                       min_chars: int) -> dict[str, ArtifactRef]:
+@dataclass(frozen=True)
+class RelationSentencesParams(StageParams):
+    """The shortest name masked (``method.gazetteer_min_chars``)."""
+
+    SOURCES = ("method",)
+    min_chars: int = from_config("gazetteer_min_chars")
+
+
+@stage("relation_sentences", params=RelationSentencesParams)
+def relation_sentences(ctx: RunContext, params: RelationSentencesParams, chunks: ArtifactRef, entities: ArtifactRef,
+                       chunk_entity: ArtifactRef) -> dict[str, ArtifactRef]:
     """Stage (beyond the paper, ``relation_gate_masked``): ``relation_sentences(chunk_id, text)``, every chunk
     that writes a title's name, with the names it writes capitalised left out (:func:`mask_names`). The masked
     relation gate (ZoomRAG, LinearRAG) compares these with the questions, likewise masked, so that the relation
@@ -551,12 +565,11 @@ def relation_sentences(ctx: RunContext, chunks: ArtifactRef, entities: ArtifactR
         is_title = vocab["is_title"].to_numpy(dtype=bool)
         rows = np.unique(ce["row"].to_numpy()[is_title[ce["col"].to_numpy()]])
         ch = Store.read(chunks, ["chunk_id", "text"])
-        gaz = Gazetteer.of(vocab["entity"].tolist(), min_chars, aliases_of(vocab))
+        gaz = Gazetteer.of(vocab["entity"].tolist(), params.min_chars, aliases_of(vocab))
         masked = mask_names(ch["text"].astype(str).to_numpy()[rows].tolist(), gaz)
         return {"relation_sentences": pd.DataFrame({"chunk_id": ch["chunk_id"].to_numpy()[rows], "text": masked})}, len(rows)
 
-    return run_stage(ctx, "relation_sentences", code_version(relation_sentences), {"min_chars": min_chars},
-                     input_fps(chunks=chunks, entities=entities, chunk_entity=chunk_entity), compute)
+    return run_stage(ctx, params, input_fps(chunks=chunks, entities=entities, chunk_entity=chunk_entity), compute)
 
 
 def masked_relation_gate(gate: RelationGate, index: Mapping[str, ArtifactRef], chunk_ids: np.ndarray) -> RelationGate:
@@ -572,9 +585,9 @@ def masked_relation_gate(gate: RelationGate, index: Mapping[str, ArtifactRef], c
     return replace(gate, chunk_emb=np.ascontiguousarray(emb[row.loc[wanted].to_numpy()], dtype=np.float32))
 
 
-def index_relation_embeddings(ctx: RunContext, chunks: ArtifactRef, entities: ArtifactRef, chunk_entity: ArtifactRef,
-                              min_chars: int, embedder: EmbedderParams) -> dict[str, ArtifactRef]:
+def index_relation_embeddings(ctx: RunContext, cfg, chunks: ArtifactRef, entities: ArtifactRef,
+                              chunk_entity: ArtifactRef) -> dict[str, ArtifactRef]:
     """The index's ``relation_embeddings`` for the masked relation gate: :func:`relation_sentences`, embedded."""
-    masked = relation_sentences(ctx, chunks, entities, chunk_entity, min_chars)["relation_sentences"]
-    return {"relation_embeddings": embed(ctx, masked, "chunk_id", embedder)["embeddings"]}
-
+    masked = relation_sentences(ctx, RelationSentencesParams.of(cfg), chunks, entities, chunk_entity)
+    embedded = embed(ctx, EmbedParams.of(cfg, id_col="chunk_id"), masked["relation_sentences"])
+    return {"relation_embeddings": embedded["embeddings"]}

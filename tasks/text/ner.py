@@ -12,12 +12,18 @@ import functools
 import re
 import unicodedata
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from tqdm.auto import tqdm
 
+from tasks.core.code_identity import code_version
 from tasks.core.limits import COUNT, COUNT0, PROB, one_of
+from tasks.core.row_cache import text_key
+from tasks.core.stage import RunContext, StageParams, input_fps, run_row_stage, run_setting, stage, wired
+from tasks.core.store import ArtifactRef
 BACKENDS = ("spacy", "llm")
 # what runs spaCy's matrix products on the CPU. numpy: numpy's BLAS (OpenBLAS), the default. blis: spaCy's own
 # default, BLIS, which falls back to its reference kernels on CPUs it does not detect (this AMD Zen 4: NER over
@@ -140,3 +146,64 @@ def entity_mentions(spans: pd.DataFrame, params: NERParams) -> pd.DataFrame:
     spans = spans if params.keep_numeric else spans[~spans["label"].isin(NUMERIC_LABELS)]
     spans = spans.assign(entity=[normalize_entity(s) for s in spans["surface"].tolist()])
     return spans[spans["entity"].str.len() >= params.min_chars].reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class SpacyNERParams(StageParams):
+    """The NER stage with spaCy (``ner.backend=spacy``): the pipeline, and which mentions are kept; batch size
+    and processes decide how it runs."""
+
+    SOURCES = ("ner",)
+    model: str
+    matmul: str
+    keep_numeric: bool
+    min_chars: int
+    id_col: str = wired()
+    batch_size: int = run_setting()
+    n_process: int = run_setting()
+
+
+@stage("ner", params=SpacyNERParams)
+def spacy_ner_stage(ctx: RunContext, params: SpacyNERParams, table: ArtifactRef) -> dict[str, ArtifactRef]:
+    """Stage: entity mentions ``(id, surface, label, start, end, entity)`` of every text in ``table``, by spaCy.
+
+    Row-incremental: spaCy runs only on texts (by content) it has not seen with this model.
+    """
+    def spans_of(texts: list[str]) -> pd.DataFrame:
+        return recognise_windows(texts, params)
+
+    # not recognise_windows: it changes no row a text under the window gave before (a longer one failed), so
+    # every cached row stays valid
+    row_params = {"model": params.model, "matmul": params.matmul, "code": code_version(recognise, load_ner)}
+    return mention_rows(ctx, params, table, spans_of, row_params)
+
+
+def mention_rows(ctx: RunContext, params: StageParams, table: ArtifactRef,
+                 spans_of: "Callable[[list[str]], pd.DataFrame]", row_params: dict) -> dict[str, ArtifactRef]:
+    """The NER stages' rows: raw spans per distinct text (``spans_of``), cached; filtered and normalised on
+    assembly (:func:`entity_mentions`), so ``keep_numeric`` and ``min_chars`` never re-run the recogniser."""
+    id_col = params.id_col
+    frame = ctx.store.read(table, [id_col, "text"])
+    keys = frame["text"].map(text_key)
+
+    def compute_rows(missing: list[str]) -> pa.Table:
+        first = frame.assign(key=keys).drop_duplicates("key").set_index("key").loc[missing]
+        spans = spans_of(first["text"].tolist())
+        grouped = spans.groupby("text_idx")
+        lists = {c: grouped[c].apply(list) for c in ["surface", "label", "start", "end"]}
+        out = pd.DataFrame({"key": missing})
+        for c, s in lists.items():
+            out[c] = [s.get(i, []) for i in range(len(missing))]
+        return pa.Table.from_pandas(out, preserve_index=False)
+
+    def assemble(rows: pa.Table) -> dict[str, pd.DataFrame]:
+        cached = rows.to_pandas().set_index("key")
+        spans = cached.loc[keys.tolist()].reset_index(drop=True)
+        spans[id_col] = frame[id_col].to_numpy()
+        spans = spans.explode(["surface", "label", "start", "end"]).dropna(subset=["surface"])
+        spans = spans.rename_axis("text_idx").reset_index()
+        mentions = entity_mentions(spans, params).drop(columns="text_idx")
+        mentions = mentions.astype({"start": "int32", "end": "int32"})
+        return {"mentions": mentions[[id_col, "surface", "label", "start", "end", "entity"]]}
+
+    return run_row_stage(ctx, params, row_params, input_fps(table=table), keys, compute_rows, "key", assemble)

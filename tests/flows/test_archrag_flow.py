@@ -53,7 +53,8 @@ ABLATIONS = {  # Table 4 variant -> overrides, and the stages it recomputes over
     "Leiden": (["method.augment=false", "method.attribute_weights=false"], {"archrag_hierarchy", "archrag_chnsw"}),
     "Single-Layer": (["method.max_level=1"], {"archrag_hierarchy", "archrag_chnsw"}),
     "Entity-Only": (["method.entity_only=true"], set()),
-    "exact search": (["method.exact_search=true"], set()),
+    # the C-HNSW stage stores ef_search and exact (flat layers) and the retriever searches with them: rebuilt
+    "exact search": (["method.exact_search=true"], {"archrag_chnsw"}),
 }
 
 

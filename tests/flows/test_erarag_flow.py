@@ -189,8 +189,10 @@ def test_llm_summaries_and_rerun_costs_no_calls(shared, tmp_path):
         first = evaluate_flow(cfg, str(tmp_path / "r1"))
         assert first["summariser"] == "llm" and first["nodes_per_layer"] == [60, 6]
         store = Store(shared / "artifacts")
-        meta_path = store.query("SELECT path FROM stages WHERE stage = 'erarag_hierarchy' AND name = 'meta' "
-                                "AND params LIKE '%\"llm\"%'")["path"][0]
+        metas = store.query("SELECT path, params FROM stages WHERE stage = 'erarag_hierarchy' AND name = 'meta'")
+        llm_made = [r.path for r in metas.itertuples() if json.loads(r.params).get("llm_provider") == "local"]
+        assert len(llm_made) == 1
+        meta_path = llm_made[0]
         assert read_meta(meta_path)["summariser"] == "llm"
         nodes = pq.read_table(meta_path.replace("/meta-", "/nodes-")).to_pandas()
         summaries = nodes.loc[nodes["layer"] == 1, "text"]
@@ -204,7 +206,19 @@ def test_llm_summaries_and_rerun_costs_no_calls(shared, tmp_path):
 
 
 def test_llm_summariser_without_llm_is_an_error():
+    from types import SimpleNamespace
+
+    from tasks.methods.erarag.stages import LLMHierarchyParams, hierarchy_params
+    from tasks.text.embed import EmbedderParams
+
+    def params(method: EraParams, llm: LLMParams):
+        return hierarchy_params(SimpleNamespace(method=method, embedder=EmbedderParams(), llm=llm))
+
     with pytest.raises(ValueError, match="needs an LLM"):
-        EraParams(summariser="llm").resolved_summariser(LLMParams())
-    assert EraParams().resolved_summariser(LLMParams()) == "extractive"
-    assert EraParams().resolved_summariser(LLMParams(provider="local", model="m")) == "llm"
+        params(EraParams(summariser="llm"), LLMParams())
+    assert params(EraParams(), LLMParams()).kind == "extractive"
+    llm = params(EraParams(), LLMParams(provider="local", model="m"))
+    assert llm.kind == "llm" and isinstance(llm, LLMHierarchyParams) and llm.llm_model == "m"
+    # an extractive hierarchy reads no LLM setting: an LLM configured for answers leaves it as it is
+    assert params(EraParams(summariser="extractive"), LLMParams(provider="local", model="m")) == params(
+        EraParams(summariser="extractive"), LLMParams())

@@ -9,6 +9,7 @@ The algorithms are in :mod:`tasks.methods.archrag.kg`.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,12 +18,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from tasks.core.code_identity import code_version
-from tasks.core.stage import RunContext, input_fps, run_row_stage, run_stage
 from tasks.core.row_cache import text_key
+from tasks.core.stage import RunContext, StageParams, from_config, input_fps, run_row_stage, run_stage, stage
 from tasks.core.store import ArtifactRef, Store
 from tasks.methods.archrag import kg
 from tasks.text.entities import chunk_mentions
@@ -79,24 +78,74 @@ def kg_client(llm: "LLMParams | None", artifacts_dir: str) -> "LLMClient":
     return make_client(llm, Path(artifacts_dir) / "llm_cache.duckdb")
 
 
-@task(name="archrag_kg", cache_policy=NO_CACHE)
-def archrag_kg(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef, mentions: ArtifactRef | None,
-               params: KGParams, llm: "LLMParams | None" = None) -> dict[str, ArtifactRef]:
-    """Stage: ArchRAG's KG ``{"entities", "relations", "kg_meta"}`` by ``params.builder``.
+@dataclass(frozen=True)
+class CooccurKGParams(StageParams):
+    """``archrag_kg_cooccur``: the builder's name and the cap on an entity's description."""
+
+    SOURCES = ("kg",)
+    builder: str
+    description_tokens: int
+
+
+@dataclass(frozen=True)
+class LLMKGParams(StageParams):
+    """``archrag_kg_llm``: the completion budgets, the empty-reply limit, and what in the ``llm`` group changes a
+    reply (never the endpoint or key)."""
+
+    SOURCES = ("kg",)
+    builder: str
+    extract_max_tokens: int
+    describe_max_tokens: int
+    max_empty_fraction: float
+    model: str = from_config("llm.model")
+    temperature: float = from_config("llm.temperature")
+    seed: int = from_config("llm.seed")
+    json_mode: bool = from_config("llm.json_mode")
+
+
+@dataclass(frozen=True)
+class ExtractParams(StageParams):
+    """``archrag_extract``, the per-chunk extraction inside ``archrag_kg_llm`` (:meth:`of_kg` from its params)."""
+
+    SOURCES = ("kg",)
+    builder: str
+    extract_max_tokens: int
+    max_empty_fraction: float
+    model: str = from_config("llm.model")
+    temperature: float = from_config("llm.temperature")
+    seed: int = from_config("llm.seed")
+    json_mode: bool = from_config("llm.json_mode")
+
+    @classmethod
+    def of_kg(cls, params: LLMKGParams) -> "ExtractParams":
+        return cls(**{f.name: getattr(params, f.name) for f in dataclasses.fields(cls)})
+
+
+class ExtractCount:
+    """How many chunks the extraction stage sent to the model (a plain object: the task runner passes it as is)."""
+
+    def __init__(self) -> None:
+        self.chunks_extracted = 0
+
+
+def archrag_kg(ctx: RunContext, cfg: Any, documents: ArtifactRef, chunks: ArtifactRef,
+               mentions: ArtifactRef | None) -> dict[str, ArtifactRef]:
+    """ArchRAG's KG ``{"entities", "relations", "kg_meta"}`` by ``cfg.kg.builder``.
 
     ``mentions`` (the shared ``ner`` stage's document mentions) is required by ``cooccur`` and
-    ignored by ``llm``; ``llm`` needs a configured chat model. ``documents`` is recorded as an
+    ignored by ``llm``; ``llm`` needs a configured chat model (``cfg.llm``). ``documents`` is recorded as an
     input (chunks and mentions derive from it).
     """
-    if params.builder == "cooccur":
+    if cfg.kg.builder == "cooccur":
         if mentions is None:
             raise ValueError("archrag kg builder=cooccur needs the ner stage's mentions")
-        return cooccur_stage(ctx, documents, chunks, mentions, params)
-    return llm_stage(ctx, documents, chunks, params, llm)
+        return cooccur_stage(ctx, CooccurKGParams.of(cfg), documents, chunks, mentions)
+    return llm_stage(ctx, LLMKGParams.of(cfg), documents, chunks, cfg.llm)
 
 
-def cooccur_stage(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef, mentions: ArtifactRef,
-                  params: KGParams) -> dict[str, ArtifactRef]:
+@stage(KG_STAGES["cooccur"], params=CooccurKGParams)
+def cooccur_stage(ctx: RunContext, params: CooccurKGParams, documents: ArtifactRef, chunks: ArtifactRef,
+                  mentions: ArtifactRef) -> dict[str, ArtifactRef]:
     """``archrag_kg_cooccur``: :func:`kg.cooccur_kg` over the chunk mentions (LLM-free, not the paper's)."""
     def compute() -> tuple[dict[str, pa.Table | pd.DataFrame], int]:
         ch = Store.read(chunks, ["chunk_id", "doc_id", "text", "start", "end"])
@@ -107,19 +156,19 @@ def cooccur_stage(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef, 
         ent, rel = kg.to_arrow(entities, relations)
         return {"entities": ent, "relations": rel, "kg_meta": meta}, len(entities)
 
-    slice_ = {"builder": "cooccur", "description_tokens": params.description_tokens}
-    return run_stage(ctx, KG_STAGES["cooccur"], code_version(cooccur_stage), slice_,
-                     input_fps(documents=documents, chunks=chunks, mentions=mentions), compute)
+    return run_stage(ctx, params, input_fps(documents=documents, chunks=chunks, mentions=mentions), compute)
 
 
-def extract_stage(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef, params: KGParams,
-                  llm: "LLMParams", client: "LLMClient", counters: dict[str, int]) -> dict[str, ArtifactRef]:
+@stage(kg.EXTRACT_STAGE, params=ExtractParams)
+def extract_stage(ctx: RunContext, params: ExtractParams, documents: ArtifactRef, chunks: ArtifactRef,
+                  llm: "LLMParams", client: "LLMClient", counts: "ExtractCount") -> dict[str, ArtifactRef]:
     """``archrag_extract``: the raw records of every chunk (``extractions``: ``chunk_id`` + the columns of
     :data:`kg.EXTRACTION_SCHEMA`), extracted once per distinct chunk text under this model and prompt.
 
     A batch of new chunks more than ``max_empty_fraction`` of which give no entity raises before
     its rows are stored (so a fixed model re-asks them); under ``ctx.llm_dry_run`` a batch with
-    new chunks raises ``LLMDryRun`` with its estimate instead of calling the LLM.
+    new chunks raises ``LLMDryRun`` with its estimate instead of calling the LLM. ``llm`` and ``client``
+    are the service (what in them changes a reply is in ``params``); ``counts`` receives the chunks extracted.
     """
     from tasks.llm.params import LLMDryRun
     from tasks.llm.schema import JSON_FORMAT, check_empty_fraction
@@ -130,7 +179,7 @@ def extract_stage(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef, 
     def compute_rows(missing: list[str]) -> pa.Table:
         texts = frame.assign(key=keys).drop_duplicates("key").set_index("key").loc[missing, "text"].tolist()
         if ctx.llm_dry_run:
-            fmt = {"response_format": JSON_FORMAT} if llm.json_mode else {}
+            fmt = {"response_format": JSON_FORMAT} if params.json_mode else {}
             msgs = [kg.extract_messages(t) for t in texts]
             raise LLMDryRun(kg.EXTRACT_STAGE, client.dry_run_estimate(msgs, params.extract_max_tokens,
                                                                        max_tokens=params.extract_max_tokens, **fmt))
@@ -138,7 +187,7 @@ def extract_stage(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef, 
         rows = kg.extraction_rows(missing, replies)
         check_empty_fraction([r if r is None else r.get("entities") for r in replies], params.max_empty_fraction,
                              f"{kg.EXTRACT_STAGE} (archrag kg builder=llm)")
-        counters["chunks_extracted"] = len(missing)
+        counts.chunks_extracted += len(missing)
         return rows
 
     def assemble(rows: pa.Table | None) -> dict[str, pd.DataFrame]:
@@ -149,24 +198,27 @@ def extract_stage(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef, 
         cached.insert(0, "chunk_id", frame["chunk_id"].to_numpy())
         return {"extractions": cached.drop(columns="key", errors="ignore")}
 
-    row_params = {"builder": "llm", "llm": llm_identity(llm), "max_tokens": params.extract_max_tokens,
+    row_params = {"builder": "llm", "llm": llm_identity(params), "max_tokens": params.extract_max_tokens,
                   "code": code_version(kg.llm_extract, kg.extraction_rows)}
-    stage_params = {**row_params, "max_empty_fraction": params.max_empty_fraction}
-    return run_row_stage(ctx, kg.EXTRACT_STAGE, code_version(extract_stage), stage_params, row_params,
-                         input_fps(documents=documents, chunks=chunks), keys, compute_rows, "key", assemble)
+    return run_row_stage(ctx, params, row_params, input_fps(documents=documents, chunks=chunks), keys, compute_rows,
+                         "key", assemble)
 
 
-def llm_stage(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef, params: KGParams,
+@stage(KG_STAGES["llm"], params=LLMKGParams)
+def llm_stage(ctx: RunContext, params: LLMKGParams, documents: ArtifactRef, chunks: ArtifactRef,
               llm: "LLMParams | None") -> dict[str, ArtifactRef]:
     """``archrag_kg_llm``: merge the chunks' extractions (:func:`kg.merge_extractions`) and let the LLM
-    consolidate every entity or relation with two or more distinct descriptions (§3.1.1)."""
+    consolidate every entity or relation with two or more distinct descriptions (§3.1.1). ``llm`` is the
+    service it calls (what in it changes a reply is in ``params``)."""
     from tasks.llm.client import ledger_rows
     from tasks.llm.params import LLMDryRun
 
     client = kg_client(llm, ctx.artifacts_dir)
     with ledger_rows(ctx.store, ctx.run_id, client, kg.EXTRACT_STAGE, kg.DESCRIBE_STAGE):
-        counters: dict[str, int] = {}
-        extractions = extract_stage(ctx, documents, chunks, params, llm, client, counters)["extractions"]
+        counts = ExtractCount()
+        extractions = extract_stage(ctx, ExtractParams.of_kg(params), documents, chunks, llm, client,
+                                    counts)["extractions"]
+        counters: dict[str, int] = {"chunks_extracted": counts.chunks_extracted} if counts.chunks_extracted else {}
 
         def compute() -> tuple[dict[str, pa.Table | pd.DataFrame], int]:
             ext = Store.read(extractions)
@@ -190,7 +242,4 @@ def llm_stage(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef, para
             ent, rel = kg.to_arrow(entities, relations)
             return {"entities": ent, "relations": rel, "kg_meta": meta}, len(entities)
 
-        slice_ = {"builder": "llm", "llm": llm_identity(llm), "extract_max_tokens": params.extract_max_tokens,
-                  "describe_max_tokens": params.describe_max_tokens}
-        return run_stage(ctx, KG_STAGES["llm"], code_version(llm_stage), slice_,
-                         input_fps(documents=documents, chunks=chunks, extractions=extractions), compute)
+        return run_stage(ctx, params, input_fps(documents=documents, chunks=chunks, extractions=extractions), compute)

@@ -11,24 +11,23 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import scipy.sparse as sp
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from tasks.core.code_identity import code_version
-from tasks.core.stage import RunContext, input_fps, run_stage
 from tasks.core.hashing import short_hash
+from tasks.core.stage import RunContext, StageParams, from_config, input_fps, run_setting, run_stage, stage
 from tasks.core.store import ArtifactRef, Store
 from tasks.core.vectors import arrow_to_embeddings
 from tasks.graph.sparse import group_positions
 from tasks.llm.client import ledger_rows
 from tasks.llm.ledger import estimate_text_tokens
 from tasks.llm.params import LLMDryRun, LLMParams, Messages
+from tasks.llm.summarize import summariser_kind
 from tasks.methods.archrag import algorithm as alg
 from tasks.methods.archrag.chnsw import CHNSW, CHNSWParams
 from tasks.text.chunk import CHUNK_UNITS, ChunkParams
@@ -37,6 +36,7 @@ from tasks.text.embed import (
     cached_encode,
     embeddings_to_arrow,
     load_embeddings,
+    stored_encoder,
 )
 from tasks.core.limits import COUNT, COUNT0, POSITIVE, PROB, one_of
 from tasks.graph.knn import SEARCHES
@@ -128,26 +128,9 @@ class ArchParams:
         names = {f.name for f in fields(alg.ClusterParams)}
         return alg.ClusterParams(**{k: v for k, v in asdict(self).items() if k in names})
 
-    def chunking(self) -> ChunkParams:
-        return ChunkParams(unit=self.chunk_unit, window_tokens=self.window_tokens, overlap_tokens=self.overlap_tokens)
-
-    def chnsw(self) -> CHNSWParams:
-        return CHNSWParams(M=self.hnsw_m, ef_construction=self.ef_construction, ef_search=self.ef_search,
-                           exact=self.exact_search)
-
     def k_of_layer(self, layer: int) -> int:
         """k of one layer: the last given k repeats upwards."""
         return self.k_per_layer[min(layer, len(self.k_per_layer) - 1)]
-
-    def resolved_summariser(self, llm: Optional[LLMParams]) -> str:
-        """``auto`` → llm when an LLM is configured, else extractive; ``llm`` without one is an error."""
-        has_llm = llm is not None and llm.provider != "none"
-        if self.summariser == "llm" and not has_llm:
-            raise ValueError("method.summariser=llm needs an LLM (llm=local or llm=openai); "
-                             "use method.summariser=extractive or auto")
-        if self.summariser == "auto":
-            return "llm" if has_llm else "extractive"
-        return self.summariser
 
 
 # ---------------------------------------------------------------- entity attributes
@@ -158,16 +141,21 @@ def entity_text(name: str, description: str) -> str:
     return f"{name} {description}".strip()
 
 
-@task(name="archrag_entity_texts", cache_policy=NO_CACHE)
-def entity_texts_stage(ctx: RunContext, entities: ArtifactRef) -> dict[str, ArtifactRef]:
+@dataclass(frozen=True)
+class EntityAttributeTextsParams(StageParams):
+    """None: an entity's attribute text is its name and description."""
+
+
+@stage("archrag_entity_texts", params=EntityAttributeTextsParams)
+def entity_texts_stage(ctx: RunContext, params: EntityAttributeTextsParams, entities: ArtifactRef
+                       ) -> dict[str, ArtifactRef]:
     """Stage: ``entity_texts(entity_id, text)`` in entity-id order, the shared embed stage's input."""
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
         e = Store.read(entities, ["entity_id", "name", "description"]).sort_values("entity_id")
         texts = [entity_text(n, d) for n, d in zip(e["name"].tolist(), e["description"].tolist())]
         return {"entity_texts": pd.DataFrame({"entity_id": e["entity_id"].astype(str), "text": texts})}, len(e)
 
-    return run_stage(ctx, "archrag_entity_texts", code_version(entity_texts_stage, entity_text), {},
-                     input_fps(entities=entities), compute)
+    return run_stage(ctx, params, input_fps(entities=entities), compute)
 
 
 # ---------------------------------------------------------------- community summaries
@@ -233,9 +221,9 @@ def report_text(title: str, summary: str, findings: list[str]) -> str:
 class Summaries:
     """Alg. 1 line 7 with a content-addressed cache: one summary per community, extractive or an LLM report."""
 
-    def __init__(self, ctx: RunContext, params: ArchParams, kind: str, llm: Optional[LLMParams],
-                 embedder: EmbedderParams) -> None:
-        self.ctx, self.params, self.kind, self.embedder = ctx, params, kind, embedder
+    def __init__(self, ctx: RunContext, params: "ExtractiveHierarchyParams | LLMHierarchyParams", kind: str,
+                 llm: Optional[LLMParams]) -> None:
+        self.ctx, self.params, self.kind, self.embedder = ctx, params, kind, params.encoder()
         self.client = None
         if kind == "llm":
             from pathlib import Path
@@ -244,8 +232,7 @@ class Summaries:
             self.client = make_client(llm, Path(ctx.artifacts_dir) / "llm_cache.duckdb")
         identity: dict[str, Any] = {"kind": kind, "code": code_version(report_messages, report_text)}
         if kind == "llm":
-            from tasks.llm.params import llm_identity
-            identity.update(llm=llm_identity(llm), max_tokens=params.report_max_tokens)
+            identity.update(llm=params.llm(), max_tokens=params.report_max_tokens)
         else:
             identity.update(tokens=params.summary_tokens)
         self.cache = ctx.store.row_cache("archrag_summary", short_hash(identity), "key")
@@ -406,20 +393,77 @@ class CommunityInputs:
 # ---------------------------------------------------------------- the hierarchy stage
 
 
-def hierarchy_slice(params: ArchParams, kind: str, llm: Optional[LLMParams], embedder: EmbedderParams) -> dict:
-    """What a stored hierarchy depends on beyond its inputs: Algorithm 1's knobs, the summariser, the encoder."""
-    out: dict[str, Any] = {"clustering": asdict(params.clustering_params()), "summariser": kind,
-                           "report_input_tokens": params.report_input_tokens, "embedder": embedder.model}
-    if kind == "llm":
-        from tasks.llm.params import llm_identity
-        out.update(llm=llm_identity(llm), report_max_tokens=params.report_max_tokens)
-    else:
-        out.update(summary_tokens=params.summary_tokens)
-    return out
+@dataclass(frozen=True)
+class HierarchyParams(StageParams):
+    """Algorithm 1 (:class:`tasks.methods.archrag.algorithm.ClusterParams`), what a summary is made from (line 7)
+    and the encoder of the community attributes; its two variants add their summariser's settings."""
+
+    SOURCES = ("method",)
+    augment: bool
+    k_scale: float
+    percentile: float
+    edge_weight: str
+    attribute_weights: bool
+    clustering: str
+    max_cluster_size: int
+    resolution: float
+    min_clusters: int
+    max_level: int
+    seed: int
+    knn_search: str
+    knn_exact_max: int
+    ivf_nlist: int
+    ivf_nprobe: int
+    report_input_tokens: int
+    summary_tokens: int  # the extractive summary (with an LLM: of a report that stays invalid)
+    embedder_model: str = from_config("embedder.model")
+    max_seq_length: int = from_config("embedder.max_seq_length")
+    doc_runtime: str = from_config("embedder.doc_runtime")
+    precision: str = from_config("embedder.precision")
+    int8_keep_fp32: tuple[str, ...] = from_config("embedder.int8_keep_fp32")
+    bf16_min_tokens: int = from_config("embedder.bf16_min_tokens")
+    embed_batch_size: int = run_setting(key="embedder.batch_size")
+    device: str = run_setting(key="embedder.device")
+
+    def clustering_params(self) -> alg.ClusterParams:
+        """The knobs :func:`tasks.methods.archrag.algorithm.hierarchical_clustering` takes."""
+        return alg.ClusterParams(**{f.name: getattr(self, f.name) for f in fields(alg.ClusterParams)})
+
+    def encoder(self) -> EmbedderParams:
+        """The encoder of the community attributes (the entities' own)."""
+        return stored_encoder(self.embedder_model, self.max_seq_length, self.doc_runtime, self.precision,
+                              self.int8_keep_fp32, self.bf16_min_tokens, self.embed_batch_size, self.device)
 
 
-def hierarchy_code() -> str:
-    return code_version(alg.hierarchical_clustering, Summaries, CommunityInputs, group_positions, hierarchy_tables)
+@dataclass(frozen=True)
+class ExtractiveHierarchyParams(HierarchyParams):
+    """``archrag_hierarchy`` with extractive summaries: no LLM setting is read."""
+
+    kind: ClassVar[str] = "extractive"
+
+
+@dataclass(frozen=True)
+class LLMHierarchyParams(HierarchyParams):
+    """``archrag_hierarchy`` with the LLM's community reports: their budget, and what in the ``llm`` group changes
+    a report (never the endpoint or key)."""
+
+    kind: ClassVar[str] = "llm"
+    report_max_tokens: int = from_config("report_max_tokens")
+    llm_model: str = from_config("llm.model")
+    llm_temperature: float = from_config("llm.temperature")
+    llm_seed: int = from_config("llm.seed")
+    llm_json_mode: bool = from_config("llm.json_mode")
+
+    def llm(self) -> dict[str, Any]:
+        """The model and sampling a report was made with (as :func:`tasks.text.ner.llm_identity` writes them)."""
+        return {"model": self.llm_model, "temperature": self.llm_temperature, "seed": self.llm_seed,
+                "json_mode": self.llm_json_mode}
+
+
+def hierarchy_params(cfg: Any) -> ExtractiveHierarchyParams | LLMHierarchyParams:
+    """The hierarchy stage's params of the summariser ``method.summariser`` resolves to (:func:`summariser_kind`)."""
+    kind = summariser_kind(cfg.method.summariser, cfg.llm.provider)
+    return (LLMHierarchyParams if kind == "llm" else ExtractiveHierarchyParams).of(cfg)
 
 
 def hierarchy_tables(h: alg.Hierarchy, inputs: CommunityInputs) -> dict[str, Any]:
@@ -441,12 +485,13 @@ def hierarchy_tables(h: alg.Hierarchy, inputs: CommunityInputs) -> dict[str, Any
     return {"communities": communities, "parents": parents, "community_embeddings": emb_table}
 
 
-@task(name="archrag_hierarchy", cache_policy=NO_CACHE)
-def hierarchy_stage(ctx: RunContext, entities: ArtifactRef, relations: ArtifactRef, entity_embeddings: ArtifactRef,
-                    kg_meta: ArtifactRef, params: ArchParams, llm: Optional[LLMParams],
-                    embedder: EmbedderParams) -> dict[str, ArtifactRef]:
-    """Stage: Algorithm 1 over the KG, a summary per community (cached by content), its meta row."""
-    kind = params.resolved_summariser(llm)
+@stage("archrag_hierarchy", params=(ExtractiveHierarchyParams, LLMHierarchyParams))
+def hierarchy_stage(ctx: RunContext, params: ExtractiveHierarchyParams | LLMHierarchyParams, entities: ArtifactRef, relations: ArtifactRef,
+                    entity_embeddings: ArtifactRef, kg_meta: ArtifactRef, llm: Optional[LLMParams]
+                    ) -> dict[str, ArtifactRef]:
+    """Stage: Algorithm 1 over the KG, a summary per community (cached by content), its meta row. ``llm`` is
+    the service the report writer calls (what in it changes a report is in ``params``)."""
+    kind = params.kind
 
     def compute() -> tuple[dict[str, Any], int]:
         ent = Store.read(entities).sort_values("entity_id").reset_index(drop=True)
@@ -454,7 +499,7 @@ def hierarchy_stage(ctx: RunContext, entities: ArtifactRef, relations: ArtifactR
         _, emb = load_embeddings(entity_embeddings, "entity_id")
         emb = alg_unit(emb)
         inputs = CommunityInputs(ent, rel, emb, params.report_input_tokens)
-        summaries = Summaries(ctx, params, kind, llm, embedder)
+        summaries = Summaries(ctx, params, kind, llm)
 
         def summarise(level: int, labels: np.ndarray) -> np.ndarray:
             log.info("archrag layer %d: %d nodes clustered into %d communities, summarising them", level,
@@ -481,8 +526,8 @@ def hierarchy_stage(ctx: RunContext, entities: ArtifactRef, relations: ArtifactR
                      builder, kind, h.n_layers, meta["communities"], summaries.summarised, summaries.total, h.stop_reason)
             return {**tables, "hierarchy_meta": pd.DataFrame([meta])}, int(len(tables["communities"]))
 
-    return run_stage(ctx, "archrag_hierarchy", hierarchy_code(), hierarchy_slice(params, kind, llm, embedder),
-                     input_fps(entities=entities, relations=relations, embeddings=entity_embeddings), compute)
+    return run_stage(ctx, params, input_fps(entities=entities, relations=relations, embeddings=entity_embeddings),
+                     compute)
 
 
 # ---------------------------------------------------------------- C-HNSW
@@ -497,18 +542,31 @@ def layer_vectors(entity_embeddings: ArtifactRef, community_embeddings: Artifact
     return [alg_unit(ent)] + [alg_unit(emb[layer == l]) for l in range(1, int(layer.max(initial=0)) + 1)]
 
 
-@task(name="archrag_chnsw", cache_policy=NO_CACHE)
-def chnsw_stage(ctx: RunContext, entity_embeddings: ArtifactRef, community_embeddings: ArtifactRef,
-                params: ArchParams) -> dict[str, ArtifactRef]:
+@dataclass(frozen=True)
+class CHNSWBuildParams(StageParams):
+    """The C-HNSW index (App. B.3: M 32, ef 100/100): ``ef_search`` and ``exact`` are stored in it and the
+    retriever searches with them, so they are its params too (``exact`` also builds flat layers)."""
+
+    SOURCES = ("method",)
+    M: int = from_config("hnsw_m")
+    ef_construction: int = 100
+    ef_search: int = 100
+    exact: bool = from_config("exact_search", False)
+
+    def chnsw(self) -> CHNSWParams:
+        return CHNSWParams(M=self.M, ef_construction=self.ef_construction, ef_search=self.ef_search, exact=self.exact)
+
+
+@stage("archrag_chnsw", params=CHNSWBuildParams)
+def chnsw_stage(ctx: RunContext, params: CHNSWBuildParams, entity_embeddings: ArtifactRef,
+                community_embeddings: ArtifactRef) -> dict[str, ArtifactRef]:
     """Stage: the C-HNSW index over entities and every community layer (§3.1.3), stored as one file."""
     def compute() -> tuple[dict[str, bytes], int]:
         layers = layer_vectors(entity_embeddings, community_embeddings)
         index = CHNSW.build(layers, params.chnsw())
         return {"chnsw": index.to_bytes()}, sum(x.shape[0] for x in layers)
 
-    slice_ = {"M": params.hnsw_m, "ef_construction": params.ef_construction}
-    return run_stage(ctx, "archrag_chnsw", code_version(chnsw_stage, CHNSW), slice_,
-                     input_fps(entities=entity_embeddings, communities=community_embeddings), compute,
+    return run_stage(ctx, params, input_fps(entities=entity_embeddings, communities=community_embeddings), compute,
                      ext={"chnsw": "bin"})
 
 

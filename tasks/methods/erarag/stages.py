@@ -11,8 +11,8 @@ The algorithms live in :mod:`tasks.methods.erarag.algorithm`; this module stores
   of each leaf) and a one-row ``meta`` table: which summariser made the summaries (``extractive`` or
   ``llm``, never switched silently), whether the graph was built (Alg. 1) or updated (Alg. 3) and
   from which stored graph, and the per-layer count of re-summarised segments.
-* An update starts from the latest stored hierarchy of the same dataset and config slice (same
-  hyperplanes, chunking, embedder, structure, summariser and code version). With
+* An update starts from the latest stored hierarchy of the same dataset and stage params (same
+  hyperplanes, chunking, embedder, structure, summariser) and code version. With
   ``update_segmenting=local`` (Alg. 3, the default) it keeps that hierarchy's segments, so the result
   depends on it and is stored with the base's fingerprint among its inputs; with ``rebuild`` every
   layer is cut as a build cuts it and the result is stored under a full build's fingerprint. Old files
@@ -27,26 +27,23 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
-from tasks.core.code_identity import code_version
-from tasks.core.stage import RunContext, input_fps, run_stage
+from tasks.core.hashing import fingerprint
+from tasks.core.stage import RunContext, StageParams, from_config, input_fps, run_setting, run_stage, stage, stage_of
 from tasks.core.store import ArtifactRef, Store
 from tasks.core.vectors import arrow_to_embeddings, embedding_width, embeddings_to_arrow
 from tasks.llm.client import make_client
 from tasks.llm.params import LLMDryRun, LLMParams
-from tasks.llm.summarize import Summarise, dry_run_summariser, make_summariser
+from tasks.llm.summarize import Summarise, dry_run_summariser, make_summariser, summariser_kind
 from tasks.methods.erarag import algorithm as erarag
-from tasks.text.chunk import ChunkParams
-from tasks.text.embed import EmbedderParams, cached_encode, load_embeddings
 from tasks.core.limits import COUNT, COUNT0, one_of
+from tasks.text.embed import EmbedderParams, cached_encode, load_embeddings, stored_encoder
 
 log = logging.getLogger("dagrag.erarag")
 
@@ -80,19 +77,6 @@ class EraParams(erarag.EraRAGParams):
         if self.extractive_rank not in {"centroid", "lead"}:
             raise ValueError("extractive_rank must be centroid or lead")
 
-    def chunking(self) -> ChunkParams:
-        """Token windows; a passage shorter than the window stays whole."""
-        return ChunkParams(unit="window", window_tokens=self.window_tokens, overlap_tokens=self.overlap_tokens)
-
-    def resolved_summariser(self, llm: LLMParams) -> str:
-        """``extractive`` or ``llm``; ``llm`` without a configured LLM is an error, not a fallback."""
-        if self.summariser == "llm" and llm.provider == "none":
-            raise ValueError("method.summariser=llm needs an LLM (llm=local or llm=openai); "
-                             "use method.summariser=extractive or auto")
-        if self.summariser == "auto":
-            return "llm" if llm.provider != "none" else "extractive"
-        return self.summariser
-
 
 # ---------------------------------------------------------------- leaves and hyperplanes
 
@@ -102,8 +86,14 @@ def leaf_texts(table: pd.DataFrame) -> list[str]:
     return [f"{t}: {x}" if t else x for t, x in zip(table["title"].tolist(), table["text"].tolist())]
 
 
-@task(name="erarag_leaves", cache_policy=NO_CACHE)
-def leaves_stage(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef) -> dict[str, ArtifactRef]:
+@dataclass(frozen=True)
+class LeavesParams(StageParams):
+    """None: a leaf is its chunk with its document's title."""
+
+
+@stage("erarag_leaves", params=LeavesParams)
+def leaves_stage(ctx: RunContext, params: LeavesParams, documents: ArtifactRef, chunks: ArtifactRef
+                 ) -> dict[str, ArtifactRef]:
     """Stage: ``leaves(chunk_id, doc_id, title, text)`` = window chunks with their document's title."""
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
         c = Store.read(chunks, ["chunk_id", "doc_id", "text"])
@@ -111,8 +101,7 @@ def leaves_stage(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef) -
         c.insert(2, "title", titles.reindex(c["doc_id"]).fillna("").to_numpy())
         return {"leaves": c}, len(c)
 
-    return run_stage(ctx, "erarag_leaves", code_version(leaves_stage), {}, input_fps(documents=documents,
-                     chunks=chunks), compute)
+    return run_stage(ctx, params, input_fps(documents=documents, chunks=chunks), compute)
 
 
 def embedding_dim(ref: ArtifactRef) -> int:
@@ -120,19 +109,28 @@ def embedding_dim(ref: ArtifactRef) -> int:
     return embedding_width(pq.read_schema(ref.path).field("emb").type)
 
 
-@task(name="erarag_hyperplanes", cache_policy=NO_CACHE)
-def hyperplanes_stage(ctx: RunContext, embeddings: ArtifactRef, params: EraParams) -> dict[str, ArtifactRef]:
-    """Stage: the (n, d) hyperplane normals as ``.npy`` bytes, Alg. 1 line 3; no corpus input, so
-    every later build or update with the same (n, seed, d) reuses exactly these bytes."""
-    slice_ = {"n_hyperplanes": params.n_hyperplanes, "seed": params.seed, "dim": embedding_dim(embeddings)}
+@dataclass(frozen=True)
+class HyperplanesParams(StageParams):
+    """How many hyperplanes, from which seed (Alg. 1 line 3)."""
+
+    SOURCES = ("method",)
+    n_hyperplanes: int
+    seed: int
+
+
+@stage("erarag_hyperplanes", params=HyperplanesParams)
+def hyperplanes_stage(ctx: RunContext, params: HyperplanesParams, embeddings: ArtifactRef) -> dict[str, ArtifactRef]:
+    """Stage: the (n, d) hyperplane normals as ``.npy`` bytes, Alg. 1 line 3. Its only input is the embeddings'
+    width d, not the corpus, so every later build or update with the same (n, seed, d) reuses exactly these
+    bytes."""
+    dim = embedding_dim(embeddings)
 
     def compute() -> tuple[dict[str, bytes], int]:
         buf = io.BytesIO()
-        np.save(buf, erarag.hyperplanes(slice_["dim"], params.n_hyperplanes, params.seed), allow_pickle=False)
+        np.save(buf, erarag.hyperplanes(dim, params.n_hyperplanes, params.seed), allow_pickle=False)
         return {"hyperplanes": buf.getvalue()}, params.n_hyperplanes
 
-    return run_stage(ctx, "erarag_hyperplanes", code_version(hyperplanes_stage), slice_, {}, compute,
-                     ext={"hyperplanes": "npy"})
+    return run_stage(ctx, params, {"dim": str(dim)}, compute, ext={"hyperplanes": "npy"})
 
 
 def load_planes(ref: ArtifactRef | str) -> np.ndarray:
@@ -154,8 +152,8 @@ def summary_messages(child_texts: tuple[str, ...], words: int) -> list[dict[str,
                                         "write only what the passages support.\n\n" + body}]
 
 
-def erarag_summariser(kind: str, params: EraParams, embedder: EmbedderParams, client: Any,
-                      store: Store) -> Summarise:
+def erarag_summariser(kind: str, params: "ExtractiveHierarchyParams | LLMHierarchyParams", embedder: EmbedderParams,
+                      client: Any, store: Store) -> Summarise:
     """EraRAG's ``Summarise`` (Alg. 1 line 13): extractive (no model calls but the encoder) or the LLM's
     summaries with EraRAG's prompt under ledger stage ``erarag_summary``; summaries (and, for the
     ``centroid`` rank, sentences) are embedded with the leaves' encoder through the text row cache."""
@@ -196,26 +194,73 @@ def load_hierarchy(path: ArtifactRef | str) -> tuple[erarag.Hierarchy, pd.Series
     return erarag.Hierarchy(nodes, emb), df["doc_id"]
 
 
-def hierarchy_code() -> str:
-    """Code version of everything that decides the hierarchy artifact's content."""
-    return code_version(_compute_hierarchy, hierarchy_slice, find_base)
+@dataclass(frozen=True)
+class HierarchyParams(StageParams):
+    """The EraRAG graph (Alg. 1, Alg. 3): its structure, the summariser and the encoder of its summaries, and what
+    a stored graph must share to be the base of an update (the leaves' chunking and how they were rendered)."""
+
+    SOURCES = ("method",)
+    n_hyperplanes: int
+    seed: int
+    segment_min: int
+    segment_avg: int
+    segment_max: int
+    max_layers: int
+    stop_nodes: Optional[int]
+    summary_tokens: int
+    window_tokens: int
+    overlap_tokens: int
+    doc_template: str = from_config("embedder.doc_template")
+    embedder_model: str = from_config("embedder.model")
+    max_seq_length: int = from_config("embedder.max_seq_length")
+    doc_runtime: str = from_config("embedder.doc_runtime")
+    precision: str = from_config("embedder.precision")
+    int8_keep_fp32: tuple[str, ...] = from_config("embedder.int8_keep_fp32")
+    bf16_min_tokens: int = from_config("embedder.bf16_min_tokens")
+    # local (Alg. 3) keeps a base's segments, and the result names its base among its inputs; a build is the same
+    # either way: it decides how an update runs, which the inputs already tell
+    update_segmenting: str = run_setting()
+    embed_batch_size: int = run_setting(key="embedder.batch_size")
+    device: str = run_setting(key="embedder.device")
+
+    def structure(self) -> erarag.EraRAGParams:
+        """The settings :mod:`tasks.methods.erarag.algorithm` builds and updates with."""
+        return erarag.EraRAGParams(n_hyperplanes=self.n_hyperplanes, seed=self.seed, segment_min=self.segment_min,
+                                   segment_avg=self.segment_avg, segment_max=self.segment_max,
+                                   max_layers=self.max_layers, stop_nodes=self.stop_nodes,
+                                   summary_tokens=self.summary_tokens, update_segmenting=self.update_segmenting)
+
+    def encoder(self) -> EmbedderParams:
+        """The encoder of summaries and sentences (the leaves' own)."""
+        return stored_encoder(self.embedder_model, self.max_seq_length, self.doc_runtime, self.precision,
+                              self.int8_keep_fp32, self.bf16_min_tokens, self.embed_batch_size, self.device)
 
 
-def hierarchy_slice(params: EraParams, kind: str, llm: LLMParams, embedder: EmbedderParams) -> dict:
-    """Config slice of the hierarchy: what a stored graph must share to be a base for an update."""
-    s: dict[str, Any] = {
-        "structure": {k: getattr(params, k) for k in ["n_hyperplanes", "seed", "segment_min", "segment_avg",
-                                                      "segment_max", "max_layers", "stop_nodes", "summary_tokens"]},
-        "chunking": {"window_tokens": params.window_tokens, "overlap_tokens": params.overlap_tokens},
-        "embedder": {"model": embedder.model, "max_seq_length": embedder.max_seq_length,
-                     "doc_template": embedder.doc_template},
-        "summariser": kind,
-    }
-    if kind == "extractive":
-        s["extractive_rank"] = params.extractive_rank
-    else:  # not base_url / concurrency / timeouts: they do not change a reply
-        s["llm"] = {"provider": llm.provider, "model": llm.model, "temperature": llm.temperature, "seed": llm.seed}
-    return s
+@dataclass(frozen=True)
+class ExtractiveHierarchyParams(HierarchyParams):
+    """``erarag_hierarchy`` with extractive summaries: how sentences are ranked; no LLM setting is read."""
+
+    kind: ClassVar[str] = "extractive"
+    extractive_rank: str = from_config("extractive_rank")
+
+
+@dataclass(frozen=True)
+class LLMHierarchyParams(HierarchyParams):
+    """``erarag_hierarchy`` with the LLM's summaries: what in the ``llm`` group changes a summary (not base_url,
+    concurrency or timeouts)."""
+
+    kind: ClassVar[str] = "llm"
+    extractive_rank: str = from_config("extractive_rank")  # the dry run's stand-in summaries
+    llm_provider: str = from_config("llm.provider")
+    llm_model: str = from_config("llm.model")
+    llm_temperature: float = from_config("llm.temperature")
+    llm_seed: int = from_config("llm.seed")
+
+
+def hierarchy_params(cfg: Any) -> ExtractiveHierarchyParams | LLMHierarchyParams:
+    """The hierarchy stage's params of the summariser ``method.summariser`` resolves to (:func:`summariser_kind`)."""
+    kind = summariser_kind(cfg.method.summariser, cfg.llm.provider)
+    return (LLMHierarchyParams if kind == "llm" else ExtractiveHierarchyParams).of(cfg)
 
 
 @dataclass(frozen=True)
@@ -226,18 +271,19 @@ class Base:
     nodes_path: str
 
 
-def find_base(store: Store, dataset: str, slice_: dict, planes_fp: str, inputs: dict[str, str],
+def find_base(store: Store, dataset: str, params: "ExtractiveHierarchyParams | LLMHierarchyParams", planes_fp: str, inputs: dict[str, str],
               reuse_updates: bool) -> tuple[Optional[dict[str, str]], Optional[Base]]:
     """(the inputs of a stored hierarchy of exactly these leaves, or None; the latest other stored hierarchy
-    of ``dataset`` with the same config slice and hyperplanes whose files exist, or None).
+    of ``dataset`` with the same params, code and hyperplanes whose files exist, or None).
 
     A local update (Alg. 3) is stored with its base's fingerprint among its inputs; it counts as this
     corpus's hierarchy only with ``reuse_updates`` (``update_segmenting=local``), since under ``rebuild``
     a hierarchy must equal a build."""
     same, base = None, None
-    for fp, path, inp in store.versions(HIERARCHY, "nodes", dataset, slice_):
-        if inp.get("planes") != planes_fp:
-            continue
+    code = stage_of(params).code()
+    for fp, path, inp in store.versions(HIERARCHY, "nodes", dataset, params.identity()):
+        if inp.get("planes") != planes_fp or fingerprint(HIERARCHY, code, params.identity(), inp) != fp:
+            continue  # other hyperplanes, or another version of the code
         if {k: v for k, v in inp.items() if k != "base"} == inputs and (reuse_updates or "base" not in inp):
             same = same or inp
         else:
@@ -245,11 +291,12 @@ def find_base(store: Store, dataset: str, slice_: dict, planes_fp: str, inputs: 
     return same, base
 
 
-def _compute_hierarchy(ctx: RunContext, leaves: ArtifactRef, leaf_embeddings: ArtifactRef, planes: ArtifactRef,
-                       params: EraParams, kind: str, llm: LLMParams, embedder: EmbedderParams,
+def _compute_hierarchy(ctx: RunContext, hp: "ExtractiveHierarchyParams | LLMHierarchyParams", llm: LLMParams, leaves: ArtifactRef,
+                       leaf_embeddings: ArtifactRef, planes: ArtifactRef,
                        base: Optional[Base]) -> tuple[dict[str, pa.Table | pd.DataFrame], int]:
     """Alg. 1 from scratch, or Alg. 3 from ``base``: only segments whose membership changed are summarised."""
     t0 = time.perf_counter()
+    kind, params, embedder = hp.kind, hp.structure(), hp.encoder()
     store = ctx.store
     table = Store.read(leaves, ["chunk_id", "doc_id", "title", "text"])
     ids, emb = load_embeddings(leaf_embeddings, "chunk_id")
@@ -259,10 +306,10 @@ def _compute_hierarchy(ctx: RunContext, leaves: ArtifactRef, leaf_embeddings: Ar
     doc_of = dict(zip(table["chunk_id"].tolist(), table["doc_id"].tolist()))
     P = load_planes(planes)
     client = make_client(llm, Path(ctx.artifacts_dir) / "llm_cache.duckdb") if kind == "llm" else None
-    summarise = erarag_summariser(kind, params, embedder, client, store)
+    summarise = erarag_summariser(kind, hp, embedder, client, store)
     estimate: dict[str, int] | None = None
     if client is not None and ctx.llm_dry_run:  # count the LLM's summaries, build with extractive stand-ins
-        stand_in = erarag_summariser("extractive", params, embedder, None, store)
+        stand_in = erarag_summariser("extractive", hp, embedder, None, store)
         summarise, estimate = dry_run_summariser(client, summary_messages, params.summary_tokens, stand_in)
     meta: dict[str, Any] = {"summariser": kind, "mode": "build", "base_fp": None, "planes_fp": planes.fp}
     if base is None:
@@ -297,22 +344,19 @@ def _compute_hierarchy(ctx: RunContext, leaves: ArtifactRef, leaf_embeddings: Ar
     return {"nodes": nodes_table(h, doc_of), "meta": meta_df}, report.resummarised
 
 
-@task(name="erarag_hierarchy", cache_policy=NO_CACHE)
-def hierarchy_stage(ctx: RunContext, leaves: ArtifactRef, leaf_embeddings: ArtifactRef, planes: ArtifactRef,
-                    params: EraParams, llm: LLMParams, embedder: EmbedderParams,
-                    incremental: bool = False) -> dict[str, ArtifactRef]:
+@stage(HIERARCHY, params=(ExtractiveHierarchyParams, LLMHierarchyParams))
+def hierarchy_stage(ctx: RunContext, params: ExtractiveHierarchyParams | LLMHierarchyParams, leaves: ArtifactRef, leaf_embeddings: ArtifactRef,
+                    planes: ArtifactRef, llm: LLMParams, incremental: bool = False) -> dict[str, ArtifactRef]:
     """Stage: the EraRAG graph of the current leaves. ``incremental`` (``flows.update``) starts from the
-    latest stored graph with the same slice. With ``update_segmenting=rebuild`` the result is stored under
+    latest stored graph with the same params. With ``update_segmenting=rebuild`` the result is stored under
     a full build's fingerprint; with ``local`` (Alg. 3) it keeps the base's segments, so its inputs also
-    name the base, and a later index or evaluate of the same corpus uses it as it is."""
-    kind = params.resolved_summariser(llm)
-    code = hierarchy_code()
-    slice_ = {**hierarchy_slice(params, kind, llm, embedder), "code": code}  # a base must come from this code
+    name the base, and a later index or evaluate of the same corpus uses it as it is. ``llm`` is the service
+    the LLM summariser calls (what in it changes a summary is in ``params``)."""
     inputs = input_fps(leaves=leaves, embeddings=leaf_embeddings, planes=planes)
     local = params.update_segmenting == "local"
     base = None
     if incremental or local:  # flows.index of a corpus not stored yet is a full build (Alg. 1): no base
-        same, found = find_base(ctx.store, ctx.dataset, slice_, planes.fp, inputs, reuse_updates=local)
+        same, found = find_base(ctx.store, ctx.dataset, params, planes.fp, inputs, reuse_updates=local)
         if same is not None:  # this corpus's hierarchy is stored (a build or an earlier update): cached
             inputs = same
         elif incremental:
@@ -324,9 +368,9 @@ def hierarchy_stage(ctx: RunContext, leaves: ArtifactRef, leaf_embeddings: Artif
                 inputs = {**inputs, "base": base.fp}
 
     def compute() -> tuple[dict[str, pa.Table | pd.DataFrame], int]:
-        return _compute_hierarchy(ctx, leaves, leaf_embeddings, planes, params, kind, llm, embedder, base)
+        return _compute_hierarchy(ctx, params, llm, leaves, leaf_embeddings, planes, base)
 
-    return run_stage(ctx, HIERARCHY, code, slice_, inputs, compute)
+    return run_stage(ctx, params, inputs, compute)
 
 
 def read_meta(ref: ArtifactRef | str) -> dict:
@@ -340,15 +384,16 @@ def read_meta(ref: ArtifactRef | str) -> dict:
 INDEX_STAGES = ("ingest", "chunk", "erarag_leaves", "embed", "erarag_hyperplanes", HIERARCHY)
 
 
-def full_build_seconds(store: Store, dataset: str, slice_params: str,
+def full_build_seconds(store: Store, dataset: str, params: str,
                        n_leaves: int) -> tuple[Optional[float], Optional[str]]:
-    """Seconds the catalog recorded for the latest full build (Alg. 1) of this dataset and slice, summed
-    over its index stages and scaled linearly to ``n_leaves``; (None, None) when there is none."""
+    """Seconds the catalog recorded for the latest full build (Alg. 1) of this dataset and hierarchy params (JSON,
+    as the catalog holds them), summed over its index stages and scaled linearly to ``n_leaves``; (None, None) when
+    there is none."""
     ev = store.query("SELECT run_id, stage, fp, status, seconds, created_at FROM stage_events WHERE dataset = ?",
                      [dataset])
     metas = store.query("SELECT fp, path, params FROM stages WHERE stage = ? AND name = 'meta' AND dataset = ?",
                         [HIERARCHY, dataset])
-    want = json.loads(slice_params)
+    want = json.loads(params)
     builds = []
     for r in metas.itertuples():
         if json.loads(r.params) == want and Path(r.path).exists():

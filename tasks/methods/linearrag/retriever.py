@@ -23,7 +23,6 @@ from tasks.graph.relation_gate import relation_gate
 from tasks.graph.sparse import coo_matrix, group_positions, log1p_transposed, transposed_csr
 from tasks.graph.walk import random_walk
 from tasks.methods.linearrag import algorithm as lr
-from tasks.text.chunk import ChunkParams
 from tasks.text.embed import EmbedderParams, encode_queries, encode_queries_beside, load_embeddings
 from tasks.text.gazetteer import (Gazetteer, LinkingParams, TitleIndex, aliases_of, lowercase_only, mask_names,
                                   masked_relation_gate, name_idf, query_seeds)
@@ -53,10 +52,6 @@ class LinearParams(lr.LinearRAGParams, LinkingParams):
         names = {f.name for f in fields(lr.LinearRAGParams)}
         algo = lr.LinearRAGParams(**{f.name: getattr(self, f.name) for f in fields(self) if f.name in names})
         return replace(algo, ppr_threads=algo.ppr_threads or cpu_threads())  # 0: one block of queries per CPU
-
-    def sentences(self) -> ChunkParams:
-        """Passages are cut into sentences (section 3.1)."""
-        return ChunkParams(unit="sentence")
 
 
 def _dot(a: np.ndarray, b: np.ndarray, via_torch: bool) -> np.ndarray:

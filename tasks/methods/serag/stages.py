@@ -12,17 +12,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
-from tasks.core.code_identity import code_version
-from tasks.core.stage import RunContext, input_fps, run_stage
 from tasks.core.hashing import fingerprint
+from tasks.core.stage import RunContext, StageParams, input_fps, run_stage, stage, stage_of
 from tasks.core.store import ArtifactRef, Store
 from tasks.graph.encoding_tree import MERGE_ENGINES, encoding_tree
 from tasks.graph.sparse import coo_matrix, to_coo
 from tasks.methods.serag import algorithm as se
-from tasks.text.chunk import CHUNK_UNITS, ChunkParams
+from tasks.text.chunk import CHUNK_UNITS
 from tasks.text.embed import embeddings_to_arrow, load_embeddings
 from tasks.text.gazetteer import LinkingParams
 from tasks.core.limits import COUNT, COUNT0, POSITIVE, PROB, one_of, within
@@ -101,19 +98,12 @@ class SeRAGParams(LinkingParams):
         if self.tree_engine not in MERGE_ENGINES:
             raise ValueError(f"method.tree_engine must be one of {MERGE_ENGINES}, got {self.tree_engine!r}")
 
-    def graph(self) -> se.GraphParams:
-        fields = se.GraphParams.__dataclass_fields__
-        return se.GraphParams(**{k: v for k, v in asdict(self).items() if k in fields})
-
     def scoring(self) -> se.ScoreParams:
         fields = se.ScoreParams.__dataclass_fields__
         return se.ScoreParams(**{k: v for k, v in asdict(self).items() if k in fields})
 
-    def chunking(self) -> ChunkParams:
-        return ChunkParams(unit=self.chunk_unit)
 
-
-def _emb_id(params: SeRAGParams) -> str:
+def _emb_id(params: "SeRAGGraphParams | CommunitiesParams") -> str:
     """Id column of the chunk embeddings: whole-passage chunks reuse the passage embeddings (title + text)."""
     return "doc_id" if params.chunk_unit == "passage" else "chunk_id"
 
@@ -128,12 +118,6 @@ def chunk_frame(chunks: ArtifactRef, doc_ids: list[str]) -> tuple[np.ndarray, np
 GRAPH = "serag_graph"
 TREE = "serag_tree"
 LAYERS = ("sem", "log", "dist")
-
-
-def graph_slice(params: SeRAGParams) -> dict[str, Any]:
-    """Config slice of the graph stage, with the code of the layer equations: what a stored graph must
-    share to be the base of an update."""
-    return {**asdict(params.graph()), "layers_code": code_version(se.build_layers, se.grow_layers, se.layers_graph)}
 
 
 def layers_tables(layers: se.Layers, doc_ids: np.ndarray) -> dict[str, pd.DataFrame]:
@@ -166,16 +150,42 @@ class GraphBase:
     refs: dict[str, ArtifactRef]
 
 
-def find_base(store: Store, dataset: str, code: str, slice_: dict, inputs: dict[str, str]
+@dataclass(frozen=True)
+class SeRAGGraphParams(StageParams):
+    """The multi-perspective graph (§3.1, Table 5; :class:`tasks.methods.serag.algorithm.GraphParams`) and the
+    chunk unit (whole-passage chunks reuse the passage embeddings): what a stored graph must share to be the base
+    of an update."""
+
+    SOURCES = ("method",)
+    lambda_sem: float
+    lambda_log: float
+    k_sem: int
+    sigma_dist: float
+    dist_window: int
+    max_entity_chunks: int
+    semantic_only: bool
+    knn_search: str
+    knn_exact_max: int
+    ivf_nlist: int
+    ivf_nprobe: int
+    chunk_unit: str
+
+    def graph(self) -> se.GraphParams:
+        """The settings :mod:`tasks.methods.serag.algorithm` takes."""
+        return se.GraphParams(**{f: getattr(self, f) for f in se.GraphParams.__dataclass_fields__})
+
+
+def find_base(store: Store, dataset: str, params: SeRAGGraphParams, inputs: dict[str, str]
               ) -> tuple[dict[str, str] | None, GraphBase | None]:
     """For ``flows.update``: (the inputs of a stored graph of exactly these inputs, or None; the latest
-    stored graph of ``dataset`` with the same config slice, made by this code, whose files exist).
+    stored graph of ``dataset`` with the same params, made by this code, whose files exist).
 
     A stored graph of the same inputs (a full build, or an earlier update of this corpus) is reused as
     it is; otherwise the newest one is the base."""
     base = None
-    for fp, _, inp in store.versions(GRAPH, "W_layers", dataset, slice_):
-        if fingerprint(GRAPH, code, slice_, inp) != fp:
+    code = stage_of(params).code()
+    for fp, _, inp in store.versions(GRAPH, "W_layers", dataset, params.identity()):
+        if fingerprint(GRAPH, code, params.identity(), inp) != fp:
             continue  # another version of the code
         refs = store.lookup(GRAPH, fp)
         if refs is None:
@@ -186,35 +196,33 @@ def find_base(store: Store, dataset: str, code: str, slice_: dict, inputs: dict[
     return None, base
 
 
-def stored_update(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef, chunk_embeddings: ArtifactRef,
-                  chunk_entity: ArtifactRef, entities: ArtifactRef, params: SeRAGParams) -> bool:
-    """Whether ``flows.update`` stored a graph grown for exactly these inputs (with this config and code):
+def stored_update(ctx: RunContext, params: SeRAGGraphParams, documents: ArtifactRef, chunks: ArtifactRef,
+                  chunk_embeddings: ArtifactRef, chunk_entity: ArtifactRef, entities: ArtifactRef) -> bool:
+    """Whether ``flows.update`` stored a graph grown for exactly these inputs (with these params and code):
     then ``serag_graph(..., incremental=True)`` finds it cached instead of building one."""
     inputs = input_fps(documents=documents, chunks=chunks, chunk_embeddings=chunk_embeddings,
                        chunk_entity=chunk_entity, entities=entities)
-    same, _ = find_base(ctx.store, ctx.dataset, code_version(serag_graph), graph_slice(params), inputs)
+    same, _ = find_base(ctx.store, ctx.dataset, params, inputs)
     return same is not None and "base" in same
 
 
-@task(name="serag_graph", cache_policy=NO_CACHE)
-def serag_graph(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef, chunk_embeddings: ArtifactRef,
-                chunk_entity: ArtifactRef, entities: ArtifactRef, params: SeRAGParams,
+@stage(GRAPH, params=SeRAGGraphParams)
+def serag_graph(ctx: RunContext, params: SeRAGGraphParams, documents: ArtifactRef, chunks: ArtifactRef,
+                chunk_embeddings: ArtifactRef, chunk_entity: ArtifactRef, entities: ArtifactRef,
                 incremental: bool = False) -> dict[str, ArtifactRef]:
     """Stage: W = λ1 W_sem + λ2 W_log + (1 − λ1 − λ2) W_dist (eqs. 3–6), a COO table, plus layer sizes,
     and the stored layers an update starts from.
 
     ``incremental`` (``flows.update``): starts from the latest stored graph of this dataset with the same
-    slice and computes only the rows involving new chunks (:func:`se.grow_layers`). That W differs from a
+    params and computes only the rows involving new chunks (:func:`se.grow_layers`). That W differs from a
     full build's in old-old semantic edges, so unlike EraRAG it is NOT stored under the full build's
     fingerprint: its inputs also hold ``base`` (the fingerprint of the graph it grew from)."""
     gp = params.graph()
-    code = code_version(serag_graph)
-    slice_ = graph_slice(params)
     inputs = input_fps(documents=documents, chunks=chunks, chunk_embeddings=chunk_embeddings,
                        chunk_entity=chunk_entity, entities=entities)
     base = None
     if incremental:
-        same, base = find_base(ctx.store, ctx.dataset, code, slice_, inputs)
+        same, base = find_base(ctx.store, ctx.dataset, params, inputs)
         if same is not None:
             inputs = same  # this corpus's graph is stored (a full build or an earlier update): cached
         elif base is not None:
@@ -252,17 +260,25 @@ def serag_graph(ctx: RunContext, documents: ArtifactRef, chunks: ArtifactRef, ch
         return {"W": to_coo(w), "W_meta": meta, **layers_tables(layers, ch["doc_id"].to_numpy())}, \
             int(info["rows_computed"])
 
-    return run_stage(ctx, GRAPH, code, slice_, inputs, compute)
+    return run_stage(ctx, params, inputs, compute)
 
 
-@task(name="serag_tree", cache_policy=NO_CACHE)
-def serag_tree(ctx: RunContext, W: ArtifactRef, W_meta: ArtifactRef, tree_engine: str) -> dict[str, ArtifactRef]:
+@dataclass(frozen=True)
+class TreeParams(StageParams):
+    """How the encoding tree's greedy merge runs (both engines make the same merges)."""
+
+    SOURCES = ("method",)
+    tree_engine: str
+
+
+@stage(TREE, params=TreeParams)
+def serag_tree(ctx: RunContext, params: TreeParams, W: ArtifactRef, W_meta: ArtifactRef) -> dict[str, ArtifactRef]:
     """Stage: the 2-D encoding tree minimising H²(G) (eq. 1): community per chunk, and its statistics
     (H¹, H², number of communities, size distribution, seconds) in ``tree_meta``."""
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
         n = int(Store.read(W_meta)["n_chunks"].iloc[0])
         t0 = time.perf_counter()
-        tree = encoding_tree(coo_matrix(Store.read(W), (n, n)), engine=tree_engine)
+        tree = encoding_tree(coo_matrix(Store.read(W), (n, n)), engine=params.tree_engine)
         seconds = time.perf_counter() - t0
         community = np.asarray(tree.community, np.int64)
         sizes = np.bincount(community)
@@ -276,13 +292,20 @@ def serag_tree(ctx: RunContext, W: ArtifactRef, W_meta: ArtifactRef, tree_engine
         return {"community": pd.DataFrame({"chunk": np.arange(n), "community": community}),
                 "tree_meta": meta}, n
 
-    return run_stage(ctx, TREE, code_version(serag_tree), {"tree_engine": tree_engine}, input_fps(W=W, W_meta=W_meta),
-                     compute)
+    return run_stage(ctx, params, input_fps(W=W, W_meta=W_meta), compute)
 
 
-@task(name="serag_communities", cache_policy=NO_CACHE)
-def serag_communities(ctx: RunContext, W: ArtifactRef, community: ArtifactRef, chunk_embeddings: ArtifactRef,
-                      params: SeRAGParams) -> dict[str, ArtifactRef]:
+@dataclass(frozen=True)
+class CommunitiesParams(StageParams):
+    """The chunk unit (the id column of the chunk embeddings)."""
+
+    SOURCES = ("method",)
+    chunk_unit: str
+
+
+@stage("serag_communities", params=CommunitiesParams)
+def serag_communities(ctx: RunContext, params: CommunitiesParams, W: ArtifactRef, community: ArtifactRef,
+                      chunk_embeddings: ArtifactRef) -> dict[str, ArtifactRef]:
     """Stage: W(v|β) (eq. 8, K = 2: −p log2 p, p = d_v / vol(β)) and h_β (eq. 9) per community."""
     def compute() -> tuple[dict[str, pa.Table], int]:
         _, emb = load_embeddings(chunk_embeddings, _emb_id(params))
@@ -296,8 +319,7 @@ def serag_communities(ctx: RunContext, W: ArtifactRef, community: ArtifactRef, c
                                                   "emb": embeddings_to_arrow(h)}),
                 "structural_weight": pa.table({"chunk": np.arange(n), "weight": weight})}, n_comm
 
-    return run_stage(ctx, "serag_communities", code_version(serag_communities), {"chunk_unit": params.chunk_unit},
-                     input_fps(W=W, community=community, chunk_embeddings=chunk_embeddings), compute)
+    return run_stage(ctx, params, input_fps(W=W, community=community, chunk_embeddings=chunk_embeddings), compute)
 
 
 # ---------------------------------------------------------------- update report

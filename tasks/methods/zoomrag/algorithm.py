@@ -131,17 +131,18 @@ class ChunkZoomResult:
 
 def doc_doc_block(doc_emb: np.ndarray, k_std: float = 3.0, block_rows: int = 1024, max_neighbors: int = 0,
                   stats_sample: int = 8192, search: str = "exact", ivf_nlist: int = 0,
-                  ivf_nprobe: int = 8) -> sp.csr_array:
+                  ivf_nprobe: int = 8, exact_max: int = 50_000) -> sp.csr_array:
     """A_doc->doc(i1, i2) = exp(cos(p_i1, p_i2)), no diagonal, kept above row mean + k*std (ZoomRAG eq. 2, §3.1).
 
     ``max_neighbors > 0`` (beyond the paper): also within the row's ``max_neighbors`` best, found by faiss, with
-    the row statistics from ``stats_sample`` sampled columns (exact up to that many documents).
+    the row statistics from ``stats_sample`` sampled columns (exact up to that many documents); ``search=auto``
+    searches exactly up to ``exact_max`` documents, by an inverted file above (:func:`tasks.graph.knn.search_for`).
     """
     if max_neighbors <= 0:  # the paper's rule: every cell of a row is a candidate (time and output ~ n²)
         return knn_graph(doc_emb, k_std=k_std, transform=np.exp, block_rows=block_rows)
     return knn_graph(doc_emb, k=min(max_neighbors, max(doc_emb.shape[0] - 1, 1)), k_std=k_std, transform=np.exp,
                      block_rows=block_rows, stats_sample=stats_sample, search=search,  # type: ignore[arg-type]
-                     ivf_nlist=ivf_nlist, ivf_nprobe=ivf_nprobe)
+                     exact_max=exact_max, ivf_nlist=ivf_nlist, ivf_nprobe=ivf_nprobe)
 
 
 def query_doc_block(cos: np.ndarray, k_std: float = 3.0) -> sp.csr_array:

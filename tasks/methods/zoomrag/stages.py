@@ -8,18 +8,14 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 
 import pandas as pd
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
-from tasks.core.code_identity import code_version
 from tasks.core.resources import cpu_threads
-from tasks.core.stage import RunContext, input_fps, run_stage
+from tasks.core.stage import RunContext, StageParams, input_fps, run_setting, run_stage, stage
 from tasks.core.store import ArtifactRef, Store
-from tasks.graph.knn import search_for
 from tasks.graph.sparse import coo_matrix, to_coo
 from tasks.graph.title_walk import check_title_walk
 from tasks.methods.zoomrag import algorithm as zoom
-from tasks.text.chunk import CHUNK_UNITS, ChunkParams
+from tasks.text.chunk import CHUNK_UNITS
 from tasks.text.embed import load_embeddings
 from tasks.text.gazetteer import LinkingParams
 from tasks.core.limits import COUNT, one_of
@@ -52,38 +48,49 @@ class ZoomRAGParams(zoom.ZoomParams, LinkingParams):
         walk = zoom.ZoomParams(**{k: v for k, v in asdict(self).items() if k in fields})
         return replace(walk, walk_threads=walk.walk_threads or cpu_threads())  # 0: one batch of queries per CPU
 
-    def chunking(self) -> ChunkParams:
-        """How documents are cut into chunks for ChunkZoom."""
-        return ChunkParams(unit=self.chunk_unit)
+
+@dataclass(frozen=True)
+class DocDocParams(StageParams):
+    """The doc-doc block A_doc→doc (eq. 2): the paper's row rule and the per-row cap beyond it."""
+
+    SOURCES = ("method",)
+    k_std: float
+    doc_doc_max_neighbors: int
+    doc_doc_stats_sample: int
+    doc_doc_search: str
+    doc_doc_exact_max: int
+    ivf_nlist: int
+    ivf_nprobe: int
+    doc_block_rows: int = run_setting()
 
 
-@task(name="doc_doc_graph", cache_policy=NO_CACHE)
-def doc_doc_graph(ctx: RunContext, doc_embeddings: ArtifactRef, params: ZoomRAGParams) -> dict[str, ArtifactRef]:
+@stage("doc_doc_graph", params=DocDocParams)
+def doc_doc_graph(ctx: RunContext, params: DocDocParams, doc_embeddings: ArtifactRef) -> dict[str, ArtifactRef]:
     """Stage: A_doc→doc = exp(cos), row-sparsified at mean + k·std (eq. 2), built in row blocks."""
-    slice_ = {"k_std": params.k_std}  # the paper's rule; a cap adds what it uses (a paper-rule block keeps its id)
-    search = search_for(doc_embeddings.rows, params.doc_doc_search, params.doc_doc_exact_max)
-    if params.doc_doc_max_neighbors > 0:  # the search actually used is recorded (auto: exact for a small corpus)
-        slice_.update(max_neighbors=params.doc_doc_max_neighbors, stats_sample=params.doc_doc_stats_sample,
-                      search=search)
-        if search == "ivf":
-            slice_.update(ivf_nlist=params.ivf_nlist, ivf_nprobe=params.ivf_nprobe)
-
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
         _, emb = load_embeddings(doc_embeddings, "doc_id")
         block = zoom.doc_doc_block(emb, params.k_std, params.doc_block_rows, params.doc_doc_max_neighbors,
-                                   params.doc_doc_stats_sample, search, params.ivf_nlist, params.ivf_nprobe)
+                                   params.doc_doc_stats_sample, params.doc_doc_search, params.ivf_nlist,
+                                   params.ivf_nprobe, params.doc_doc_exact_max)
         return {"doc_doc": to_coo(block)}, block.nnz
 
-    return run_stage(ctx, "doc_doc_graph", code_version(doc_doc_graph), slice_,
-                     input_fps(doc_embeddings=doc_embeddings), compute)
+    return run_stage(ctx, params, input_fps(doc_embeddings=doc_embeddings), compute)
 
 
-@task(name="global_block", cache_policy=NO_CACHE)
-def global_block(ctx: RunContext, doc_doc: ArtifactRef, doc_entity: ArtifactRef, entities: ArtifactRef,
-                 n_docs: int, params: ZoomRAGParams) -> dict[str, ArtifactRef]:
+@dataclass(frozen=True)
+class GlobalBlockParams(StageParams):
+    """Which blocks the shared matrix M holds, and how they are rescaled (§3.2)."""
+
+    SOURCES = ("method",)
+    use_entities: bool
+    use_doc_doc: bool
+    rescale: str
+
+
+@stage("global_block", params=GlobalBlockParams)
+def global_block(ctx: RunContext, params: GlobalBlockParams, doc_doc: ArtifactRef, doc_entity: ArtifactRef,
+                 entities: ArtifactRef, n_docs: int) -> dict[str, ArtifactRef]:
     """Stage: the shared matrix M over documents + entities (eqs. 1, 2, 6), blocks rescaled (§3.2)."""
-    slice_ = {"use_entities": params.use_entities, "use_doc_doc": params.use_doc_doc, "rescale": params.rescale}
-
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
         m = entities.rows
         M, scales = zoom.global_block(coo_matrix(Store.read(doc_doc), (n_docs, n_docs)),
@@ -93,5 +100,4 @@ def global_block(ctx: RunContext, doc_doc: ArtifactRef, doc_entity: ArtifactRef,
         meta = pd.DataFrame([{"n_docs": n_docs, "n_entities": m, "scales": json.dumps(scales)}])
         return {"M": to_coo(M), "M_meta": meta}, M.nnz
 
-    return run_stage(ctx, "global_block", code_version(global_block), slice_,
-                     input_fps(doc_doc=doc_doc, doc_entity=doc_entity, entities=entities), compute)
+    return run_stage(ctx, params, input_fps(doc_doc=doc_doc, doc_entity=doc_entity, entities=entities), compute)

@@ -19,10 +19,10 @@ import pyarrow as pa
 import pytest
 
 import tasks.core.catalog as catalog_mod
-from tasks.core.stage import RunContext, run_row_stage, run_stage
 from tasks.core.files import CATALOG, StoreError
 from tasks.core.hashing import fingerprint
 from tasks.core.locks import stage_lock
+from tasks.core.stage import RunContext, run_named_row_stage, run_named_stage
 from tasks.core.store import Store
 
 REPO = Path(__file__).resolve().parents[3]
@@ -34,7 +34,7 @@ FP = fingerprint(STAGE, CODE, PARAMS, INPUTS)
 _RUN = """
 import json, logging, pathlib, sys, time
 import pandas as pd
-from tasks.core.stage import RunContext, run_stage
+from tasks.core.stage import RunContext, run_named_stage
 
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 art, gate, tag, mode = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -52,7 +52,7 @@ def compute():
 
 while not (gate / "go").exists():
     time.sleep(0.01)
-refs = run_stage(RunContext(art, "ds", tag), "slow", "code-v1", {"p": 1}, {"in": "abc"}, compute,
+refs = run_named_stage(RunContext(art, "ds", tag), "slow", "code-v1", {"p": 1}, {"in": "abc"}, compute,
                  ext={"blob": "bin"})
 print(json.dumps({k: [v.path, v.fp, v.rows] for k, v in sorted(refs.items())}))
 """
@@ -236,7 +236,7 @@ def test_threads_compute_a_stage_once(tmp_path, caplog):
     results: dict[str, dict] = {}
 
     def run(tag):
-        results[tag] = run_stage(RunContext(str(tmp_path), "ds", tag), STAGE, CODE, PARAMS, INPUTS, compute)
+        results[tag] = run_named_stage(RunContext(str(tmp_path), "ds", tag), STAGE, CODE, PARAMS, INPUTS, compute)
 
     threads = [threading.Thread(target=run, args=(t,), name=t) for t in ("t1", "t2")]
     for t in threads:
@@ -269,7 +269,7 @@ def test_row_stage_racing_appends_of_the_same_keys(tmp_path):
         def assemble(rows):
             return {"rows": rows.to_pandas().sort_values("key").reset_index(drop=True)}
 
-        refs = run_row_stage(RunContext(str(tmp_path), "ds", tag), "rowst", "c1", {}, {"m": 1},
+        refs = run_named_row_stage(RunContext(str(tmp_path), "ds", tag), "rowst", "c1", {}, {"m": 1},
                              {"docs": tag}, pd.Series(keys), compute_rows, "key", assemble)
         results[tag] = Store.read(refs["rows"])
 

@@ -310,7 +310,7 @@ def test_bad_input_raises_and_writes_nothing(tmp_path, case):
 
     ctx = RunContext(str(tmp_path / "artifacts"), "ds", "run1")
     with pytest.raises(IngestError) as err2:
-        ingest.fn(ctx, params, data_dir)
+        ingest(ctx, params, data_dir)
     assert str(err2.value) == str(err.value)
     assert _parquets(ctx.artifacts_dir) == []
     if (Path(ctx.artifacts_dir) / "catalog.duckdb").exists():
@@ -373,7 +373,7 @@ def test_shuffle_none_keeps_order(tmp_path):
 def test_ingest_stage_writes_tables_and_caches(tmp_path, ctx):
     data_dir = _hipporag(tmp_path, HOTPOT)
     params = HippoRAGParams(name="bench", shuffle_seed=None)
-    refs = ingest.fn(ctx, params, data_dir)
+    refs = ingest(ctx, params, data_dir)
     assert set(refs) == {"documents", "questions", "gold", "ingest_report"}
     docs = Store.read(refs["documents"])
     assert docs["doc_id"].tolist() == [ALPHA, BETA, GAMMA, PARIS_FR, PARIS_TX] and refs["documents"].rows == 5
@@ -383,14 +383,14 @@ def test_ingest_stage_writes_tables_and_caches(tmp_path, ctx):
     summary = json.loads(Store.read(refs["ingest_report"])["report"].iloc[0])
     assert summary["unmatched_gold"] == 1 and summary["duplicate_records"] == 1
 
-    again = ingest.fn(RunContext(ctx.artifacts_dir, ctx.dataset, "run2"), params, data_dir)
+    again = ingest(RunContext(ctx.artifacts_dir, ctx.dataset, "run2"), params, data_dir)
     assert again == refs
     events = ctx.store.query("SELECT run_id, status FROM stage_events WHERE stage = 'ingest' ORDER BY created_at")
     assert events.values.tolist() == [["run1", "computed"], ["run2", "cached"]]
 
     # a changed raw file is a new fingerprint, computed afresh
     _write_json(Path(data_dir) / "bench" / "corpus.json", CORPUS[:3])
-    changed = ingest.fn(RunContext(ctx.artifacts_dir, ctx.dataset, "run3"), params, data_dir)
+    changed = ingest(RunContext(ctx.artifacts_dir, ctx.dataset, "run3"), params, data_dir)
     assert changed["documents"].fp != refs["documents"].fp and changed["documents"].rows == 3
     assert ctx.store.events("run3")["status"].tolist() == ["computed"]
 

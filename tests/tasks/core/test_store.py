@@ -20,10 +20,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import tasks.core.stage as stage_mod
-from tasks.core.stage import RunContext, input_fps, run_stage
 from tasks.core.files import CATALOG, StoreError, file_digest, write_bytes, write_parquet
 from tasks.core.hashing import fingerprint
 from tasks.core.row_cache import text_key
+from tasks.core.stage import RunContext, input_fps, run_named_stage
 from tasks.core.store import ArtifactRef, Store
 from tasks.core.vectors import arrow_to_embeddings, current_layout, embedding_width, embeddings_to_arrow
 
@@ -65,10 +65,10 @@ def test_failed_write_leaves_no_file_at_final_path(tmp_path, monkeypatch):
     # through a stage: no catalog row, so the next run computes and writes the whole table
     ctx = RunContext(str(tmp_path / "art"), "ds", "run1")
     with pytest.raises(OSError):
-        run_stage(ctx, "s", "c", {}, {}, lambda: ({"out": _frame(range(5))}, 5))
+        run_named_stage(ctx, "s", "c", {}, {}, lambda: ({"out": _frame(range(5))}, 5))
     assert _stage_rows(ctx.store, "s").empty
     monkeypatch.setattr(pq, "write_table", real)
-    refs = run_stage(ctx, "s", "c", {}, {}, lambda: ({"out": _frame(range(5))}, 5))
+    refs = run_named_stage(ctx, "s", "c", {}, {}, lambda: ({"out": _frame(range(5))}, 5))
     assert Store.read(refs["out"])["x"].tolist() == list(range(5))
     assert ctx.store.events("run1")["status"].tolist() == ["computed"]
 
@@ -85,10 +85,10 @@ def test_second_output_failing_leaves_stage_untrusted(tmp_path, monkeypatch):
     monkeypatch.setattr(stage_mod, "write_parquet", fail_on_b)
     compute = lambda: ({"a": _frame([1]), "b": _frame([2])}, 2)  # noqa: E731
     with pytest.raises(OSError):
-        run_stage(ctx, "two", "c", {}, {}, compute)
+        run_named_stage(ctx, "two", "c", {}, {}, compute)
     assert len(list(Path(ctx.artifacts_dir).rglob("a-*.parquet"))) == 1  # written, but not recorded
     monkeypatch.undo()
-    refs = run_stage(ctx, "two", "c", {}, {}, compute)
+    refs = run_named_stage(ctx, "two", "c", {}, {}, compute)
     assert set(refs) == {"a", "b"} and Store.read(refs["b"])["x"].tolist() == [2]
     assert ctx.store.events("run1")["status"].tolist() == ["computed"]
 
@@ -129,7 +129,7 @@ def test_run_stage_caches_and_recomputes_when_file_deleted(ctx):
         return {"out": _frame([1, 2, 3]), "blob": b"xyz"}, 3
 
     def run(p):
-        return run_stage(ctx, "s", "code", {"p": p}, {"in": "f0"}, compute, ext={"blob": "bin"})
+        return run_named_stage(ctx, "s", "code", {"p": p}, {"in": "f0"}, compute, ext={"blob": "bin"})
 
     refs = run(1)
     assert refs["blob"].path.endswith(".bin") and Path(refs["blob"].path).read_bytes() == b"xyz"
@@ -287,7 +287,7 @@ def test_row_cache_read_and_missing_match_the_part_by_part_rule(tmp_path):
 _KILLED = """
 import pathlib, sys, time
 import pandas as pd
-from tasks.core.stage import RunContext, run_stage
+from tasks.core.stage import RunContext, run_named_stage
 from tasks.core.store import Store
 
 art, marker, mode = sys.argv[1:4]
@@ -304,7 +304,7 @@ if mode == "record":  # die after the file is in place, before the catalog row
         time.sleep(30)
     Store.record = stuck
 
-run_stage(RunContext(art, "ds", "killed"), "slow", "code-v1", {"p": 1}, {"in": "abc"}, compute)
+run_named_stage(RunContext(art, "ds", "killed"), "slow", "code-v1", {"p": 1}, {"in": "abc"}, compute)
 """
 
 
@@ -337,7 +337,7 @@ def test_killed_stage_is_recomputed(tmp_path, mode):
     assert proc.returncode == -signal.SIGKILL
 
     ctx = RunContext(str(art), "ds", "again")
-    refs = run_stage(ctx, "slow", "code-v1", {"p": 1}, {"in": "abc"}, lambda: ({"out": _frame([1, 2, 3])}, 3))
+    refs = run_named_stage(ctx, "slow", "code-v1", {"p": 1}, {"in": "abc"}, lambda: ({"out": _frame([1, 2, 3])}, 3))
     assert ctx.store.events("again")["status"].tolist() == ["computed"]
     assert Store.read(refs["out"])["x"].tolist() == [1, 2, 3]
     rows = _stage_rows(ctx.store, "slow")
@@ -346,7 +346,7 @@ def test_killed_stage_is_recomputed(tmp_path, mode):
     finals = sorted(p for p in art.rglob("*.parquet") if not p.name.startswith("."))
     assert finals == [Path(refs["out"].path)]
     # and now it is trusted
-    assert run_stage(ctx, "slow", "code-v1", {"p": 1}, {"in": "abc"}, lambda: ({"out": _frame([0])}, 1)) == refs
+    assert run_named_stage(ctx, "slow", "code-v1", {"p": 1}, {"in": "abc"}, lambda: ({"out": _frame([0])}, 1)) == refs
 
 
 # ----------------------------------------------------------------------------- two processes, one catalog
@@ -508,7 +508,7 @@ def test_threads_and_a_forked_child_use_catalogs_side_by_side(tmp_path):
 def _stored(root: Path) -> tuple[Store, dict[str, ArtifactRef]]:
     """A store holding one stage (a table and a blob), a row cache, a run manifest and a metrics row naming it."""
     ctx = RunContext(str(root), "ds", "run1")
-    refs = run_stage(ctx, "s", "code", {"p": 1}, {"in": "f0"}, lambda: ({"out": _frame([1, 2]), "blob": b"ab"}, 2),
+    refs = run_named_stage(ctx, "s", "code", {"p": 1}, {"in": "f0"}, lambda: ({"out": _frame([1, 2]), "blob": b"ab"}, 2),
                      ext={"blob": "bin"})
     ctx.store.row_cache("embed", "fp0", "key").append(pd.DataFrame({"key": ["k1"], "v": [1.0]}))
     ctx.store.record_run("run1", "index", {"artifacts_dir": str(ctx.store.root), "out": refs["out"].path})
@@ -537,9 +537,9 @@ def test_work_in_a_copy_leaves_the_original_as_it_was(tmp_path):
     before = src.query("SELECT stage, fp, path FROM stages ORDER BY stage, name")
     copy = src.copy_to(tmp_path / "dst")
     ctx = RunContext(str(copy.root), "ds", "run2")
-    run_stage(ctx, "s", "code", {"p": 1}, {"in": "f0"}, lambda: ({"out": _frame([7]), "blob": b"z"}, 1),
+    run_named_stage(ctx, "s", "code", {"p": 1}, {"in": "f0"}, lambda: ({"out": _frame([7]), "blob": b"z"}, 1),
               ext={"blob": "bin"})  # the same fingerprint, cached in the copy
-    run_stage(ctx, "t", "code", {}, {}, lambda: ({"out": _frame([9])}, 1))  # a new stage, only in the copy
+    run_named_stage(ctx, "t", "code", {}, {}, lambda: ({"out": _frame([9])}, 1))  # a new stage, only in the copy
     copy.row_cache("embed", "fp0", "key").append(pd.DataFrame({"key": ["k2"], "v": [2.0]}))
     assert src.query("SELECT stage, fp, path FROM stages ORDER BY stage, name").equals(before)
     assert src.row_cache("embed", "fp0", "key").keys() == {"k1"}
@@ -552,7 +552,7 @@ def _cached(ctx: RunContext) -> dict[str, ArtifactRef]:
     """The stage of :func:`_stored` again: it must come from the catalog (a recompute fails the test)."""
     def recompute():
         raise AssertionError("the moved store computed a stage it holds")
-    return run_stage(ctx, "s", "code", {"p": 1}, {"in": "f0"}, recompute, ext={"blob": "bin"})
+    return run_named_stage(ctx, "s", "code", {"p": 1}, {"in": "f0"}, recompute, ext={"blob": "bin"})
 
 
 def _assert_names_its_own(store: Store, refs: dict[str, ArtifactRef]) -> None:

@@ -118,30 +118,30 @@ def test_chunk_stage_is_row_incremental(ctx):
     full = _corpus(12)
     ten = full.iloc[[0, 1, 2, 3, 5, 6, 7, 8, 10, 11]].reset_index(drop=True)
 
-    first = chunk.fn(ctx, _documents_ref(ctx, ten), params)["chunks"]
+    first = chunk.fn(ctx, params, _documents_ref(ctx, ten))["chunks"]
     assert _rows_computed(ctx, first) == 10
     _check(ctx.store.read(first), ten, params)
 
     # a superset (new docs in the middle): only the 2 new docs are chunked, output in input order
-    second = chunk.fn(ctx, _documents_ref(ctx, full), params)["chunks"]
+    second = chunk.fn(ctx, params, _documents_ref(ctx, full))["chunks"]
     assert second.fp != first.fp
     assert _rows_computed(ctx, second) == 2
     _check(ctx.store.read(second), full, params)
 
     # a shrunk, reordered corpus: nothing computed, only the current docs in the output
     small = full.iloc[[9, 4, 0]].reset_index(drop=True)
-    third = chunk.fn(ctx, _documents_ref(ctx, small), params)["chunks"]
+    third = chunk.fn(ctx, params, _documents_ref(ctx, small))["chunks"]
     assert _rows_computed(ctx, third) == 0
     out = ctx.store.read(third)
     assert list(dict.fromkeys(out["doc_id"])) == ["doc-009", "doc-004", "doc-000"]
     _check(out, small, params)
 
     # the same input again is a whole-stage cache hit
-    assert chunk.fn(ctx, _documents_ref(ctx, small), params)["chunks"] == third
+    assert chunk.fn(ctx, params, _documents_ref(ctx, small))["chunks"] == third
     assert ctx.store.events("run1")["status"].tolist() == ["computed"] * 3 + ["cached"]
 
     # other chunk params: a separate row cache, everything computed
     windows = ChunkParams(unit="window", window_tokens=4, overlap_tokens=1)
-    fourth = chunk.fn(ctx, _documents_ref(ctx, small), windows)["chunks"]
+    fourth = chunk.fn(ctx, windows, _documents_ref(ctx, small))["chunks"]
     assert _rows_computed(ctx, fourth) == 3
     _check(ctx.store.read(fourth), small, windows)

@@ -4,6 +4,7 @@ identity is what its values depend on: settings that only batch the work or serv
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -13,7 +14,7 @@ from tasks.core.stage import RunContext
 from tasks.core.files import write_parquet
 from tasks.core.hashing import short_hash
 from tasks.core.store import ArtifactRef
-from tasks.text.embed import EmbedderParams, embed, encode, load_embeddings
+from tasks.text.embed import EmbedParams, EmbedderParams, embed, encode, load_embeddings
 from tasks.text.encoder import load_encoder
 
 TEXTS = ["Paris is the capital of France.", "Ok.", "The Louvre, in Paris, is the world's most-visited museum.",
@@ -47,14 +48,20 @@ def _table(ctx: RunContext) -> ArtifactRef:
     return ArtifactRef("documents", str(path), fp, write_parquet(docs, path))
 
 
+def _embed(ctx: RunContext, table: ArtifactRef, embedder: EmbedderParams, use_template: bool = False) -> ArtifactRef:
+    """The embed stage with the params a flow projects from this ``embedder`` group."""
+    params = EmbedParams.of(SimpleNamespace(embedder=embedder), id_col="doc_id", use_template=use_template)
+    return embed.fn(ctx, params, table)["embeddings"]
+
+
 def test_batching_and_query_settings_keep_the_stored_embeddings(ctx):
     table, base = _table(ctx), EmbedderParams(batch_size=2)
-    first = embed.fn(ctx, table, "doc_id", base)["embeddings"]
+    first = _embed(ctx, table, base)
     for same in (replace(base, batch_size=16), replace(base, query_batch_size=4, query_runtime="torch")):
-        again = embed.fn(RunContext(ctx.artifacts_dir, "ds", "run2"), table, "doc_id", same)["embeddings"]
+        again = _embed(RunContext(ctx.artifacts_dir, "ds", "run2"), table, same)
         assert again.fp == first.fp  # cached: nothing downstream of the embeddings runs again
-    shorter = embed.fn(ctx, table, "doc_id", replace(base, max_seq_length=4))["embeddings"]
-    templated = embed.fn(ctx, table, "doc_id", base, use_template=True)["embeddings"]
+    shorter = _embed(ctx, table, replace(base, max_seq_length=4))
+    templated = _embed(ctx, table, base, use_template=True)
     assert len({first.fp, shorter.fp, templated.fp}) == 3
     emb = {ref.fp: load_embeddings(ref, "doc_id")[1] for ref in (first, shorter, templated)}
     np.testing.assert_allclose(emb[first.fp], encode(TEXTS, base), atol=1e-5)

@@ -253,7 +253,7 @@ def test_linked_entity_graph_stage_with_title_aliases(ctx):
     from tasks.core.files import write_parquet
     from tasks.core.hashing import short_hash
     from tasks.core.store import ArtifactRef, Store
-    from tasks.text.gazetteer import linked_entity_graph
+    from tasks.text.gazetteer import LinkedGraphParams, linked_entity_graph
 
     def ref(stage: str, name: str, frame: pd.DataFrame) -> ArtifactRef:
         fp = short_hash(frame.astype(str).to_numpy().tolist())
@@ -264,8 +264,9 @@ def test_linked_entity_graph_stage_with_title_aliases(ctx):
     docs = ref("ingest", "documents", pd.DataFrame({"doc_id": ids, "title": SHORT_TITLES, "text": SHORT_TEXTS}))
     chunks = ref("chunk", "chunks", pd.DataFrame({"chunk_id": ids, "doc_id": ids, "position": 0, "text": SHORT_TEXTS}))
     mentions = ref("ner", "mentions", pd.DataFrame({"doc_id": ["d0"], "surface": ["Leeds"]}))
-    plain = linked_entity_graph.fn(ctx, docs, chunks, mentions, 4)
-    aliased = linked_entity_graph.fn(ctx, docs, chunks, mentions, 4, True, 0.5)
+    plain = linked_entity_graph.fn(ctx, LinkedGraphParams(min_chars=4), docs, chunks, mentions)
+    aliased = linked_entity_graph.fn(ctx, LinkedGraphParams(min_chars=4, title_aliases=True, alias_min_share=0.5),
+                                     docs, chunks, mentions)
     assert plain["entities"].fp != aliased["entities"].fp
     vocab = Store.read(aliased["entities"])
     assert "aliases" not in Store.read(plain["entities"]).columns

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+from types import SimpleNamespace
 from typing import Any
 
 import pandas as pd
@@ -30,11 +31,17 @@ from tests.llm_server import FakeLLMServer
 PASSAGES = ChunkParams(unit="passage")
 
 
+def _kg(ctx: RunContext, docs: ArtifactRef, chunks: ArtifactRef, mentions: ArtifactRef | None, params: KGParams,
+        llm: LLMParams | None) -> dict[str, ArtifactRef]:
+    """The KG stages a flow runs for this ``kg`` group and ``llm`` group."""
+    return archrag_kg(ctx, SimpleNamespace(kg=params, llm=llm), docs, chunks, mentions)
+
+
 @pytest.fixture(scope="module")
 def sample_docs(tmp_path_factory) -> pd.DataFrame:
     """The generated sample's 20 documents (the smallest sample)."""
     ctx = RunContext(str(tmp_path_factory.mktemp("ingest")), "ds", "ingest")
-    return Store.read(ingest.fn(ctx, SampleParams(n_passages=20, n_questions=5), "")["documents"])
+    return Store.read(ingest(ctx, SampleParams(n_passages=20, n_questions=5), "")["documents"])
 
 
 def _documents(ctx: RunContext, docs: pd.DataFrame) -> ArtifactRef:
@@ -71,10 +78,10 @@ def _check_shape(refs: dict[str, ArtifactRef], builder: str, chunk_ids: set[str]
 
 def test_cooccur_stage_end_to_end(ctx, sample_docs) -> None:
     docs = _documents(ctx, sample_docs)
-    chunks = chunk.fn(ctx, docs, ChunkParams(unit="window", window_tokens=40, overlap_tokens=10))["chunks"]
-    mentions = ner.fn(ctx, docs, "doc_id", NERParams())["mentions"]
+    chunks = chunk.fn(ctx, ChunkParams(unit="window", window_tokens=40, overlap_tokens=10), docs)["chunks"]
+    mentions = ner(ctx, docs, "doc_id", SimpleNamespace(ner=NERParams(), llm=None))["mentions"]
     params = KGParams(builder="cooccur", description_tokens=30)
-    refs = archrag_kg.fn(ctx, docs, chunks, mentions, params, None)
+    refs = _kg(ctx, docs, chunks, mentions, params, None)
     ch = Store.read(chunks)
     ent, rel, meta = _check_shape(refs, "cooccur", set(ch["chunk_id"]))
     assert len(ent) > 10 and len(rel) > 10
@@ -87,10 +94,10 @@ def test_cooccur_stage_end_to_end(ctx, sample_docs) -> None:
     row = ctx.store.query("SELECT params FROM stages WHERE stage = ?", [KG_STAGES["cooccur"]])
     assert json.loads(row["params"].iloc[0]) == {"builder": "cooccur", "description_tokens": 30}
 
-    again = archrag_kg.fn(RunContext(ctx.artifacts_dir, ctx.dataset, "run2"), docs, chunks, mentions, params, None)
+    again = _kg(RunContext(ctx.artifacts_dir, ctx.dataset, "run2"), docs, chunks, mentions, params, None)
     assert again == refs and ctx.store.events("run2")["status"].tolist() == ["cached"]
     with pytest.raises(ValueError, match="mentions"):
-        archrag_kg.fn(ctx, docs, chunks, None, params, None)
+        _kg(ctx, docs, chunks, None, params, None)
 
 
 # ----------------------------------------------------------------------------- llm
@@ -144,8 +151,8 @@ def test_llm_stage_end_to_end_cached_and_grown(ctx, sample_docs) -> None:
     with FakeLLMServer(responder=responder) as server:
         llm = _llm(server)
         docs = _documents(ctx, small)
-        chunks = chunk.fn(ctx, docs, PASSAGES)["chunks"]
-        refs = archrag_kg.fn(ctx, docs, chunks, None, LLM_KG, llm)
+        chunks = chunk.fn(ctx, PASSAGES, docs)["chunks"]
+        refs = _kg(ctx, docs, chunks, None, LLM_KG, llm)
         ent, rel, meta = _check_shape(refs, "llm", set(Store.read(chunks)["chunk_id"]))
         n_extract, n_describe = _counts(server)
         assert n_extract == 14 and n_describe > 0
@@ -162,13 +169,13 @@ def test_llm_stage_end_to_end_cached_and_grown(ctx, sample_docs) -> None:
 
         # the same corpus again: both stages are catalog hits, no request
         before = server.requests
-        again = archrag_kg.fn(RunContext(ctx.artifacts_dir, ctx.dataset, "run2"), docs, chunks, None, LLM_KG, llm)
+        again = _kg(RunContext(ctx.artifacts_dir, ctx.dataset, "run2"), docs, chunks, None, LLM_KG, llm)
         assert again == refs and server.requests == before
 
         # a grown corpus: only the 6 new chunks are extracted
         full_docs = _documents(ctx, sample_docs)
-        full_chunks = chunk.fn(ctx, full_docs, PASSAGES)["chunks"]
-        grown = archrag_kg.fn(RunContext(ctx.artifacts_dir, ctx.dataset, "run3"), full_docs, full_chunks, None,
+        full_chunks = chunk.fn(ctx, PASSAGES, full_docs)["chunks"]
+        grown = _kg(RunContext(ctx.artifacts_dir, ctx.dataset, "run3"), full_docs, full_chunks, None,
                               LLM_KG, llm)
         n_extract2, n_describe2 = _counts(server)
         assert n_extract2 - n_extract == 6
@@ -183,7 +190,7 @@ def test_llm_stage_end_to_end_cached_and_grown(ctx, sample_docs) -> None:
     with FakeLLMServer(responder=responder) as server:
         fresh_ctx = RunContext(ctx.artifacts_dir + "-fresh", ctx.dataset, "fresh")
         fdocs = _documents(fresh_ctx, sample_docs)
-        fresh = archrag_kg.fn(fresh_ctx, fdocs, chunk.fn(fresh_ctx, fdocs, PASSAGES)["chunks"], None, LLM_KG,
+        fresh = _kg(fresh_ctx, fdocs, chunk.fn(fresh_ctx, PASSAGES, fdocs)["chunks"], None, LLM_KG,
                               _llm(server))
         assert _counts(server)[0] == 20
     for name in ["entities", "relations"]:
@@ -192,14 +199,14 @@ def test_llm_stage_end_to_end_cached_and_grown(ctx, sample_docs) -> None:
 
 def test_llm_all_empty_extraction_raises_and_stores_nothing(ctx, sample_docs) -> None:
     docs = _documents(ctx, sample_docs.iloc[:5])
-    chunks = chunk.fn(ctx, docs, PASSAGES)["chunks"]
+    chunks = chunk.fn(ctx, PASSAGES, docs)["chunks"]
     with FakeLLMServer(responder=lambda body: '{"entities": [], "relationships": []}') as server:
         with pytest.raises(ExtractionMostlyEmpty, match=kg.EXTRACT_STAGE):
-            archrag_kg.fn(ctx, docs, chunks, None, LLM_KG, _llm(server))
+            _kg(ctx, docs, chunks, None, LLM_KG, _llm(server))
         assert server.requests == 5
     assert not list((ctx.store.root / "_rows" / kg.EXTRACT_STAGE).rglob("*.parquet"))
     with FakeLLMServer(responder=responder) as server:  # another model name: the failed batch is asked again
-        refs = archrag_kg.fn(ctx, docs, chunks, None, LLM_KG, LLMParams(provider="local", model="fixed",
+        refs = _kg(ctx, docs, chunks, None, LLM_KG, LLMParams(provider="local", model="fixed",
                                                                         base_url=server.base_url))
         assert _counts(server)[0] == 5 and Store.read(refs["entities"]).shape[0] > 0
 
@@ -207,35 +214,35 @@ def test_llm_all_empty_extraction_raises_and_stores_nothing(ctx, sample_docs) ->
 def test_llm_dry_run_estimates_without_requests(ctx, sample_docs) -> None:
     dry = RunContext(ctx.artifacts_dir, ctx.dataset, "dry", llm_dry_run=True)
     small, full = _documents(ctx, sample_docs.iloc[:5]), _documents(ctx, sample_docs.iloc[:8])
-    small_chunks, full_chunks = (chunk.fn(ctx, d, PASSAGES)["chunks"] for d in (small, full))
+    small_chunks, full_chunks = (chunk.fn(ctx, PASSAGES, d)["chunks"] for d in (small, full))
     with FakeLLMServer(responder=responder) as server:
         llm = _llm(server)
         with pytest.raises(LLMDryRun) as stop:
-            archrag_kg.fn(dry, small, small_chunks, None, LLM_KG, llm)
+            _kg(dry, small, small_chunks, None, LLM_KG, llm)
         assert stop.value.stage == kg.EXTRACT_STAGE and stop.value.estimate["calls"] == 5
         assert server.requests == 0
         assert not ctx.store.query("SELECT * FROM stages WHERE stage LIKE 'archrag%'").shape[0]
 
-        archrag_kg.fn(ctx, small, small_chunks, None, LLM_KG, llm)  # real build of 5 chunks
+        _kg(ctx, small, small_chunks, None, LLM_KG, llm)  # real build of 5 chunks
         sent = server.requests
         with pytest.raises(LLMDryRun) as stop:  # grown corpus: only the 3 new chunks are counted
-            archrag_kg.fn(dry, full, full_chunks, None, LLM_KG, llm)
+            _kg(dry, full, full_chunks, None, LLM_KG, llm)
         assert stop.value.estimate["calls"] == 3 and server.requests == sent
 
         # extractions cached, descriptions asked with a new budget: the describe calls are counted, not sent
         wider = KGParams(builder="llm", describe_max_tokens=200)
         with pytest.raises(LLMDryRun) as stop:
-            archrag_kg.fn(dry, small, small_chunks, None, wider, llm)
+            _kg(dry, small, small_chunks, None, wider, llm)
         n_describe = _counts(server)[1]
         assert stop.value.stage == kg.DESCRIBE_STAGE and stop.value.estimate["calls"] == n_describe > 0
         assert server.requests == sent
-        assert archrag_kg.fn(dry, small, small_chunks, None, LLM_KG, llm)  # everything cached: no stop
+        assert _kg(dry, small, small_chunks, None, LLM_KG, llm)  # everything cached: no stop
 
 
 def test_llm_builder_needs_a_configured_model(ctx, sample_docs) -> None:
     docs = _documents(ctx, sample_docs.iloc[:2])
-    chunks = chunk.fn(ctx, docs, PASSAGES)["chunks"]
+    chunks = chunk.fn(ctx, PASSAGES, docs)["chunks"]
     with pytest.raises(ValueError, match="builder=llm"):
-        archrag_kg.fn(ctx, docs, chunks, None, LLM_KG, LLMParams())
+        _kg(ctx, docs, chunks, None, LLM_KG, LLMParams())
     with pytest.raises(ValueError, match="builder"):
         KGParams(builder="graphrag")
