@@ -49,7 +49,7 @@ test-slow: $(STAMP)
 # a Prefect server with its UI, one evaluate run (twice: the second is all cached), headless Chromium
 # screenshots of the run's page and its artifacts in artifacts/ui-*.png (needs: apt-get install -y chromium)
 ui-screenshot: $(STAMP)
-	$(PY) -m flows.ui_screenshot $(ARGS)
+	$(PY) -m flows.commands.ui_screenshot $(ARGS)
 
 clean-artifacts:
 	rm -rf artifacts/*/ artifacts/catalog.duckdb artifacts/.catalog.lock

@@ -1,7 +1,7 @@
 """``dagrag COMMAND [hydra overrides]``: the console script (``[project.scripts]``) over the commands.
 
-``dagrag evaluate method=bm25`` is ``python -m flows.evaluate method=bm25``, run exactly as ``python -m``
-would run it (the command module executes as ``__main__``, so Hydra finds ``conf/`` next to it and every
+``dagrag evaluate method=bm25`` is ``python -m flows.commands.evaluate method=bm25``, run exactly as ``python -m``
+would run it (the command module executes as ``__main__``, so Hydra finds ``conf/`` from its ``config_path`` and every
 flag, ``-m`` sweeps and ``--cfg job`` included, means what it means there).
 """
 from __future__ import annotations
@@ -13,19 +13,19 @@ import sys
 from pathlib import Path
 
 COMMANDS = {
-    "evaluate": ("flows.evaluate", "index (cached) → batched retrieval → recall@k, latency [, answers]"),
-    "index": ("flows.index", "build or update an index only"),
-    "update": ("flows.update", "bring an index up to date with a grown or shrunk corpus"),
-    "benchmark": ("flows.benchmark", "latency per query at several batch sizes, memory, per-part split"),
-    "compare": ("flows.compare", "every method on one dataset (shared stages computed once), then the report"),
-    "scale": ("flows.scale", "the scale table: every method at several sample sizes (index s, memory, ms/query, disk)"),
-    "growth": ("flows.growth", "what an update costs against a full build: a held-out share added back, every method"),
-    "report": ("flows.report", "results table and figures from the catalog → artifacts/reports/<name>/report.md"),
-    "query": ("flows.query", "ranked passages (and answers) for your own questions from a built index"),
-    "serve": ("flows.serve", "an HTTP service over a built index: micro-batched /retrieve, /answer, a search page"),
-    "loadtest": ("flows.loadtest", "served throughput and latency at several concurrencies, batching on and off"),
-    "schedule": ("flows.schedule", "serve index/evaluate as Prefect deployments on cron schedules (conf/schedule.yaml)"),
-    "doctor": ("flows.doctor", "check every stored file against its hash; doctor.repair=true quarantines and repairs"),
+    "evaluate": ("flows.commands.evaluate", "index (cached) → batched retrieval → recall@k, latency [, answers]"),
+    "index": ("flows.commands.index", "build or update an index only"),
+    "update": ("flows.commands.update", "bring an index up to date with a grown or shrunk corpus"),
+    "benchmark": ("flows.commands.benchmark", "latency per query at several batch sizes, memory, per-part split"),
+    "compare": ("flows.commands.compare", "every method on one dataset (shared stages computed once), then the report"),
+    "scale": ("flows.commands.scale", "the scale table: every method at several sample sizes (index s, memory, ms/query, disk)"),
+    "growth": ("flows.commands.growth", "what an update costs against a full build: a held-out share added back, every method"),
+    "report": ("flows.commands.report", "results table and figures from the catalog → artifacts/reports/<name>/report.md"),
+    "query": ("flows.commands.query", "ranked passages (and answers) for your own questions from a built index"),
+    "serve": ("flows.commands.serve", "an HTTP service over a built index: micro-batched /retrieve, /answer, a search page"),
+    "loadtest": ("flows.commands.loadtest", "served throughput and latency at several concurrencies, batching on and off"),
+    "schedule": ("flows.commands.schedule", "serve index/evaluate as Prefect deployments on cron schedules (conf/schedule.yaml)"),
+    "doctor": ("flows.commands.doctor", "check every stored file against its hash; doctor.repair=true quarantines and repairs"),
 }
 
 # commands whose run needs Prefect's API: their temporary server is launched before their own start-up
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None, default: str | None = None) -> int:
     try:
         return _run(command, rest)
     except KeyboardInterrupt:  # Ctrl-C outside a flow run (imports, checks); inside one, run_command handles it
-        from flows.exits import EXIT_INTERRUPTED, INTERRUPTED
+        from flows.runtime.exits import EXIT_INTERRUPTED, INTERRUPTED
 
         print(INTERRUPTED, file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
@@ -79,14 +79,14 @@ def _run(command: str, rest: list[str]) -> int:
     """Check ``artifacts_dir``, then run the command's module as ``python -m`` would; its exit status."""
     module = COMMANDS[command][0]
     if (command in NEEDS_API or command == "query" and flow_run_query(rest)) and not NO_RUN_FLAGS.intersection(rest):
-        from flows.api_server import launch_api
+        from flows.runtime.api_server import launch_api
 
-        launch_api()  # its start-up overlaps the command's imports and checks (flows.api_server)
+        launch_api()  # its start-up overlaps the command's imports and checks (flows.runtime.api_server)
     if not NO_RUN_FLAGS.intersection(rest):  # before Hydra (its advice for a mistyped key is `+key=…`, which
         # then fails on the check below; a blocked artifacts_dir fails its run folder with a traceback)
-        from flows.config import ConfigError, check_top_level_keys, override_keys
-        from flows.exits import EXIT_USER_ERROR
-        from flows.preflight import PreflightError, artifacts_dir_of, check_artifacts_dir
+        from flows.runtime.config import ConfigError, check_top_level_keys, override_keys
+        from flows.runtime.exits import EXIT_USER_ERROR
+        from flows.runtime.preflight import PreflightError, artifacts_dir_of, check_artifacts_dir
 
         # dagrag query: the questions after `--` are no overrides; dagrag loadtest: its own loadtest.* keys
         overrides = [o for o in split_questions(rest)[0] if not (command == "loadtest" and o.startswith("loadtest."))]
@@ -98,7 +98,7 @@ def _run(command: str, rest: list[str]) -> int:
             if where is not None:
                 check_artifacts_dir(where)
         except (ConfigError, PreflightError) as err:
-            from flows.api_server import stop_api
+            from flows.runtime.api_server import stop_api
 
             stop_api()
             print(f"error: {err}", file=sys.stderr, flush=True)

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from flows.config import TOP_LEVEL_KEYS, Config, ConfigError, check_values, load_config, params_classes
+from flows.runtime.config import TOP_LEVEL_KEYS, Config, ConfigError, check_values, load_config, params_classes
 from flows.methods import METHODS
 from tasks.core.limits import in_interval, limits_of
 
@@ -243,11 +243,11 @@ def test_lowercase_name_weight_is_part_of_the_title_walk(method):
 
 
 def test_a_method_is_declared_once_and_every_list_of_methods_derives_from_it():
-    """flows/<name>.py's METHOD is the method; the registry lists it once; compare, scale and growth take every
+    """flows/methods/<name>.py's METHOD is the method; the registry lists it once; compare, scale and growth take every
     method by default, in the registry's order; a name not in the registry is refused with the list."""
     from flows.methods import METHODS, NAMES
 
-    flows_dir = Path(__file__).resolve().parents[1] / "flows"
+    flows_dir = Path(__file__).resolve().parents[1] / "flows" / "methods"
     declared = sorted(p.stem for p in flows_dir.glob("*.py") if "\nMETHOD = Method(" in p.read_text())
     assert declared == sorted(NAMES) == sorted(METHODS)
     assert all(METHODS[n].name == n for n in NAMES)
@@ -272,7 +272,7 @@ def test_the_config_check_imports_only_the_method_it_checks():
         "import sys\n"
         "from hydra import compose, initialize_config_dir\n"
         "from omegaconf import OmegaConf\n"
-        "from flows.config import ConfigError, load_config\n"
+        "from flows.runtime.config import ConfigError, load_config\n"
         f"with initialize_config_dir(config_dir={str(CONF)!r}, version_base='1.3'):\n"
         "    dense = compose('config', overrides=['method=dense'])\n"
         "    arch = compose('config', overrides=['method=archrag', 'method.clustering=kmeans'])\n"
@@ -293,16 +293,16 @@ def test_a_command_imports_its_own_method_only_and_names_its_stage_tasks():
     numba, nor ArchRAG's modules; each method still maps to its own flow
     module, and the stage tasks it imports get their readable task-run names."""
     code = (
-        "import sys, flows.update, flows.evaluate, flows.index, flows.benchmark\n"
-        "from flows import observe\n"
+        "import sys, flows.commands.update, flows.commands.evaluate, flows.commands.index, flows.commands.benchmark\n"
+        "from flows.runtime import observe\n"
         "from flows.methods import METHODS\n"
-        "assert not {'flows.dense', 'flows.archrag', 'bm25s', 'numba'} & set(sys.modules), sorted(sys.modules)\n"
+        "assert not {'flows.methods.dense', 'flows.methods.archrag', 'bm25s', 'numba'} & set(sys.modules), sorted(sys.modules)\n"
         "dense = METHODS['dense']\n"
-        "assert 'flows.dense' in sys.modules and not {'flows.archrag', 'numba'} & set(sys.modules)\n"
-        "assert dense.params.__name__ == 'DenseParams' and dense.index is sys.modules['flows.dense'].index\n"
+        "assert 'flows.methods.dense' in sys.modules and not {'flows.methods.archrag', 'numba'} & set(sys.modules)\n"
+        "assert dense.params.__name__ == 'DenseParams' and dense.index is sys.modules['flows.methods.dense'].index\n"
         "assert observe.name_task_runs() > 0 and observe.name_task_runs() == 0\n"
         "arch = METHODS['archrag']\n"
-        "assert arch.answer is sys.modules['flows.archrag'].answer and METHODS['zoomrag'].evidence_units\n"
+        "assert arch.answer is sys.modules['flows.methods.archrag'].answer and METHODS['zoomrag'].evidence_units\n"
         "assert observe.name_task_runs() > 0\n"
         "print('ok')\n")
     _in_fresh_python(code)
@@ -311,7 +311,7 @@ def test_a_command_imports_its_own_method_only_and_names_its_stage_tasks():
 def test_a_command_line_may_choose_a_defaults_only_group():
     """``experiment=beyond_paper`` names a config group, not a key of the composed config: the check of a command
     line's top-level keys lets it through, and still refuses a mistyped key."""
-    from flows.config import ConfigError, DEFAULTS_ONLY_GROUPS, check_top_level_keys, override_keys
+    from flows.runtime.config import ConfigError, DEFAULTS_ONLY_GROUPS, check_top_level_keys, override_keys
 
     groups = {p.name for p in (Path(__file__).resolve().parents[1] / "conf").iterdir() if p.is_dir()}
     assert DEFAULTS_ONLY_GROUPS <= groups

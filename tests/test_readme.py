@@ -3,7 +3,7 @@ repository root.
 
 Each command is checked without running it: the program exists (``.venv/bin/dagrag`` and its subcommand,
 a ``make`` target, ``.venv/bin/prefect server start`` and its flags), every Hydra override names a config
-group or key, the config builds (``flows.config.load_config``), and every ``PREFECT_*`` variable it sets is
+group or key, the config builds (``flows.runtime.config.load_config``), and every ``PREFECT_*`` variable it sets is
 a Prefect setting. The quick ones (``dagrag evaluate|index`` with ``method=bm25`` on the generated sample
 dataset, no LLM) are then run for real in a subprocess, with ``artifacts_dir`` and ``PREFECT_HOME`` under
 a temp dir. The others are listed and skipped with the reason (an LLM endpoint, ``../shared/datasets``, a
@@ -167,7 +167,7 @@ def composed_configs(overrides: list[str]) -> list[dict]:
 
 
 def plan_dagrag(cmd: Command, sub: str, args: list[str]) -> Plan:
-    from flows.config import load_config
+    from flows.runtime.config import load_config
 
     if sub not in COMMANDS:
         raise ReadmeCommandError(f"{cmd.where}: `dagrag {sub}` is not a command ({sorted(COMMANDS)})")
@@ -347,7 +347,7 @@ def test_every_subcommand_dispatches(sub):
     (".venv/bin/dagrag evaluate -m method=bm25 method.no_such_key=1,2", "no_such_key"),
     (".venv/bin/dagrag evaluate --no-such-flag method=bm25", "no-such-flag"),
     (".venv/bin/python -m flows.evalute method=bm25", "is not a command module"),
-    ("python -m flows.evaluate method=bm25", "does not work as printed"),
+    ("python -m flows.commands.evaluate method=bm25", "does not work as printed"),
     ("dagrag evaluate method=bm25", "does not work as printed"),
     ("make runn", "no make target"),
     ('make run ARGS="method.no_such_key=1"', "no_such_key"),

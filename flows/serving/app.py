@@ -26,7 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
 
-from flows.config import ServeParams
+from flows.runtime.config import ServeParams
 from flows.serving.batcher import BatchStats, MicroBatcher, QueueFull
 from flows.serving.index import Index, IndexNotBuilt, NoLLM
 from flows.serving.metrics import ServeMetrics

@@ -1,11 +1,11 @@
-"""What ``dagrag query`` and ``dagrag serve`` check before they open an index (beside :mod:`flows.preflight`'s
+"""What ``dagrag query`` and ``dagrag serve`` check before they open an index (beside :mod:`flows.runtime.preflight`'s
 checks of every command)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from flows.config import Config
-from flows.preflight import check_llm, check_models
+from flows.runtime.config import Config
+from flows.runtime.preflight import check_llm, check_models
 
 
 def preflight_serving(conf: Config, command: str) -> None:

@@ -26,7 +26,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from flows.config import Config, load_config
+from flows.runtime.config import Config, load_config
 from flows.methods import METHODS
 from flows.serving.errors import IndexNotBuilt, NoLLM
 from tasks.core.ingest import dataset_label, ingest
@@ -99,7 +99,7 @@ def compose(overrides: Sequence[str] = ()) -> dict[str, Any]:
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
-    from flows.config import ConfigError
+    from flows.runtime.config import ConfigError
 
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -386,7 +386,7 @@ def open_index(*overrides: str, config: Mapping[str, Any] | None = None, build: 
             raise
         build_index(cfg)
         data, refs = resolve(conf, overrides)
-    from flows.pipeline import spacy_without_torch
+    from flows.runtime.pipeline import spacy_without_torch
 
     spacy_without_torch(cfg.get("ner") or {})  # the query NER's spaCy without torch's 1.4 s import, as commands do
     retriever = METHODS[conf.method.name].retriever(data, refs, conf)
@@ -396,9 +396,9 @@ def open_index(*overrides: str, config: Mapping[str, Any] | None = None, build: 
 
 def build_index(cfg: Mapping[str, Any]) -> None:
     """Build the index ``cfg`` names: the ``index`` flow, run as ``dagrag index`` runs it."""
-    from flows.api_server import ensure_api
-    from flows.config import with_runner
-    from flows.index import index_flow
+    from flows.runtime.api_server import ensure_api
+    from flows.runtime.config import with_runner
+    from flows.commands.index import index_flow
 
     ensure_api()
     with_runner(index_flow, cfg)(dict(cfg))
@@ -406,6 +406,6 @@ def build_index(cfg: Mapping[str, Any]) -> None:
 
 def config_overrides() -> list[str]:
     """The overrides of this Hydra job as typed, when it is one (for the build command an error prints)."""
-    from flows.provenance import job_overrides
+    from flows.runtime.provenance import job_overrides
 
     return [f"{k}={v}" for k, v in job_overrides().items()]

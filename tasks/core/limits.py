@@ -5,7 +5,7 @@ A limit is dataclass field metadata, so it sits beside the default it constrains
     alpha: float = field(default=0.15, metadata=PROB)
     walk_dtype: str = field(default="float32", metadata=one_of(("float32", "float64")))
 
-The config check (``flows.config.check_values``) reads it; a stage's code identity leaves metadata out
+The config check (``flows.runtime.config.check_values``) reads it; a stage's code identity leaves metadata out
 (``tasks.core.code_identity``), so adding or tightening a limit rebuilds nothing. Checks that tie fields together
 (``segment_min <= segment_avg``) stay in the classes' ``__post_init__``.
 """

@@ -47,7 +47,7 @@ def notice_if_slow(message: str, *args: object) -> Iterator[None]:
         timer.cancel()
 
 
-# seconds this process spent in each kind of timed block (its text), for a command's summary (flows.update)
+# seconds this process spent in each kind of timed block (its text), for a command's summary (flows.commands.update)
 _timed_seconds: dict[str, float] = {}
 _timed_lock = threading.Lock()
 

@@ -114,7 +114,7 @@ class StageParams:
 
     @classmethod
     def of(cls, config: Any, **given: Any) -> "StageParams":
-        """These parameters of a composed config (``flows.config.Config``): the one projection every flow uses.
+        """These parameters of a composed config (``flows.runtime.config.Config``): the one projection every flow uses.
 
         ``given`` sets wired fields, and may set a config field where the flow fixes it for its method
         (EraRAG's leaves are token windows: ``ChunkParams.of(cfg, unit="window")``)."""
@@ -411,7 +411,7 @@ def partition_plan(n_rows: int, partition_rows: int) -> list[tuple[int, int]]:
 
 
 def _partition_runner() -> Any:
-    """The flow's task runner when it partitions per-row stages (``flows.runners``), else None."""
+    """The flow's task runner when it partitions per-row stages (``flows.runtime.runners``), else None."""
     try:
         from prefect.context import FlowRunContext
     except ImportError:

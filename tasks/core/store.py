@@ -21,7 +21,7 @@ Every file a stage or a row cache writes has its size and content hash (BLAKE2b)
 (``stages.bytes, stages.digest``; ``row_parts``), and Parquet files are written with page checksums. A cached
 stage is trusted only after a cheap check (:func:`tasks.core.files.file_problem`: the recorded size, a readable Parquet footer
 holding the recorded rows); a non-Parquet file's hash is checked when it is read (:meth:`Store.read_bytes`),
-a Parquet page's CRC when the page is read. Full hashes are ``dagrag doctor``'s job (``flows.doctor``).
+a Parquet page's CRC when the page is read. Full hashes are ``dagrag doctor``'s job (``flows.commands.doctor``).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The headline results table of the README and ``docs/results.md``: rows exported from the catalog → Markdown.
 
-``dagrag report report.headline=true`` (``flows/report.py``) picks the runs, writes their rows to
+``dagrag report report.headline=true`` (``flows/commands/report.py``) picks the runs, writes their rows to
 ``docs/results/headline.json`` and renders them with :func:`headline_table` between the markers below in
 ``README.md`` and ``docs/results.md``. ``tests/test_results_table.py`` renders the export again and compares.
 """

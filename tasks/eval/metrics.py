@@ -29,7 +29,7 @@ def latency_summary(latency: pd.DataFrame, column: str = "ms",
 
     Where queries were timed in batches (a ``batch`` column: every query of a batch has the batch's ms per
     query), the percentiles are over the batches, and None with fewer than ``min_timings`` of them: one or two
-    timed batches have no spread to report (``flows.benchmark`` repeats batches for that). The mean is over
+    timed batches have no spread to report (``flows.commands.benchmark`` repeats batches for that). The mean is over
     the queries."""
     v = latency[column].to_numpy(dtype=float)
     if v.size == 0:

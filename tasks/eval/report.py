@@ -1,6 +1,6 @@
 """The results report: catalog rows → the paper's table, its figures and their captions.
 
-Pure functions over frames the report flow reads from the catalog (``flows/report.py``): no catalog
+Pure functions over frames the report flow reads from the catalog (``flows/commands/report.py``): no catalog
 access here, and each figure function writes one PNG with matplotlib (Agg backend) to the path it is given.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ def flatten_metrics(records: pd.DataFrame) -> pd.DataFrame:
 
 
 # what a benchmark must share with an evaluate run to lend it its latency: the method, the dataset and the
-# settings that decide a query's cost (``setup``: a string, equal for equal settings; flows.report.query_setups)
+# settings that decide a query's cost (``setup``: a string, equal for equal settings; flows.commands.report.query_setups)
 LATENCY_KEY = ["method", "dataset", "setup"]
 
 
@@ -65,7 +65,7 @@ def results_table(runs: pd.DataFrame, latency: pd.DataFrame, ks: list[int]) -> p
         at = latency[latency["batch_size"] == b].set_index(LATENCY_KEY)["ms_per_query"]
         out[f"ms/q@{b}"] = [at.get(key, np.nan) for key in keys]
     peak_q = latency.groupby(LATENCY_KEY)["peak_rss_mb"].max()
-    # the index stages' peak, each when it was computed (flows.report.run_facts)
+    # the index stages' peak, each when it was computed (flows.commands.report.run_facts)
     index_peak = out["index_peak_mb"] if "index_peak_mb" in out else pd.Series(np.nan, index=out.index)
     out["peak_mem_mb"] = [np.nanmax([p, peak_q.get(key, np.nan)]) if not (pd.isna(p) and key not in peak_q)
                           else np.nan for p, key in zip(index_peak, keys)]

@@ -7,7 +7,7 @@ torch were not installed, for that one module, while it loads, and only while to
 torch itself stays importable for everything else (sentence-transformers, a later ``import torch``, another
 thread).
 
-It is switched on by the command (``flows.pipeline.run_command``) only for a pipeline whose config names no
+It is switched on by the command (``flows.runtime.pipeline.run_command``) only for a pipeline whose config names no
 torch-backed layer (:func:`pipeline_needs_torch`): a transformer pipeline (``en_core_web_trf``) keeps thinc's
 torch. The entities are the same either way (``tests/tasks/text/test_spacy_without_torch.py`` runs both on
 the same texts), so no stored row depends on it.

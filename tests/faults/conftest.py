@@ -55,7 +55,7 @@ def quarantined(artifacts: Path) -> list[str]:
 
 def built_store(tmp_path_factory: pytest.TempPathFactory, *overrides: str) -> tuple[Path, dict]:
     """A clean store built by one evaluate run, and its metrics."""
-    from flows.evaluate import evaluate_flow
+    from flows.commands.evaluate import evaluate_flow
 
     root = tmp_path_factory.mktemp("clean")
     metrics = evaluate_flow(make_config(root, *overrides), str(root / "run"))

@@ -5,8 +5,8 @@ import logging
 
 import pytest
 
-from flows.doctor import doctor
-from flows.evaluate import evaluate_flow
+from flows.commands.doctor import doctor
+from flows.commands.evaluate import evaluate_flow
 from tasks.core.files import DamagedFile, StoreError
 from tasks.core.store import Store
 from tests.faults.conftest import (

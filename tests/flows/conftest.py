@@ -36,7 +36,7 @@ def prefect_isolated():
     from prefect.testing.utilities import prefect_test_harness
 
     try:
-        # a temporary server, as a command's own: its flow runs send no heartbeats (flows.api_server.flow_run_settings)
+        # a temporary server, as a command's own: its flow runs send no heartbeats (flows.runtime.api_server.flow_run_settings)
         with prefect_test_harness(server_startup_timeout=120), \
                 temporary_settings(updates={"flows.heartbeat_frequency": None}):
             yield

@@ -14,7 +14,7 @@ from typing import Iterator
 
 import httpx
 
-from flows.ui_screenshot import free_port
+from flows.commands.ui_screenshot import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from flows.evaluate import evaluate_flow
+from flows.commands.evaluate import evaluate_flow
 from tasks.llm.ledger import estimate_text_tokens
 from tests.flows.conftest import make_config
 

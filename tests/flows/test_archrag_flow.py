@@ -8,9 +8,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from flows.config import ConfigError, load_config
-from flows.evaluate import evaluate_flow
-from flows.update import update_flow
+from flows.runtime.config import ConfigError, load_config
+from flows.commands.evaluate import evaluate_flow
+from flows.commands.update import update_flow
 from tasks.core.sample import generate_sample
 from tasks.core.store import Store
 from tasks.methods.archrag.filtering import FILTER_SYSTEM, MERGE_SYSTEM

@@ -1,10 +1,10 @@
-"""``flows.benchmark``: how many batches each batch size is timed on, and what a row reports."""
+"""``flows.commands.benchmark``: how many batches each batch size is timed on, and what a row reports."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from flows.benchmark import passes, time_batch_size
+from flows.commands.benchmark import passes, time_batch_size
 from tasks.eval.retrieve import Hits
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.evaluate import evaluate_flow
+from flows.commands.evaluate import evaluate_flow
 from tests.flows.conftest import make_config
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "datasets"

@@ -1,4 +1,4 @@
-"""flows.compare: several methods on one dataset in one command, shared stages computed once, then the report."""
+"""flows.commands.compare: several methods on one dataset in one command, shared stages computed once, then the report."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_compare_runs_each_method_once_shares_stages_and_reports(tmp_path):
     art = tmp_path / "artifacts"
-    cmd = [sys.executable, "-m", "flows.compare", "compare.methods=[bm25,dense,hybrid]", "dataset.n_passages=80",
+    cmd = [sys.executable, "-m", "flows.commands.compare", "compare.methods=[bm25,dense,hybrid]", "dataset.n_passages=80",
            "dataset.n_questions=16", f"artifacts_dir={art}"]
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PYTHONPATH": str(REPO)}
     env.pop("PREFECT_API_URL", None)
@@ -33,7 +33,7 @@ def test_compare_runs_each_method_once_shares_stages_and_reports(tmp_path):
 
 
 def test_compare_refuses_method_overrides(tmp_path):
-    cmd = [sys.executable, "-m", "flows.compare", "method.top_k=5", f"artifacts_dir={tmp_path / 'a'}"]
+    cmd = [sys.executable, "-m", "flows.commands.compare", "method.top_k=5", f"artifacts_dir={tmp_path / 'a'}"]
     out = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 2 and "drop the method overrides" in out.stderr

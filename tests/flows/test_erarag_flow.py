@@ -1,4 +1,4 @@
-"""method=erarag through the flows: evaluate on the sample, corpus updates with flows.update
+"""method=erarag through the flows: evaluate on the sample, corpus updates with flows.commands.update
 (selective re-summarisation, delete / re-insert equal to builds, stored hyperplanes reused), and
 LLM summaries against a local HTTP server (a re-run costs zero calls)."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from flows.evaluate import evaluate_flow
-from flows.index import index_flow
-from flows.update import update_flow
+from flows.commands.evaluate import evaluate_flow
+from flows.commands.index import index_flow
+from flows.commands.update import update_flow
 from tasks.core.sample import generate_sample
 from tasks.core.store import Store
 from tasks.llm.params import LLMParams
@@ -144,7 +144,7 @@ def test_local_update_keeps_segments_and_is_what_index_uses(tmp_path):
             assert seg in set(new["node_id"])
             kept += 1
     assert kept >= 1
-    indexed = index_flow(cfg)  # flows.index of the same corpus uses the update as it is
+    indexed = index_flow(cfg)  # flows.commands.index of the same corpus uses the update as it is
     assert _hierarchy_status(store, indexed["run_id"]) == "cached"
     assert indexed["artifacts"]["nodes"] == grown["artifacts"]["nodes"]
     assert update_flow(cfg)["mode"] == "cached"
@@ -180,7 +180,7 @@ def test_local_update_with_llm_summaries_calls_once_per_resummarised_segment(tmp
 
 def test_update_of_other_methods_is_index(tmp_path):
     out = update_flow(make_config(tmp_path, "method=bm25", *SMALL))
-    assert out["same_as"] == "flows.index" and out["added_docs"] == 60 and out["segments_total"] is None
+    assert out["same_as"] == "flows.commands.index" and out["added_docs"] == 60 and out["segments_total"] is None
 
 
 def test_llm_summaries_and_rerun_costs_no_calls(shared, tmp_path):

@@ -1,9 +1,9 @@
-"""flows/errors.py on two hand-made run folders over the generated sample (no index is built)."""
+"""flows/commands/errors.py on two hand-made run folders over the generated sample (no index is built)."""
 from __future__ import annotations
 
 import json
 
-from flows.errors import main
+from flows.commands.errors import main
 from tasks.core.ingest import SampleParams, load_dataset
 
 

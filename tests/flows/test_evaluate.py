@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from flows.evaluate import evaluate_flow
+from flows.commands.evaluate import evaluate_flow
 from tasks.core.ingest import IngestError
 from tasks.core.sample import generate_sample
 from tasks.core.store import Store
@@ -95,14 +95,14 @@ def test_malformed_dataset_fails_clearly_and_writes_nothing(tmp_path):
 
 def test_unknown_config_key_is_a_hydra_error(tmp_path):
     root = Path(__file__).resolve().parents[2]
-    out = subprocess.run([sys.executable, "-m", "flows.evaluate", "method.no_such_key=1",
+    out = subprocess.run([sys.executable, "-m", "flows.commands.evaluate", "method.no_such_key=1",
                           f"artifacts_dir={tmp_path}"], cwd=root, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "no_such_key" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_update_of_a_non_erarag_method_reports_the_document_diff(tmp_path):
-    from flows.update import update_flow
+    from flows.commands.update import update_flow
 
     corpus, questions = generate_sample(40, 8, seed=5)
     data = tmp_path / "data"
@@ -120,7 +120,7 @@ def test_update_of_a_non_erarag_method_reports_the_document_diff(tmp_path):
 def test_an_update_counts_documents_against_its_own_method_s_last_index(tmp_path):
     """dense updated first (its run ingests the grown corpus); bm25's index is still on the old corpus, so bm25's
     update reports the same change, not 0 / 0 against the ingest dense's run left behind."""
-    from flows.update import update_flow
+    from flows.commands.update import update_flow
 
     corpus, questions = generate_sample(40, 8, seed=5)
     data = tmp_path / "data"

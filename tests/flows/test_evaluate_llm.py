@@ -1,9 +1,9 @@
-"""flows.evaluate with an LLM: the production client against a real HTTP server on 127.0.0.1."""
+"""flows.commands.evaluate with an LLM: the production client against a real HTTP server on 127.0.0.1."""
 from __future__ import annotations
 
 import pandas as pd
 
-from flows.evaluate import evaluate_flow
+from flows.commands.evaluate import evaluate_flow
 from tasks.core.store import Store
 from tasks.eval.answer_metrics import aggregate
 from tests.flows.conftest import make_config

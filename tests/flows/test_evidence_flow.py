@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from flows.evaluate import evaluate_flow
+from flows.commands.evaluate import evaluate_flow
 from tasks.core.store import Store
 from tests.flows.conftest import make_config
 

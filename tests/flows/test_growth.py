@@ -1,4 +1,4 @@
-"""``flows.growth``: a seeded share held out, real index and update processes, the table read back from the catalogs."""
+"""``flows.commands.growth``: a seeded share held out, real index and update processes, the table read back from the catalogs."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ import pytest
 
 import pandas as pd
 
-from flows.growth import SPLIT, growth_row, holdout_ids, markdown, passed_on, split_markdown, stage_note, update_split
+from flows.commands.growth import SPLIT, growth_row, holdout_ids, markdown, passed_on, split_markdown, stage_note, update_split
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,7 +76,7 @@ def test_an_update_s_wall_time_splits_into_its_parts():
 
 
 def test_growth_builds_once_updates_fresh_copies_and_records_rows(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "flows.growth", f"artifacts_dir={tmp_path}", "dataset.n_passages=60",
+    out = subprocess.run([sys.executable, "-m", "flows.commands.growth", f"artifacts_dir={tmp_path}", "dataset.n_passages=60",
                           "dataset.n_questions=8", "growth.methods=[bm25,erarag]", "growth.repeats=2",
                           "growth.fraction=0.1"], capture_output=True, text=True, cwd=REPO, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -133,7 +133,7 @@ def test_growth_sets_the_corpus_method_and_store_itself_and_passes_the_rest_on()
     (["growth.methods=[erarag,bm25]", "method=erarag", "method.segment_avg=9"], "method=bm25 does not take"),
 ])
 def test_a_bad_growth_config_stops_before_any_work(tmp_path, overrides, error):
-    out = subprocess.run([sys.executable, "-m", "flows.growth", f"artifacts_dir={tmp_path}", *overrides],
+    out = subprocess.run([sys.executable, "-m", "flows.commands.growth", f"artifacts_dir={tmp_path}", *overrides],
                          capture_output=True, text=True, cwd=REPO, timeout=300)
     assert out.returncode == 2 and error in out.stderr, out.stderr[-2000:]
     assert not (tmp_path / "growth").exists() and not (tmp_path / "reports").exists()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from flows.evaluate import evaluate_flow
+from flows.commands.evaluate import evaluate_flow
 from tasks.core.store import Store
 from tests.flows.conftest import make_config
 

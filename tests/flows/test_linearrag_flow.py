@@ -6,7 +6,7 @@ import json
 import pandas as pd
 import pytest
 
-from flows.evaluate import evaluate_flow
+from flows.commands.evaluate import evaluate_flow
 from tasks.core.store import Store
 from tests.flows.conftest import make_config
 

@@ -6,8 +6,8 @@ import json
 import subprocess
 import sys
 
-from flows.index import index_flow
-from flows.loadtest import latest_rows
+from flows.commands.index import index_flow
+from flows.commands.loadtest import latest_rows
 from tasks.core.store import Store
 from tests.flows.conftest import make_config
 from tests.flows.serving_helpers import REPO
@@ -37,7 +37,7 @@ def test_loadtest_measures_both_modes_and_reports(tmp_path):
 
 def test_split_keeps_the_methods_own_part_names_apart():
     """A method's part named like a split column (dense's faiss ``search``) does not overwrite it."""
-    from flows.loadtest import split_ms
+    from flows.commands.loadtest import split_ms
 
     before = {"batches": 0, "questions": 0, "queue_wait": 0, "search": 0, "serialise": 0, "part:search": 0}
     after = {"batches": 2, "questions": 4, "queue_wait": 0.004, "search": 0.02, "serialise": 0.0004,

@@ -6,7 +6,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from flows.report import report_flow
+from flows.commands.report import report_flow
 from tests.flows.conftest import make_config
 from tests.flows.small_catalog import SWEEP, build_small_catalog
 

@@ -7,9 +7,9 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey, FlowRunFilter, FlowRunFilterId
 
-from flows.benchmark import benchmark_flow
-from flows.evaluate import evaluate_flow
-from flows.observe import artifact_key, observed, stage_markdown, tags_for, task_run_name, verdict
+from flows.commands.benchmark import benchmark_flow
+from flows.commands.evaluate import evaluate_flow
+from flows.runtime.observe import artifact_key, observed, stage_markdown, tags_for, task_run_name, verdict
 from tasks.core.store import ArtifactRef, Store
 from tests.flows.conftest import make_config
 
@@ -73,11 +73,11 @@ def test_an_evaluate_run_publishes_metrics_and_stages_and_names_its_tasks(tmp_pa
 
 def test_the_flow_run_carries_the_tags_and_its_task_runs_none(tmp_path):
     """The tags go on the flow run (the UI filters runs by them) and not on its task runs: a tagged task run
-    asks the API for tag concurrency slots before it starts (``flows.observe.untagged_tasks``)."""
+    asks the API for tag concurrency slots before it starts (``flows.runtime.observe.untagged_tasks``)."""
     from prefect import flow, tags, task
     from prefect.context import get_run_context
 
-    from flows.index import index_flow
+    from flows.commands.index import index_flow
 
     cfg = make_config(tmp_path, "method=bm25", "dataset=sample", "dataset.n_passages=40", "dataset.n_questions=6")
     want = {"method:bm25", "dataset:sample-40-s0"}
@@ -123,7 +123,7 @@ async def _runs_named(name):
 
 
 def test_a_failed_run_still_publishes_its_stage_table(tmp_path):
-    from flows.index import index_flow
+    from flows.commands.index import index_flow
 
     bad = tmp_path / "broken.jsonl"
     bad.write_text('{"title": "a", "text": "fine"}\nnot json\n')

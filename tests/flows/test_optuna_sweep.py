@@ -18,7 +18,7 @@ SAMPLE = ["dataset=sample", "dataset.n_passages=80", "dataset.n_questions=16"]
 
 def test_optuna_sweep_reuses_the_index_and_records_its_trials(tmp_path):
     art = tmp_path / "artifacts"
-    cmd = [sys.executable, "-m", "flows.evaluate", "-m", "hydra/sweeper=zoomrag", "hydra.sweeper.n_trials=3",
+    cmd = [sys.executable, "-m", "flows.commands.evaluate", "-m", "hydra/sweeper=zoomrag", "hydra.sweeper.n_trials=3",
            "method=zoomrag", *SAMPLE, f"artifacts_dir={art}"]
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PYTHONPATH": str(REPO)}
     env.pop("PREFECT_API_URL", None)

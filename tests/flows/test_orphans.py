@@ -3,7 +3,7 @@
 The command runs as a user runs it (``python -m flows.cli evaluate …``, what ``.venv/bin/dagrag`` calls) in a
 subprocess with no ``PREFECT_API_URL``, so it starts its own temporary server. Every descendant it ever has
 is recorded while it runs; it is killed at a chosen moment; then every recorded process must be gone.
-``flows.api_server.tied_popen`` is also tested alone, with a plain ``Popen`` as the control that shows the
+``flows.runtime.api_server.tied_popen`` is also tested alone, with a plain ``Popen`` as the control that shows the
 check does see an orphan.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from flows.api_server import tied_popen
+from flows.runtime.api_server import tied_popen
 
 REPO = Path(__file__).resolve().parents[2]
 GRACE_S = 15.0          # how long a killed process's descendants may take to go (they go in milliseconds)
@@ -70,7 +70,7 @@ def test_tied_popen_child_dies_with_its_parent(tied):
     starter = "tied_popen" if tied else "subprocess.Popen"
     code = textwrap.dedent(f"""
         import subprocess, sys, time
-        from flows.api_server import tied_popen
+        from flows.runtime.api_server import tied_popen
         child = {starter}([sys.executable, "-c", "import time; time.sleep(120)"])
         print(child.pid, flush=True)
         time.sleep(120)
@@ -182,7 +182,7 @@ def test_ensure_api_starts_nothing_when_an_api_is_configured():
     ``prefect server start``), :func:`ensure_api` returns its URL and starts no process."""
     from prefect.settings import PREFECT_API_URL
 
-    from flows.api_server import ensure_api
+    from flows.runtime.api_server import ensure_api
 
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
@@ -220,7 +220,7 @@ def test_temporary_server_launches_answers_and_stops(tmp_path, monkeypatch):
     ``stop`` ends the process."""
     import httpx
 
-    from flows.api_server import TemporaryServer
+    from flows.runtime.api_server import TemporaryServer
 
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
     server = TemporaryServer()
@@ -275,7 +275,7 @@ def test_api_request_retries_503_then_returns_the_answer():
 
     import httpx
 
-    from flows.api_server import api_request
+    from flows.runtime.api_server import api_request
 
     calls: list[str] = []
 
@@ -310,7 +310,7 @@ def test_api_request_retries_503_then_returns_the_answer():
 
 _EARLY_LAUNCH = textwrap.dedent("""
     import sys, psutil
-    import flows.api_server as api
+    import flows.runtime.api_server as api
     api.launch_api()
     assert "prefect" not in sys.modules, "launching imported Prefect"
     server = psutil.Process(api._server.process.pid)
@@ -351,7 +351,7 @@ def test_flow_runs_on_a_command_s_own_temporary_server_send_no_heartbeats(monkey
     from prefect import flow
     from prefect.settings import get_current_settings, temporary_settings
 
-    import flows.api_server as api
+    import flows.runtime.api_server as api
 
     seen = []
 
@@ -381,7 +381,7 @@ def test_temporary_server_runs_in_its_own_session_with_its_stderr_in_a_file(tmp_
     """Ctrl-C in a terminal signals the whole foreground process group: the server must not be in it, or the
     flow run loses its API and Prefect retries it for minutes. Its stderr (a shutdown traceback when it is stopped
     while still starting) goes to a file, not to the command's stderr."""
-    from flows.api_server import TemporaryServer
+    from flows.runtime.api_server import TemporaryServer
 
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
     server = TemporaryServer()

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from flows.config import load_config
-from flows.evaluate import evaluate_flow
-from flows.preflight import (
+from flows.runtime.config import load_config
+from flows.commands.evaluate import evaluate_flow
+from flows.runtime.preflight import (
     PreflightError,
     check_dataset,
     check_llm,
@@ -98,7 +98,7 @@ def test_questions_where_the_command_needs_them(tmp_path):
     conf = conf_of(tmp_path, *base)
     check_dataset(conf, "index")  # indexing needs no questions
     check_dataset(conf, "update")
-    with pytest.raises(PreflightError, match=r"dataset 'corpus-only' has no questions, and flows.evaluate"):
+    with pytest.raises(PreflightError, match=r"dataset 'corpus-only' has no questions, and flows.commands.evaluate"):
         check_dataset(conf, "evaluate")
     with pytest.raises(PreflightError, match=r"has no questions: set benchmark.questions_from=NAME"):
         check_dataset(conf, "benchmark")
@@ -172,20 +172,20 @@ def _cases(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     write_dataset(data, "corpus-only", [{"title": "A", "text": "x"}])
     port = free_port()
     return {
-        "type": (["flows.evaluate", "method.alpha=abc"], "error: method.alpha='abc' is not a float in [0, 1]"),
-        "malformed": (["flows.index", "dataset=hipporag", "dataset.name=bad", f"data_dir={data}", "verbose=true"],
+        "type": (["flows.commands.evaluate", "method.alpha=abc"], "error: method.alpha='abc' is not a float in [0, 1]"),
+        "malformed": (["flows.commands.index", "dataset=hipporag", "dataset.name=bad", f"data_dir={data}", "verbose=true"],
                       f"error: {data / 'bad' / 'corpus.json'}, record 1, field 'text': missing"),
-        "no_questions": (["flows.benchmark", "method=bm25", "dataset=hipporag", "dataset.name=corpus-only",
+        "no_questions": (["flows.commands.benchmark", "method=bm25", "dataset=hipporag", "dataset.name=corpus-only",
                           f"data_dir={data}"],
                          "error: dataset 'corpus-only' has no questions: set benchmark.questions_from=NAME"),
-        "llm": (["flows.evaluate", "method=bm25", "llm=local", f"llm.base_url=http://127.0.0.1:{port}/v1"],
+        "llm": (["flows.commands.evaluate", "method=bm25", "llm=local", f"llm.base_url=http://127.0.0.1:{port}/v1"],
                 f"error: LLM endpoint http://127.0.0.1:{port}/v1 does not answer"),
-        "questions_from": (["flows.benchmark", "method=bm25", "dataset=hipporag", "dataset.name=corpus-only",
+        "questions_from": (["flows.commands.benchmark", "method=bm25", "dataset=hipporag", "dataset.name=corpus-only",
                             f"data_dir={data}", "benchmark.questions_from=nope"],
                            f"error: benchmark.questions_from='nope' (under data_dir={data}): "
                            f"{data / 'nope' / 'questions.json'}: file not found"),
-        "report": (["flows.report"], f"error: no catalog at {tmp_path / 'artifacts' / 'catalog.duckdb'}"),
-        "scheduler": (["flows.index", "method=bm25", "runner=dask", f"runner.address=tcp://127.0.0.1:{port}"],
+        "report": (["flows.commands.report"], f"error: no catalog at {tmp_path / 'artifacts' / 'catalog.duckdb'}"),
+        "scheduler": (["flows.commands.index", "method=bm25", "runner=dask", f"runner.address=tcp://127.0.0.1:{port}"],
                       f"error: runner.address='tcp://127.0.0.1:{port}': no Dask scheduler answers there"),
     }
 
@@ -217,7 +217,7 @@ def test_a_report_of_runs_the_catalog_lacks_exits_2_and_writes_nothing(tmp_path)
     artifacts = tmp_path / "artifacts"
     build_small_catalog(artifacts)
     before = sorted(p.relative_to(artifacts) for p in artifacts.rglob("*"))
-    out = subprocess.run([sys.executable, "-m", "flows.report", "report.runs=[RUN_ID_1,RUN_ID_2]",
+    out = subprocess.run([sys.executable, "-m", "flows.commands.report", "report.runs=[RUN_ID_1,RUN_ID_2]",
                           f"artifacts_dir={artifacts}"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines() == [out.stderr.strip()] and out.stderr.startswith(
@@ -232,7 +232,7 @@ def test_an_llm_that_fails_mid_run_ends_with_one_line_and_no_traceback(tmp_path)
     traceback (they did, twice, about 80 lines)."""
     with FakeLLMServer() as server:
         server.script("server_error", 1000)
-        out = subprocess.run([sys.executable, "-m", "flows.evaluate", "method=bm25", *SMALL, "llm=local",
+        out = subprocess.run([sys.executable, "-m", "flows.commands.evaluate", "method=bm25", *SMALL, "llm=local",
                               f"llm.base_url={server.base_url}", "llm.model=x", "llm.max_retries=0",
                               "llm.concurrency=1", "eval.generate=true", f"artifacts_dir={tmp_path / 'artifacts'}"],
                              cwd=REPO, capture_output=True, text=True, timeout=180)

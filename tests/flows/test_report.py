@@ -1,11 +1,11 @@
-"""flows.report on a small catalog made here: the files exist, the figures are PNGs, the numbers match."""
+"""flows.commands.report on a small catalog made here: the files exist, the figures are PNGs, the numbers match."""
 from __future__ import annotations
 
 import re
 
 import pytest
 
-from flows.report import report_flow
+from flows.commands.report import report_flow
 from tasks.core.store import Store
 from tests.flows.conftest import make_config
 from tests.flows.small_catalog import COMMIT, DATASETS, METHODS, SWEEP, _metrics, _run, build_small_catalog

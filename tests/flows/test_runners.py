@@ -1,4 +1,4 @@
-"""flows.runners: runner=dask gives what runner=thread gives (the same stage fingerprints and rows), and partitions."""
+"""flows.runtime.runners: runner=dask gives what runner=thread gives (the same stage fingerprints and rows), and partitions."""
 from __future__ import annotations
 
 import asyncio
@@ -8,8 +8,8 @@ import pytest
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-from flows.config import with_runner
-from flows.index import index_flow
+from flows.runtime.config import with_runner
+from flows.commands.index import index_flow
 from tasks.core.stage import partition_plan
 from tasks.core.store import Store
 from tests.flows.conftest import make_config
@@ -56,7 +56,7 @@ async def artifacts(flow_run_id):
 
 @pytest.fixture
 def count_submissions(monkeypatch):
-    from flows.runners import DaskPartitionRunner
+    from flows.runtime.runners import DaskPartitionRunner
 
     calls = []
     real = DaskPartitionRunner.submit_partition

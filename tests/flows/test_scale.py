@@ -1,4 +1,4 @@
-"""``flows.scale``: one real benchmark process per (size, method), the table read back from the catalog."""
+"""``flows.commands.scale``: one real benchmark process per (size, method), the table read back from the catalog."""
 from __future__ import annotations
 
 import json
@@ -8,13 +8,13 @@ from pathlib import Path
 
 import duckdb
 
-from flows.scale import markdown
+from flows.commands.scale import markdown
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def run_scale(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess, dict]:
-    out = subprocess.run([sys.executable, "-m", "flows.scale", f"artifacts_dir={tmp_path}", *overrides],
+    out = subprocess.run([sys.executable, "-m", "flows.commands.scale", f"artifacts_dir={tmp_path}", *overrides],
                          capture_output=True, text=True, cwd=REPO, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     last = out.stdout.strip().splitlines()[-1]
@@ -55,7 +55,7 @@ def test_a_cell_that_runs_out_of_time_is_a_row_saying_so(tmp_path):
 
 
 def test_a_bad_cell_config_stops_before_any_cell_runs(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "flows.scale", f"artifacts_dir={tmp_path}", "scale.sizes=[5]"],
+    out = subprocess.run([sys.executable, "-m", "flows.commands.scale", f"artifacts_dir={tmp_path}", "scale.sizes=[5]"],
                          capture_output=True, text=True, cwd=REPO, timeout=300)
     assert out.returncode == 2 and "scale.sizes" in out.stderr
     assert not (tmp_path / "reports").exists()

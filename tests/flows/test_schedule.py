@@ -1,6 +1,6 @@
 """Scheduled builds against a real ``prefect server start``: register, trigger through the API, check the catalog.
 
-The server and ``python -m flows.schedule`` run as two processes on a free loopback port, as the README sets
+The server and ``python -m flows.commands.schedule`` run as two processes on a free loopback port, as the README sets
 them up. If the server cannot be started here, the test is skipped with the reason (never passed).
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows.api_server import api_request, tied_popen
-from flows.schedule import ConfigError, ScheduleEntry, load_schedule
+from flows.runtime.api_server import api_request, tied_popen
+from flows.commands.schedule import ConfigError, ScheduleEntry, load_schedule
 from tasks.core.sample import generate_sample
 from tasks.core.store import Store
 
@@ -138,7 +138,7 @@ hydra:
   run: {{dir: .}}
 """)
     log = tmp_path / "serve.log"
-    serve = start([sys.executable, "-m", "flows.schedule", "--config-dir", str(sched_dir),
+    serve = start([sys.executable, "-m", "flows.commands.schedule", "--config-dir", str(sched_dir),
                    "--config-name", "test_schedule"], env, log)
     http = RetryingClient(base_url=api, timeout=10)
     try:

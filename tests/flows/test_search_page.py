@@ -8,8 +8,8 @@ import shutil
 import httpx
 import pytest
 
-from flows.config import ServeParams
-from flows.evaluate import evaluate_flow
+from flows.runtime.config import ServeParams
+from flows.commands.evaluate import evaluate_flow
 from flows.serving.app import Service
 from flows.serving.index import open_index
 from tasks.core.sample import generate_sample

@@ -8,13 +8,13 @@ import numpy as np
 import pandas as pd
 from prefect import flow
 
-import flows.serag as serag_flow
+import flows.methods.serag as serag_flow
 import tasks.methods.serag.retriever as serag_retriever
-from flows.config import load_config
-from flows.evaluate import evaluate_flow
-from flows.index import index_flow
-from flows.pipeline import start_run
-from flows.update import update_flow
+from flows.runtime.config import load_config
+from flows.commands.evaluate import evaluate_flow
+from flows.commands.index import index_flow
+from flows.runtime.pipeline import start_run
+from flows.commands.update import update_flow
 from tasks.core.ingest import ingest
 from tasks.core.sample import generate_sample
 from tasks.core.store import Store

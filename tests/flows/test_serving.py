@@ -11,9 +11,9 @@ import httpx
 import pandas as pd
 import pytest
 
-from flows.config import ServeParams, load_config
+from flows.runtime.config import ServeParams, load_config
 from flows.methods import NAMES as METHOD_NAMES
-from flows.evaluate import evaluate_flow, retrieval_depth
+from flows.commands.evaluate import evaluate_flow, retrieval_depth
 from flows.serving.app import Service
 from flows.serving.index import IndexNotBuilt, open_index
 from tests.flows.conftest import make_config
@@ -148,10 +148,10 @@ def test_answer_through_the_llm_layer_python_and_http(built):
 
 def test_docs_stage_diagrams_name_the_stages_each_method_runs(built):
     """Each method page's mermaid diagram (docs/methods/*.md) names exactly the stages its evaluate run recorded,
-    less those evaluate adds beside the index (flows.report.INDEX_EXCLUDED): the diagrams cannot drift from the DAGs."""
+    less those evaluate adds beside the index (flows.commands.report.INDEX_EXCLUDED): the diagrams cannot drift from the DAGs."""
     import json
 
-    from flows.report import INDEX_EXCLUDED
+    from flows.commands.report import INDEX_EXCLUDED
     from tasks.core.store import Store
     from tests.test_docs import method_diagrams
 

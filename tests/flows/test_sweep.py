@@ -1,5 +1,5 @@
 """A sweep (``-m``): each job's ``metrics:`` line and catalog row carry its overrides, and the sweep ends with
-one table of all its jobs (``flows.sweep``)."""
+one table of all its jobs (``flows.runtime.sweep``)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flows.sweep import sweep_table
+from flows.runtime.sweep import sweep_table
 from tasks.core.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +34,7 @@ def test_a_sweep_is_quiet_and_ends_with_one_table_of_its_jobs(tmp_path):
     torch's TF32 warning, transformers' weight-loading bar, a row count summed over several tables)."""
     artifacts = tmp_path / "artifacts"
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    out = subprocess.run([sys.executable, "-m", "flows.evaluate", "-m", "method=bm25,dense",
+    out = subprocess.run([sys.executable, "-m", "flows.commands.evaluate", "-m", "method=bm25,dense",
                           "dataset.n_passages=80", "dataset.n_questions=16", f"artifacts_dir={artifacts}"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     text = out.stdout + out.stderr

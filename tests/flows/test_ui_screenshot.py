@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.ui_screenshot import browser, screenshot
+from flows.commands.ui_screenshot import browser, screenshot
 
 
 def test_headless_chromium_writes_a_png(tmp_path):

@@ -5,7 +5,7 @@ import json
 
 import pandas as pd
 
-from flows.evaluate import evaluate_flow
+from flows.commands.evaluate import evaluate_flow
 from tests.flows.conftest import make_config
 
 

@@ -4,7 +4,7 @@ summary per community), and the C-HNSW index (§3.1.3). The knowledge graph itse
 
 Summaries are content-addressed: a community's summary is keyed by the summariser's identity and the
 exact text it is given (its members and relations, or its children's summaries), in a row cache shared by
-every run, so an unchanged community is never summarised twice (what ``flows.update`` relies on).
+every run, so an unchanged community is never summarised twice (what ``flows.commands.update`` relies on).
 """
 from __future__ import annotations
 
@@ -570,7 +570,7 @@ def chnsw_stage(ctx: RunContext, params: CHNSWBuildParams, entity_embeddings: Ar
                      ext={"chnsw": "bin"})
 
 
-# ---------------------------------------------------------------- flows.update
+# ---------------------------------------------------------------- flows.commands.update
 
 
 def update_summary(store: Store, run_id: str, dataset: str, index: dict[str, ArtifactRef]) -> dict[str, Any]:

@@ -347,7 +347,7 @@ def _compute_hierarchy(ctx: RunContext, hp: "ExtractiveHierarchyParams | LLMHier
 @stage(HIERARCHY, params=(ExtractiveHierarchyParams, LLMHierarchyParams))
 def hierarchy_stage(ctx: RunContext, params: ExtractiveHierarchyParams | LLMHierarchyParams, leaves: ArtifactRef, leaf_embeddings: ArtifactRef,
                     planes: ArtifactRef, llm: LLMParams, incremental: bool = False) -> dict[str, ArtifactRef]:
-    """Stage: the EraRAG graph of the current leaves. ``incremental`` (``flows.update``) starts from the
+    """Stage: the EraRAG graph of the current leaves. ``incremental`` (``flows.commands.update``) starts from the
     latest stored graph with the same params. With ``update_segmenting=rebuild`` the result is stored under
     a full build's fingerprint; with ``local`` (Alg. 3) it keeps the base's segments, so its inputs also
     name the base, and a later index or evaluate of the same corpus uses it as it is. ``llm`` is the service
@@ -355,7 +355,7 @@ def hierarchy_stage(ctx: RunContext, params: ExtractiveHierarchyParams | LLMHier
     inputs = input_fps(leaves=leaves, embeddings=leaf_embeddings, planes=planes)
     local = params.update_segmenting == "local"
     base = None
-    if incremental or local:  # flows.index of a corpus not stored yet is a full build (Alg. 1): no base
+    if incremental or local:  # flows.commands.index of a corpus not stored yet is a full build (Alg. 1): no base
         same, found = find_base(ctx.store, ctx.dataset, params, planes.fp, inputs, reuse_updates=local)
         if same is not None:  # this corpus's hierarchy is stored (a build or an earlier update): cached
             inputs = same

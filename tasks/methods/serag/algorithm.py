@@ -4,7 +4,7 @@ scoring (§3.3, eqs. 10–13), batched over queries.
 
 Pure numpy / scipy.sparse / faiss (pandas only to index chunk ids): no I/O. The encoding tree
 (eq. 1, K = 2) comes from :mod:`tasks.graph.encoding_tree`; this module only needs its community id
-per chunk. Under ``flows.update`` the graph grows by the rows of new chunks (:func:`grow_layers`).
+per chunk. Under ``flows.commands.update`` the graph grows by the rows of new chunks (:func:`grow_layers`).
 """
 from __future__ import annotations
 
@@ -351,7 +351,7 @@ def top_documents(scores: np.ndarray, candidates: np.ndarray, chunk_doc: np.ndar
     return docs
 
 
-# ---------------------------------------------------------------- §3.1 under a growing corpus (flows.update)
+# ---------------------------------------------------------------- §3.1 under a growing corpus (flows.commands.update)
 
 
 @dataclass(frozen=True)
@@ -446,7 +446,7 @@ def grow_layers(old: Layers, ids: np.ndarray, emb: np.ndarray, chunk_entity: sp.
     * semantic (eq. 3, kNN-k, union): each new chunk's k nearest among all chunks, and each old chunk's
       k nearest among the new ones merged with its stored list (the k-th largest entry of a stored union
       row is that chunk's own k-th neighbour), so an old chunk gains an edge to a new one exactly when a
-      full build would give it. APPROXIMATION (issue "flows.update adds new chunks' graph rows without
+      full build would give it. APPROXIMATION (issue "flows.commands.update adds new chunks' graph rows without
       recomputing old ones"): old-old edges are not recomputed. A full build would drop an old pair
       whose only reason was a neighbour list that a new chunk has now entered, and, after removals,
       would add old pairs to refill the lists that lost a removed chunk; here old-old entries keep their

@@ -85,7 +85,7 @@ class SeRAGParams(LinkingParams):
     chunk_unit: str = field(default="passage", metadata=one_of(CHUNK_UNITS))
     self_query_max_tokens: int = field(default=256, metadata=COUNT)
     batch_size: int = field(default=64, metadata=COUNT)
-    # beyond the paper (it describes no update): index and evaluate use the graph flows.update grew for exactly
+    # beyond the paper (it describes no update): index and evaluate use the graph flows.commands.update grew for exactly
     # this corpus (it keeps old-old semantic edges that a build recomputes); false: always a build's graph
     reuse_updates: bool = True
 
@@ -177,7 +177,7 @@ class SeRAGGraphParams(StageParams):
 
 def find_base(store: Store, dataset: str, params: SeRAGGraphParams, inputs: dict[str, str]
               ) -> tuple[dict[str, str] | None, GraphBase | None]:
-    """For ``flows.update``: (the inputs of a stored graph of exactly these inputs, or None; the latest
+    """For ``flows.commands.update``: (the inputs of a stored graph of exactly these inputs, or None; the latest
     stored graph of ``dataset`` with the same params, made by this code, whose files exist).
 
     A stored graph of the same inputs (a full build, or an earlier update of this corpus) is reused as
@@ -198,7 +198,7 @@ def find_base(store: Store, dataset: str, params: SeRAGGraphParams, inputs: dict
 
 def stored_update(ctx: RunContext, params: SeRAGGraphParams, documents: ArtifactRef, chunks: ArtifactRef,
                   chunk_embeddings: ArtifactRef, chunk_entity: ArtifactRef, entities: ArtifactRef) -> bool:
-    """Whether ``flows.update`` stored a graph grown for exactly these inputs (with these params and code):
+    """Whether ``flows.commands.update`` stored a graph grown for exactly these inputs (with these params and code):
     then ``serag_graph(..., incremental=True)`` finds it cached instead of building one."""
     inputs = input_fps(documents=documents, chunks=chunks, chunk_embeddings=chunk_embeddings,
                        chunk_entity=chunk_entity, entities=entities)
@@ -213,7 +213,7 @@ def serag_graph(ctx: RunContext, params: SeRAGGraphParams, documents: ArtifactRe
     """Stage: W = λ1 W_sem + λ2 W_log + (1 − λ1 − λ2) W_dist (eqs. 3–6), a COO table, plus layer sizes,
     and the stored layers an update starts from.
 
-    ``incremental`` (``flows.update``): starts from the latest stored graph of this dataset with the same
+    ``incremental`` (``flows.commands.update``): starts from the latest stored graph of this dataset with the same
     params and computes only the rows involving new chunks (:func:`se.grow_layers`). That W differs from a
     full build's in old-old semantic edges, so unlike EraRAG it is NOT stored under the full build's
     fingerprint: its inputs also hold ``base`` (the fingerprint of the graph it grew from)."""

@@ -21,7 +21,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from flows.config import METHOD_NAMES, load_config
+from flows.runtime.config import METHOD_NAMES, load_config
 from tasks.core.stage import STAGES, StageParams, stage_fingerprint
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -38,7 +38,7 @@ VARIANTS = [(m, "paper", ()) for m in METHOD_NAMES] + [(m, "beyond_paper", ()) f
 def _registered() -> dict[type, object]:
     for m in METHOD_NAMES:
         importlib.import_module(f"flows.{m}")
-    importlib.import_module("flows.evaluate")  # the evidence stage
+    importlib.import_module("flows.commands.evaluate")  # the evidence stage
     return dict(STAGES)
 
 

@@ -78,7 +78,7 @@ def test_only_a_pipeline_that_names_no_torch_layer_is_loaded_without_torch(tmp_p
     assert pipeline_needs_torch("fake_bare_pipeline") is True  # no config found: nothing is assumed
     assert pipeline_needs_torch("no_such_pipeline") is True
     assert pipeline_needs_torch("/some/path/to/a/pipeline") is True
-    from flows.pipeline import spacy_without_torch
+    from flows.runtime.pipeline import spacy_without_torch
     from tasks.text.spacy_without_torch import _ThincWithoutTorch
 
     # the command switches it on for ner=spacy with a torch-free pipeline only

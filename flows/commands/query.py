@@ -29,11 +29,11 @@ from omegaconf import DictConfig
 from prefect import flow
 
 from flows.cli import flow_run_query, split_questions
-from flows.config import Config, load_config
-from flows.observe import RUN_END_HOOKS, untagged_tasks
-from flows.output import write_json
-from flows.pipeline import run_command, start_run
-from flows.tables import format_table
+from flows.runtime.config import Config, load_config
+from flows.runtime.observe import RUN_END_HOOKS, untagged_tasks
+from flows.runtime.output import write_json
+from flows.runtime.pipeline import run_command, start_run
+from flows.runtime.tables import format_table
 from flows.serving.index import Index, Ranked, open_index
 from tasks.core.ingest import read_user_questions
 from tasks.core.files import write_parquet
@@ -130,7 +130,7 @@ def ask(index: Index, questions: Iterable[str], conf: Config, out: Any = None) -
 
 def main_interactive(overrides: list[str], questions: list[str] | None) -> int:
     """``dagrag query`` without a file: open the index, ask, print; nothing written, no Prefect server."""
-    from flows.exits import USER_ERRORS, fail, verbose
+    from flows.runtime.exits import USER_ERRORS, fail, verbose
     from flows.serving.index import NoLLM, compose
 
     cfg: dict[str, Any] = {}
@@ -204,10 +204,10 @@ def hydra_run_dir() -> str:
     return HydraConfig.get().runtime.output_dir
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
 def flow_main(cfg: DictConfig) -> None:
     """Hydra entry point of a questions-file query (a flow run with a run folder)."""
-    from flows.provenance import job_overrides
+    from flows.runtime.provenance import job_overrides
     from flows.serving.checks import check_serving
 
     overrides = [f"{k}={v}" for k, v in job_overrides().items()]

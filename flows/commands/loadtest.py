@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ def start_server(overrides: list[str], timeout_s: float = 300.0) -> tuple[subpro
     import tempfile
     import threading
 
-    from flows.ui_screenshot import free_port
+    from flows.commands.ui_screenshot import free_port
 
     port = free_port()
     t0 = time.perf_counter()
@@ -327,7 +327,7 @@ def report_section(store: Any, out_dir: Path) -> list[str]:
 
 def loadtest_params(values: dict[str, Any]) -> LoadtestParams:
     """``loadtest.*`` overrides → :class:`LoadtestParams` (lists become tuples; an unknown key is refused)."""
-    from flows.config import ConfigError
+    from flows.runtime.config import ConfigError
 
     known = set(LoadtestParams.__dataclass_fields__)
     unknown = sorted(set(values) - known)
@@ -345,10 +345,10 @@ def loadtest_params(values: dict[str, Any]) -> LoadtestParams:
 def main(argv: list[str] | None = None) -> int:
     from omegaconf import OmegaConf
 
-    from flows.config import load_config
-    from flows.output import write_json
-    from flows.provenance import git_sha
-    from flows.exits import USER_ERRORS, fail
+    from flows.runtime.config import load_config
+    from flows.runtime.output import write_json
+    from flows.runtime.provenance import git_sha
+    from flows.runtime.exits import USER_ERRORS, fail
     from flows.serving.index import compose
     from tasks.core.files import write_bytes
     from tasks.core.ingest import load_dataset
@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0
     if "--cfg" in args:
-        from flows.serve import print_config
+        from flows.commands.serve import print_config
 
         return print_config([a for a in args if not a.startswith("loadtest.")])
     own = [a for a in args if a.startswith("loadtest.")]

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from flows.config import Config, load_config
+from flows.runtime.config import Config, load_config
 
 log = logging.getLogger("dagrag.serve")
 
@@ -30,7 +30,7 @@ def is_loopback(host: str) -> bool:
 
 def api_key_for(conf: Config) -> str | None:
     """``DAGRAG_API_KEY`` (None when unset or empty); an address beyond this machine refuses to start without it."""
-    from flows.preflight import PreflightError
+    from flows.runtime.preflight import PreflightError
     from flows.serving.app import API_KEY_ENV
 
     key = os.environ.get(API_KEY_ENV) or None
@@ -89,7 +89,7 @@ def print_config(args: list[str]) -> int:
     job folder); exit status 2 on a bad override."""
     from omegaconf import OmegaConf
 
-    from flows.exits import USER_ERRORS, fail
+    from flows.runtime.exits import USER_ERRORS, fail
     from flows.serving.index import compose
 
     at = args.index("--cfg")
@@ -104,7 +104,7 @@ def print_config(args: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from flows.exits import USER_ERRORS, fail, verbose
+    from flows.runtime.exits import USER_ERRORS, fail, verbose
     from flows.serving.checks import preflight_serving
     from flows.serving.index import compose
 

@@ -1,4 +1,4 @@
-"""``python -m flows.errors RUN [AGAINST] [--k K]``: why a method's run misses gold passages that another run finds.
+"""``python -m flows.commands.errors RUN [AGAINST] [--k K]``: why a method's run misses gold passages that another run finds.
 
 Both arguments are run folders of ``dagrag evaluate`` (they hold ``hits.parquet`` and ``manifest.json``)
 on the same dataset. Prints, per question type, the reasons of :mod:`tasks.eval.errors` for the gold
@@ -22,8 +22,8 @@ def _dataset(run: Path):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from flows.config import load_config
-    from flows.schedule import CONF
+    from flows.runtime.config import load_config
+    from flows.commands.schedule import CONF
 
     over = json.loads((run / "manifest.json").read_text())["overrides"]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -33,7 +33,7 @@ def _dataset(run: Path):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m flows.errors", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m flows.commands.errors", description=__doc__.splitlines()[0])
     ap.add_argument("run", type=Path, help="the method's evaluate run folder")
     ap.add_argument("against", type=Path, nargs="?", default=None,
                     help="the run it is compared with (e.g. method=hybrid); without it, every miss of RUN")

@@ -1,9 +1,9 @@
-"""``python -m flows.compare [compare.methods=[…]] [overrides]``: every method on one dataset, then the report.
+"""``python -m flows.commands.compare [compare.methods=[…]] [overrides]``: every method on one dataset, then the report.
 
 One command: each method in ``compare.methods`` is evaluated in turn (its own ``evaluate`` flow run, so the
 catalog keeps one run id per method), all sharing one ``artifacts_dir``, so a stage two methods share (ingest,
 passage embeddings, sentence chunks, NER) is computed by the first and found cached by the others. Then
-``flows.report`` writes ``artifacts/reports/compare-<dataset>/report.md`` over exactly these runs. The other
+``flows.commands.report`` writes ``artifacts/reports/compare-<dataset>/report.md`` over exactly these runs. The other
 overrides apply to every method (``method.*`` ones are refused: they belong to one method). Every config is
 checked before the first method starts. The last line printed is ``compare: {json}``.
 """
@@ -17,9 +17,9 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from prefect import flow
 
-from flows.config import ConfigError, load_config, with_runner
-from flows.evaluate import evaluate_flow
-from flows.report import report_flow, slug
+from flows.runtime.config import ConfigError, load_config, with_runner
+from flows.commands.evaluate import evaluate_flow
+from flows.commands.report import report_flow, slug
 from tasks.core.ingest import dataset_label
 
 
@@ -41,22 +41,22 @@ def method_configs(methods: list[str], overrides: list[str]) -> dict[str, dict]:
     from hydra import compose
 
     if any(o.split("=", 1)[0].lstrip("+~").startswith("method") for o in overrides):
-        raise ConfigError("flows.compare runs every method with its own defaults: drop the method overrides "
+        raise ConfigError("flows.commands.compare runs every method with its own defaults: drop the method overrides "
                           f"({[o for o in overrides if o.lstrip('+~').startswith('method')]}), or use evaluate")
     return {m: OmegaConf.to_container(compose("config", overrides=[*overrides, f"method={m}"]), resolve=True)
             for m in methods}
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: compose one config per method, preflight them all, run, print the last line."""
     from hydra.core.hydra_config import HydraConfig
 
-    from flows.api_server import ensure_api, flow_run_settings
-    from flows.output import print_last_line
-    from flows.pipeline import spacy_without_torch
-    from flows.exits import USER_ERRORS, fail, fail_before_flow, interrupted, quiet_user_error_tracebacks, verbose
-    from flows.preflight import preflight
+    from flows.runtime.api_server import ensure_api, flow_run_settings
+    from flows.runtime.output import print_last_line
+    from flows.runtime.pipeline import spacy_without_torch
+    from flows.runtime.exits import USER_ERRORS, fail, fail_before_flow, interrupted, quiet_user_error_tracebacks, verbose
+    from flows.runtime.preflight import preflight
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     hc = HydraConfig.get()

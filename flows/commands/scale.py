@@ -1,8 +1,8 @@
-"""``python -m flows.scale [scale.sizes=[…]] [scale.methods=[…]] [overrides]``: the scale table.
+"""``python -m flows.commands.scale [scale.sizes=[…]] [scale.methods=[…]] [overrides]``: the scale table.
 
 For every size in ``scale.sizes`` (passages of the generated sample, ``dataset=sample``) and every method in
-``scale.methods``, one ``flows.index`` process builds what the method's index still lacks, then one
-``flows.benchmark`` process, started fresh, loads the index and times the questions. All cells share one
+``scale.methods``, one ``flows.commands.index`` process builds what the method's index still lacks, then one
+``flows.commands.benchmark`` process, started fresh, loads the index and times the questions. All cells share one
 ``artifacts_dir``: a stage two methods share (passage embeddings, NER) is computed once. Each cell of the
 table is then read back from the catalog:
 
@@ -30,13 +30,13 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from flows.config import ScaleParams
-from flows.child_process import run_child
+from flows.runtime.config import ScaleParams
+from flows.runtime.child_process import run_child
 from tasks.core.store import Store
 
 
 def cell_overrides(size: int, method: str, params: ScaleParams, overrides: list[str]) -> list[str]:
-    """The ``flows.benchmark`` command line of one cell: this command's overrides, the size and the method."""
+    """The ``flows.commands.benchmark`` command line of one cell: this command's overrides, the size and the method."""
     sizes = ",".join(str(b) for b in params.batch_sizes)
     return [*overrides, "dataset=sample", f"dataset.n_passages={size}", f"method={method}",
             f"benchmark.batch_sizes=[{sizes}]", f"benchmark.n_questions={params.n_questions}"]
@@ -125,16 +125,16 @@ def scale(params: ScaleParams, overrides: list[str], artifacts_dir: str) -> dict
     return {"table": str(out / "scale.md"), "cells": rows}
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: check the config and every cell's config, then run the cells."""
     from hydra.core.hydra_config import HydraConfig
 
-    from flows.api_server import ensure_api, stop_api
-    from flows.config import load_config
-    from flows.output import print_last_line
-    from flows.exits import USER_ERRORS, fail, verbose
-    from flows.preflight import preflight
+    from flows.runtime.api_server import ensure_api, stop_api
+    from flows.runtime.config import load_config
+    from flows.runtime.output import print_last_line
+    from flows.runtime.exits import USER_ERRORS, fail, verbose
+    from flows.runtime.preflight import preflight
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     overrides = [o for o in HydraConfig.get().overrides.task

@@ -1,4 +1,4 @@
-"""``python -m flows.benchmark [overrides]``: per-query latency and memory at several batch sizes.
+"""``python -m flows.commands.benchmark [overrides]``: per-query latency and memory at several batch sizes.
 
 For each ``benchmark.batch_sizes`` entry, ``benchmark.n_questions`` questions are answered in batches
 of that size (after one warm-up batch); latency per query = batch wall time / batch size, split
@@ -6,7 +6,7 @@ into the parts the method reports (e.g. query NER, query encoding, DocZoom, Chun
 peak RSS of the process, and the peak of Python/numpy allocations during one batch (tracemalloc,
 measured in a separate untimed pass). ``process_peak_rss_mb`` is the whole process's high-water mark:
 loading the index included, which can exceed any batch's peak. The process's RSS also holds what any index
-stage it computed left behind; ``stages_computed`` says how many it did (``flows.scale`` builds first, in
+stage it computed left behind; ``stages_computed`` says how many it did (``flows.commands.scale`` builds first, in
 another process, so that its benchmark computes none). Results go to the catalog; the last line printed is
 ``benchmark: {json}``.
 """
@@ -25,10 +25,10 @@ import pandas as pd
 from omegaconf import DictConfig
 from prefect import flow
 
-from flows.config import Config, ConfigError, load_config
-from flows.observe import RUN_END_HOOKS, untagged_tasks
-from flows.pipeline import build_index, load_retriever, run_command, start_run
-from flows.tables import format_table, stage_counts, stage_split
+from flows.runtime.config import Config, ConfigError, load_config
+from flows.runtime.observe import RUN_END_HOOKS, untagged_tasks
+from flows.runtime.pipeline import build_index, load_retriever, run_command, start_run
+from flows.runtime.tables import format_table, stage_counts, stage_split
 from tasks.core.ingest import parse_questions, read_json_list
 from tasks.core.memory import PeakRSS
 from tasks.core.store import Store
@@ -107,7 +107,7 @@ def benchmark_flow(cfg: dict) -> dict[str, Any]:
     return result
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point."""
     run_command(benchmark_flow, cfg, "benchmark")

@@ -1,4 +1,4 @@
-"""``python -m flows.report [report.runs=[ID,…] | report.sweep=ID] [report.name=NAME]``: the results report.
+"""``python -m flows.commands.report [report.runs=[ID,…] | report.sweep=ID] [report.name=NAME]``: the results report.
 
 Reads only the DuckDB catalog (``metrics``, ``runs``, ``stage_events``, ``stages``, ``llm_ledger``), never a
 run's output. Writes ``artifacts/reports/<name>/report.md`` with PNG figures beside it, and publishes the same
@@ -24,8 +24,8 @@ from omegaconf import DictConfig, OmegaConf
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from flows.config import Config, load_config
-from flows.observe import untagged_tasks
+from flows.runtime.config import Config, load_config
+from flows.runtime.observe import untagged_tasks
 from tasks.core.files import CATALOG, write_bytes
 from tasks.core.store import Store
 from tasks.eval import report as rep
@@ -90,7 +90,7 @@ def headline_rows(runs: pd.DataFrame) -> list[dict[str, Any]]:
 
 def write_headline(rows: list[dict[str, Any]], conf: Config) -> list[str]:
     """``docs/results/headline.json`` and the table between the markers of README.md and docs/results.md."""
-    from flows.config import METHOD_NAMES
+    from flows.runtime.config import METHOD_NAMES
     from tasks.eval.headline import headline_table, replace_between
 
     root = Path(conf.report.headline_root or next(p for p in Path(__file__).resolve().parents
@@ -226,7 +226,7 @@ def report_flow(cfg: dict) -> dict[str, Any]:
         md += ["## Answer in context against tokens", "", "![answer in context](answer_in_context.png)", "",
                f"*answer_in_context@B against the mean tokens the reader's context held at each budget B, one line "
                f"per method (dashed: experiment=beyond_paper). {note}*", ""]
-    from flows.loadtest import report_section
+    from flows.commands.loadtest import report_section
 
     serving = report_section(store, out_dir)
     if serving:
@@ -319,13 +319,13 @@ def sweep_section(runs: pd.DataFrame, sweep: str, objective: str, metric: str, o
     return lines
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: ``report.*`` picks the runs, ``artifacts_dir`` the catalog."""
-    from flows.api_server import ensure_api, flow_run_settings
-    from flows.output import print_last_line
+    from flows.runtime.api_server import ensure_api, flow_run_settings
+    from flows.runtime.output import print_last_line
 
-    from flows.exits import USER_ERRORS, fail_before_flow
+    from flows.runtime.exits import USER_ERRORS, fail_before_flow
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     try:
@@ -341,7 +341,7 @@ def main(cfg: DictConfig) -> None:
 def selected_runs(conf: Config) -> pd.DataFrame:
     """The evaluate runs ``report.*`` selects (:func:`select_runs`); a ``PreflightError`` where the catalog does
     not exist (read only where it exists, so a mistyped ``artifacts_dir`` creates nothing) or none match."""
-    from flows.preflight import PreflightError
+    from flows.runtime.preflight import PreflightError
 
     catalog = Path(conf.artifacts_dir).resolve() / CATALOG
     if not catalog.exists():

@@ -7,7 +7,7 @@ an LLM, adaptive filtering-based generation over the retrieved items (eqs. 3–4
 """
 from __future__ import annotations
 
-from flows.config import ConfigError
+from flows.runtime.config import ConfigError
 from flows.methods import Method
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
@@ -29,7 +29,7 @@ from tasks.llm.ner_backends import ner
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
-    """Index stages of ``method=archrag``; ``flows.update`` runs the same ones (per-chunk stages are
+    """Index stages of ``method=archrag``; ``flows.commands.update`` runs the same ones (per-chunk stages are
     row-incremental, communities are recomputed, unchanged communities keep their cached summaries)."""
     p, documents = cfg.method, data["documents"]
     chunks = chunk(ctx, ChunkParams.of(cfg), documents)["chunks"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from flows.config import load_config
+from flows.runtime.config import load_config
 from tasks.core.doctor import examine, quarantined
 from tasks.core.catalog import REBUILD_HINT
 from tasks.core.files import CATALOG, QUARANTINE
@@ -59,11 +59,11 @@ def _rel(path: str, root: Path) -> str:
     return str(Path(path).relative_to(root)) if Path(path).is_relative_to(root) else path
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: ``artifacts_dir`` names the store, ``doctor.repair`` repairs."""
-    from flows.exits import USER_ERRORS, discard_job_folder, fail_before_flow
-    from flows.preflight import PreflightError
+    from flows.runtime.exits import USER_ERRORS, discard_job_folder, fail_before_flow
+    from flows.runtime.preflight import PreflightError
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     root = Path(plain["artifacts_dir"]).resolve()

@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from flows.config import Config
+from flows.runtime.config import Config
 from flows.methods import METHODS
-from flows.output import print_last_line
-from flows.provenance import git_sha, job_overrides, run_id, versions
+from flows.runtime.output import print_last_line
+from flows.runtime.provenance import git_sha, job_overrides, run_id, versions
 from tasks.core.ingest import content_hash, dataset_label, ingest, raw_sources
 from tasks.core.memory import release_arrow_memory
 from tasks.core.progress import timed
@@ -66,8 +66,8 @@ def dry_run_stop(ctx: RunContext, conf: Config, stop: LLMDryRun) -> dict[str, An
 
 def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any,
                 check: Callable[[Config], None] | None = None) -> dict[str, Any]:
-    """A Hydra entry point's body: resolve and check the config, preflight (:mod:`flows.preflight`), run
-    the flow with the configured task runner, print the machine-readable last line (:mod:`flows.exits` says how
+    """A Hydra entry point's body: resolve and check the config, preflight (:mod:`flows.runtime.preflight`), run
+    the flow with the configured task runner, print the machine-readable last line (:mod:`flows.runtime.exits` says how
     a user error ends it).
 
     A user error (bad config value, malformed dataset, missing questions, model or LLM endpoint) ends the
@@ -77,10 +77,10 @@ def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any,
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from flows.api_server import ensure_api, flow_run_settings
-    from flows.config import load_config, with_runner
-    from flows.exits import USER_ERRORS, fail, fail_before_flow, interrupted, quiet_user_error_tracebacks, verbose
-    from flows.preflight import preflight
+    from flows.runtime.api_server import ensure_api, flow_run_settings
+    from flows.runtime.config import load_config, with_runner
+    from flows.runtime.exits import USER_ERRORS, fail, fail_before_flow, interrupted, quiet_user_error_tracebacks, verbose
+    from flows.runtime.preflight import preflight
 
     plain: dict[str, Any] = {}
     try:
@@ -96,10 +96,10 @@ def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any,
     spacy_without_torch(plain.get("ner") or {})
     from prefect import tags
 
-    from flows.observe import observed, tags_for
+    from flows.runtime.observe import observed, tags_for
 
     try:
-        # run names, tags and the UI's artifacts (flows.observe); no heartbeats on a temporary server (flows.api_server)
+        # run names, tags and the UI's artifacts (flows.runtime.observe); no heartbeats on a temporary server (flows.runtime.api_server)
         with tags(*tags_for(plain)), flow_run_settings():
             result = observed(with_runner(flow_fn, plain), plain)(plain, *args)
     except USER_ERRORS as err:  # found while running (e.g. the LLM endpoint went away): the run is recorded

@@ -43,7 +43,7 @@ def run_label(cfg: dict[str, Any]) -> tuple[str, str]:
     """(method, dataset label) of a resolved config, as the catalog names them."""
     from tasks.core.ingest import dataset_label
 
-    from flows.config import load_config
+    from flows.runtime.config import load_config
 
     conf = load_config(cfg)
     return conf.method.name, dataset_label(conf.dataset)
@@ -183,7 +183,7 @@ def end_hook(flow: Any, flow_run: Any, state: Any) -> None:
         log.warning("could not record how run %s ended: %s", flow_run.id, err)
 
 
-# the hooks of every flow that records a run (``flows.pipeline.start_run``), so that a run's catalog row says how it
+# the hooks of every flow that records a run (``flows.runtime.pipeline.start_run``), so that a run's catalog row says how it
 # ended however the flow is called (a command, a compare's evaluate runs, a scheduled run, the Python API)
 RUN_END_HOOKS = {"on_completion": [end_hook], "on_failure": [end_hook], "on_crashed": [end_hook],
                  "on_cancellation": [end_hook]}

@@ -12,10 +12,10 @@ def run_child(command: str, argv: list[str], timeout_s: int) -> tuple[dict[str, 
     """Run ``dagrag command argv`` (as ``python -m flows.cli``, so the child starts and exits as a user's command
     does) from the repository root, tied to this process (it dies with it); (its ``command: {json}`` last line,
     "") or (None, why it failed: its exit status and last line, or the timeout)."""
-    from flows.api_server import tied_popen
+    from flows.runtime.api_server import tied_popen
 
     proc = tied_popen([sys.executable, "-m", "flows.cli", command, *argv], stdout=subprocess.PIPE,
-                      stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+                      stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s or None)
     except subprocess.TimeoutExpired:

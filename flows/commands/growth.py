@@ -1,4 +1,4 @@
-"""``python -m flows.growth [growth.fraction=0.05] [growth.methods=[…]] [dataset=… data_dir=…] [overrides]``: what
+"""``python -m flows.commands.growth [growth.fraction=0.05] [growth.methods=[…]] [dataset=… data_dir=…] [overrides]``: what
 an update costs against a full build, for every method: growth should cost what it adds.
 
 1. The dataset's documents are split into a base corpus and a held-out ``growth.fraction`` of them (a seeded
@@ -39,10 +39,10 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from flows.config import Config, ConfigError, GrowthParams
-from flows.observe import ROW_STAGES
-from flows.child_process import run_child
-from flows.scale import index_footprint
+from flows.runtime.config import Config, ConfigError, GrowthParams
+from flows.runtime.observe import ROW_STAGES
+from flows.runtime.child_process import run_child
+from flows.commands.scale import index_footprint
 from tasks.core.ingest import dataset_label, load_dataset, question_records
 from tasks.core.files import write_bytes
 from tasks.core.store import Store
@@ -263,18 +263,18 @@ def growth(conf: Config, overrides: list[str], corpora: dict[str, Any]) -> dict[
     return {"table": str(table_path), "corpora": corpora, "rows": rows}
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: check the config and every method's config, then build and update."""
     from hydra import compose
     from hydra.core.hydra_config import HydraConfig
     from hydra.errors import ConfigCompositionException
 
-    from flows.api_server import ensure_api, stop_api
-    from flows.config import load_config
-    from flows.output import print_last_line
-    from flows.exits import USER_ERRORS, fail, verbose
-    from flows.preflight import preflight
+    from flows.runtime.api_server import ensure_api, stop_api
+    from flows.runtime.config import load_config
+    from flows.runtime.output import print_last_line
+    from flows.runtime.exits import USER_ERRORS, fail, verbose
+    from flows.runtime.preflight import preflight
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     task_overrides = list(HydraConfig.get().overrides.task)

@@ -1,4 +1,4 @@
-"""``python -m flows.evaluate [overrides]``: index (cached), retrieve in batches, score, record.
+"""``python -m flows.commands.evaluate [overrides]``: index (cached), retrieve in batches, score, record.
 
 The last line printed is ``metrics: {json}``.
 """
@@ -18,12 +18,12 @@ from omegaconf import DictConfig
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.config import Config, load_config
+from flows.runtime.config import Config, load_config
 from flows.methods import METHODS
-from flows.observe import RUN_END_HOOKS, untagged_tasks
-from flows.output import write_json
-from flows.pipeline import build_index, dry_run_stop, load_retriever, run_command, start_run
-from flows.tables import format_table, stage_counts, stage_split, stage_table
+from flows.runtime.observe import RUN_END_HOOKS, untagged_tasks
+from flows.runtime.output import write_json
+from flows.runtime.pipeline import build_index, dry_run_stop, load_retriever, run_command, start_run
+from flows.runtime.tables import format_table, stage_counts, stage_split, stage_table
 from tasks.core.ingest import gold_evidence
 from tasks.core.stage import RunContext
 from tasks.core.files import write_parquet
@@ -259,7 +259,7 @@ def hydra_run_dir() -> str:
     return HydraConfig.get().runtime.output_dir
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
 def main(cfg: DictConfig) -> float:
     """Hydra entry point: resolve the config and run the flow once. Returns the dev-split objective
     (``eval.objective`` on ``metrics.dev``), the value a sweeper maximises; never a test-split score."""

@@ -15,7 +15,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from flows.tables import format_table
+from flows.runtime.tables import format_table
 
 ANSWER_KEYS = ["em", "f1", "contain_acc", "accuracy", "recall", "llm_acc"]
 

@@ -1,16 +1,16 @@
 """Preflight: what a command can check before any stage runs, in well under a second on the datasets here.
 
-:func:`preflight` runs after the config is typed and checked (:func:`flows.config.load_config`) and
+:func:`preflight` runs after the config is typed and checked (:func:`flows.runtime.config.load_config`) and
 before the flow starts, so nothing is computed and nothing is written when it fails:
 
 * the model packages the run loads are installed (the embedder, the spaCy pipeline when NER runs);
 * the dataset's files parse (:func:`tasks.core.ingest.load_dataset`, the ingest stage's own
   validation: a failure names file, record and field);
-* questions exist where the command needs them (``flows.evaluate``; ``flows.benchmark`` unless
+* questions exist where the command needs them (``flows.commands.evaluate``; ``flows.commands.benchmark`` unless
   ``benchmark.questions_from`` names a dataset with questions);
 * when the run will call an LLM, the endpoint answers one cheap request (``GET {base_url}/models``).
 
-A failed check raises :class:`PreflightError`; :mod:`flows.exits` says how the command then ends.
+A failed check raises :class:`PreflightError`; :mod:`flows.runtime.exits` says how the command then ends.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from flows.config import Config
+from flows.runtime.config import Config
 from flows.methods import METHODS
 from tasks.core.files import DISK_ERRORS
 from tasks.core.ingest import (
@@ -205,9 +205,9 @@ def check_dataset(conf: Config, command: str) -> int:
         return n_passages
     where = f"dataset {conf.dataset.name!r}"
     if command == "evaluate":
-        raise PreflightError(f"{where} has no questions, and flows.evaluate scores retrieval on questions: "
+        raise PreflightError(f"{where} has no questions, and flows.commands.evaluate scores retrieval on questions: "
                              f"give it questions (questions.json, or dataset.questions=FILE for jsonl/folder), "
-                             f"or build the index only with flows.index")
+                             f"or build the index only with flows.commands.index")
     if not conf.benchmark.questions_from:
         raise PreflightError(f"{where} has no questions: set benchmark.questions_from=NAME (a dataset under "
                              f"data_dir with questions.json), e.g. benchmark.questions_from=hotpotqa-100")

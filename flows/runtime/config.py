@@ -24,7 +24,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class RunnerParams:
-    """``runner/``: where independent stages and per-row partitions run (:mod:`flows.runners`).
+    """``runner/``: where independent stages and per-row partitions run (:mod:`flows.runtime.runners`).
 
     ``thread``: stages in threads, partitions in the flow process. ``dask``: stages still in the flow process
     (one catalog writer), the partitions of chunk / NER / embed / LLM extraction on Dask workers: a local
@@ -39,9 +39,9 @@ class RunnerParams:
     n_workers: int = field(default=2, metadata=COUNT)              # dask local cluster: worker processes
     threads_per_worker: int = field(default=1, metadata=COUNT)     # dask local cluster: threads per worker
 
-    def task_runner(self):  # -> flows.runners.PartitionedThreadRunner
+    def task_runner(self):  # -> flows.runtime.runners.PartitionedThreadRunner
         """The Prefect task runner for independent stages and per-row partitions."""
-        from flows.runners import DaskPartitionRunner, PartitionedThreadRunner
+        from flows.runtime.runners import DaskPartitionRunner, PartitionedThreadRunner
 
         if self.kind == "dask":
             return DaskPartitionRunner(self.max_workers, self.partition_rows, self.address, self.n_workers,
@@ -93,7 +93,7 @@ def every_method_when_null(params: Any) -> None:
 
 @dataclass(frozen=True)
 class CompareParams:
-    """``compare/``: the methods ``flows.compare`` evaluates, one after another, on one dataset."""
+    """``compare/``: the methods ``flows.commands.compare`` evaluates, one after another, on one dataset."""
 
     methods: tuple[str, ...] | None = field(default=None, metadata=one_of(METHOD_NAMES))  # null: all, in NAMES order
 
@@ -103,7 +103,7 @@ class CompareParams:
 
 @dataclass(frozen=True)
 class ScaleParams:
-    """``scale/``: the corpus sizes and methods ``flows.scale`` benchmarks, and the batch sizes it times."""
+    """``scale/``: the corpus sizes and methods ``flows.commands.scale`` benchmarks, and the batch sizes it times."""
 
     sizes: tuple[int, ...] = field(default=(1000, 10000, 100000), metadata=within("[20, inf)"))
     methods: tuple[str, ...] | None = field(default=None, metadata=one_of(METHOD_NAMES))  # null: all, in NAMES order
@@ -119,7 +119,7 @@ class ScaleParams:
 
 @dataclass(frozen=True)
 class GrowthParams:
-    """``growth/``: what ``flows.growth`` holds out of the dataset, for which methods, and how often it updates."""
+    """``growth/``: what ``flows.commands.growth`` holds out of the dataset, for which methods, and how often it updates."""
 
     # share of the documents held out of the base corpus and added by the update
     fraction: float = field(default=0.05, metadata=within("(0, 1)"))
@@ -138,7 +138,7 @@ class GrowthParams:
 
 @dataclass(frozen=True)
 class ReportParams:
-    """``report/``: which runs ``flows.report`` reads from the catalog, and where it writes."""
+    """``report/``: which runs ``flows.commands.report`` reads from the catalog, and where it writes."""
 
     runs: tuple[str, ...] = ()     # these run ids; else the trials of ``sweep``; else the latest per method x dataset
     sweep: str | None = None       # a sweep id (``sweep_id`` of its trials' metrics)
@@ -151,7 +151,7 @@ class ReportParams:
 
 @dataclass(frozen=True)
 class DoctorParams:
-    """``doctor/``: what ``flows.doctor`` does besides checking."""
+    """``doctor/``: what ``flows.commands.doctor`` does besides checking."""
 
     repair: bool = False  # quarantine damaged files, remove dangling rows, rebuild an unreadable catalog
 
@@ -170,7 +170,7 @@ class BenchmarkParams:
 
 @dataclass(frozen=True)
 class QueryParams:
-    """``query/``: ``dagrag query``'s questions, output and depth (:mod:`flows.query`)."""
+    """``query/``: ``dagrag query``'s questions, output and depth (:mod:`flows.commands.query`)."""
 
     text: str | None = None
     file: str | None = None
@@ -184,7 +184,7 @@ class QueryParams:
 
 @dataclass(frozen=True)
 class ServeParams:
-    """``serve/``: ``dagrag serve``'s address, micro-batching, limits and reloads (:mod:`flows.serve`)."""
+    """``serve/``: ``dagrag serve``'s address, micro-batching, limits and reloads (:mod:`flows.commands.serve`)."""
 
     host: str = "127.0.0.1"
     port: int = field(default=8000, metadata=within("[0, 65535]"))

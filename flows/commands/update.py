@@ -1,6 +1,6 @@
-"""``python -m flows.update [overrides]``: bring a method's index up to date with the current corpus.
+"""``python -m flows.commands.update [overrides]``: bring a method's index up to date with the current corpus.
 
-Same overrides as ``flows.index``. For ``method=erarag`` the hierarchy is updated from the latest
+Same overrides as ``flows.commands.index``. For ``method=erarag`` the hierarchy is updated from the latest
 stored one of this dataset and config (EraRAG Alg. 3): new chunks are embedded (row-incremental
 stage), hashed with the stored hyperplanes, and only segments whose membership changed are
 re-summarised, with their ancestors; removed documents drop their leaves the same way. By default
@@ -10,7 +10,7 @@ fingerprint among its inputs; ``rebuild`` cuts every layer as a build does and s
 computed; stored under its own fingerprint, which records the base) and the encoding tree is rebuilt,
 its seconds reported. For ``method=archrag`` the index DAG runs as is (chunk, NER / extraction and embedding
 stages are row-incremental, the communities are recomputed) and the summary says how many community summaries
-were made anew: an unchanged community's summary comes from the content-addressed cache. Every other method runs exactly the ``flows.index`` code path (its
+were made anew: an unchanged community's summary comes from the content-addressed cache. Every other method runs exactly the ``flows.commands.index`` code path (its
 per-document stages are row-incremental already). The last line printed is ``update: {json}``; the summary, with the per-layer table, is
 recorded in the catalog's ``metrics`` table (kind ``update``).
 """
@@ -26,11 +26,11 @@ import pandas as pd
 from omegaconf import DictConfig
 from prefect import flow
 
-from flows.config import load_config
+from flows.runtime.config import load_config
 from flows.methods import METHODS
-from flows.observe import RUN_END_HOOKS, untagged_tasks
-from flows.pipeline import dry_run_stop, run_command, start_run
-from flows.tables import format_table, stage_counts, stage_split, stage_table
+from flows.runtime.observe import RUN_END_HOOKS, untagged_tasks
+from flows.runtime.pipeline import dry_run_stop, run_command, start_run
+from flows.runtime.tables import format_table, stage_counts, stage_split, stage_table
 from tasks.core.ingest import ingest
 from tasks.core.progress import process_seconds, timed_seconds, timed_since
 from tasks.core.store import ArtifactRef, Store
@@ -93,10 +93,10 @@ def update_flow(cfg: dict) -> dict[str, Any]:
             per_layer = pd.DataFrame(summary["per_layer"])
             print("\nper layer (layer l: the segments of layer l-1)")
             print(format_table(per_layer.to_dict("records"), list(per_layer.columns)), flush=True)
-    else:  # the same code path as flows.index
+    else:  # the same code path as flows.commands.index
         summary.update(document_diff(ctx.store, ctx.dataset, name, data["documents"], ctx.run_id), segments_total=None,
                        segments_resummarized=None, layers=None, full_build_seconds_estimate=None,
-                       same_as="flows.index")
+                       same_as="flows.commands.index")
     summary.update(seconds=round(seconds, 3), **stage_counts(split),
                    artifacts={k: v.path for k, v in index.items()}, run_id=ctx.run_id,
                    startup_s=round(startup_s, 3), flow_s=round(time.perf_counter() - flow_t0, 3),
@@ -105,7 +105,7 @@ def update_flow(cfg: dict) -> dict[str, Any]:
     return summary
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point."""
     run_command(update_flow, cfg, "update")

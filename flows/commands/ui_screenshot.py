@@ -1,4 +1,4 @@
-"""``python -m flows.ui_screenshot [overrides]`` (``make ui-screenshot``): look at a run in the Prefect UI as a
+"""``python -m flows.commands.ui_screenshot [overrides]`` (``make ui-screenshot``): look at a run in the Prefect UI as a
 person would, without a terminal.
 
 It starts ``prefect server start`` (UI on) on a free loopback port, runs ``dagrag evaluate`` against it twice
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 
 
@@ -65,7 +65,7 @@ def artifacts_of(api: str, flow_run_id: str) -> list[dict]:
     """The keyed artifacts of one flow run, from the REST API."""
     import httpx
 
-    from flows.api_server import api_request
+    from flows.runtime.api_server import api_request
 
     with httpx.Client(timeout=10) as client:
         found = api_request(client, "POST", f"{api}/artifacts/filter",
@@ -74,7 +74,7 @@ def artifacts_of(api: str, flow_run_id: str) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    from flows.api_server import tied_popen
+    from flows.runtime.api_server import tied_popen
 
     chrome = browser()
     if chrome is None:
@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
         wait_healthy(api, server)
         overrides = argv or ["method=bm25"]
         for _ in range(2):  # twice: the second run is all cached, and each artifact key has a history
-            run = subprocess.run([sys.executable, "-m", "flows.evaluate", *overrides,
+            run = subprocess.run([sys.executable, "-m", "flows.commands.evaluate", *overrides,
                                   f"artifacts_dir={work / 'artifacts'}"], env=env, cwd=REPO, capture_output=True,
                                  text=True, timeout=1800)
             if run.returncode != 0:

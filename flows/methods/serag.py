@@ -57,7 +57,7 @@ def _dag(ctx: RunContext, data: dict[str, ArtifactRef], cfg, incremental: bool) 
     entity_embeddings = embed(ctx, EmbedParams.of(cfg, id_col="entity_id"), names)["embeddings"]
     graph_inputs = (ctx, SeRAGGraphParams.of(cfg), documents, chunks, chunk_embeddings, entities["chunk_entity"],
                     entities["entities"])
-    if not incremental and p.reuse_updates:  # a graph flows.update grew for this very corpus: used as it is
+    if not incremental and p.reuse_updates:  # a graph flows.commands.update grew for this very corpus: used as it is
         incremental = stored_update(*graph_inputs)
     graph = serag_graph(*graph_inputs, incremental)
     tree = serag_tree(ctx, TreeParams.of(cfg), graph["W"], graph["W_meta"])
@@ -67,13 +67,13 @@ def _dag(ctx: RunContext, data: dict[str, ArtifactRef], cfg, incremental: bool) 
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
-    """Index stages of ``method=serag``: a full build of the graph, unless ``flows.update`` stored one grown for
+    """Index stages of ``method=serag``: a full build of the graph, unless ``flows.commands.update`` stored one grown for
     exactly this corpus (and ``method.reuse_updates``)."""
     return _dag(ctx, data, cfg, incremental=False)
 
 
 def update(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
-    """``flows.update``: the same stages; the graph grows from the latest stored one of this dataset
+    """``flows.commands.update``: the same stages; the graph grows from the latest stored one of this dataset
     (only rows involving new chunks are computed), the encoding tree and community vectors are rebuilt."""
     return _dag(ctx, data, cfg, incremental=True)
 

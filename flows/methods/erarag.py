@@ -1,5 +1,5 @@
 """EraRAG DAG (paper section III, Fig. 3): documents → window chunks (leaves) → embeddings →
-stored hyperplanes → LSH hierarchy (Alg. 1; Alg. 3 under ``flows.update``).
+stored hyperplanes → LSH hierarchy (Alg. 1; Alg. 3 under ``flows.commands.update``).
 
 Online: Alg. 2 over all layers (collapsed, or biased with ``detail_proportion``) for the reader's
 context; documents ranked by the leaves (default) or expanded view of the retrieved nodes.
@@ -41,7 +41,7 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
 
 
 def update(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
-    """``flows.update``: the same stages, the hierarchy updated from the latest stored one (Alg. 3)."""
+    """``flows.commands.update``: the same stages, the hierarchy updated from the latest stored one (Alg. 3)."""
     return _dag(ctx, data, cfg, incremental=True)
 
 

@@ -49,7 +49,7 @@ class Method:
     check: Optional[Callable[[Any], None]] = None  # (Config) -> None, a ConfigError for a setting it cannot run
     # the method's own generation, when it is not "read the top passages" (ArchRAG's adaptive filtering):
     # (client, data refs, index refs, cfg, questions, traces, dry_run) -> (predictions | None, its own figures);
-    # flows.evaluate scores the predictions (tasks.eval.answer_metrics.score_predictions)
+    # flows.commands.evaluate scores the predictions (tasks.eval.answer_metrics.score_predictions)
     answer: Optional[Callable] = None
     # its trace's kept_chunks are its own ranked evidence units (ZoomRAG's ChunkZoom), scored by
     # evidence_recall@k in place of the passage rule (tasks.eval.evidence)
@@ -67,10 +67,10 @@ def always(conf: Any) -> bool:
 @functools.cache
 def load_method(name: str) -> Method:
     """``flows.<name>`` imported, and its :class:`Method` record."""
-    module: Any = importlib.import_module(f"flows.{name}")
+    module: Any = importlib.import_module(f"flows.methods.{name}")
     method = module.METHOD
     if method.name != name:
-        raise RuntimeError(f"flows.{name}.METHOD is named {method.name!r}")
+        raise RuntimeError(f"flows.methods.{name}.METHOD is named {method.name!r}")
     return method
 
 

@@ -1,4 +1,4 @@
-"""``python -m flows.schedule [--config-name schedule] [overrides]``: serve index / evaluate on cron schedules.
+"""``python -m flows.commands.schedule [--config-name schedule] [overrides]``: serve index / evaluate on cron schedules.
 
 The schedule is Hydra config (``conf/schedule.yaml``): one entry per dataset × method, each with its command,
 its cron string and its overrides of ``conf/config.yaml``. This process registers one Prefect deployment per
@@ -31,15 +31,15 @@ from prefect import flow
 for _name in ("httpx", "httpx2", "httpcore", "faiss.loader"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
-from flows.config import ConfigError, load_config, with_runner  # noqa: E402 - after the levels: faiss logs on import
-from flows.evaluate import evaluate_flow  # noqa: E402
-from flows.index import index_flow  # noqa: E402
-from flows.observe import RUN_END_HOOKS, name_task_runs, observed, run_label, stage_rows, tags_for, verdict  # noqa: E402
+from flows.runtime.config import ConfigError, load_config, with_runner  # noqa: E402 - after the levels: faiss logs on import
+from flows.commands.evaluate import evaluate_flow  # noqa: E402
+from flows.commands.index import index_flow  # noqa: E402
+from flows.runtime.observe import RUN_END_HOOKS, name_task_runs, observed, run_label, stage_rows, tags_for, verdict  # noqa: E402
 from tasks.core.store import Store  # noqa: E402
 
 log = logging.getLogger("dagrag")
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 COMMANDS = ("index", "evaluate", "query")
 
 
@@ -113,8 +113,8 @@ def compose_entry(schedule: Schedule, entry: ScheduleEntry) -> dict[str, Any]:
 
 
 def _checked(cfg: dict[str, Any], command: str) -> None:
-    """What ``dagrag COMMAND`` checks before a run (:mod:`flows.preflight`); a failure fails the flow run."""
-    from flows.preflight import preflight
+    """What ``dagrag COMMAND`` checks before a run (:mod:`flows.runtime.preflight`); a failure fails the flow run."""
+    from flows.runtime.preflight import preflight
 
     conf = load_config(cfg)  # imports the method's flow module
     name_task_runs()  # this run's process imported the tasks afresh
@@ -150,7 +150,7 @@ def scheduled_evaluate(cfg: dict) -> dict[str, Any]:
 def scheduled_query(cfg: dict) -> dict[str, Any]:
     """``dagrag query query.file=…`` as a scheduled run ("answer today's questions"): hits.parquet in its run
     folder, ``<artifacts_dir>/runs/<date>/<time>-scheduled-query-…``. The file is read when the run starts."""
-    from flows.query import query_flow
+    from flows.commands.query import query_flow
 
     if not cfg.get("query", {}).get("file"):
         raise ConfigError("a scheduled query needs query.file=PATH in its overrides")
@@ -225,10 +225,10 @@ def interrupted_only(err: BaseException) -> bool:
     return isinstance(err, KeyboardInterrupt)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="schedule")
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="schedule")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point."""
-    from flows.exits import fail
+    from flows.runtime.exits import fail
 
     try:
         schedule = load_schedule(OmegaConf.to_container(cfg, resolve=True))

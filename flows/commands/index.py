@@ -1,4 +1,4 @@
-"""``python -m flows.index [overrides]``: build or update the chosen method's index, no evaluation.
+"""``python -m flows.commands.index [overrides]``: build or update the chosen method's index, no evaluation.
 
 On a grown or shrunk corpus this *is* the update path: per-document stages (chunk, NER, embed)
 compute only new documents, global structures are rebuilt from the stored per-document tables.
@@ -13,10 +13,10 @@ import hydra
 from omegaconf import DictConfig
 from prefect import flow
 
-from flows.config import load_config
-from flows.observe import RUN_END_HOOKS, untagged_tasks
-from flows.pipeline import build_index, dry_run_stop, run_command, start_run
-from flows.tables import stage_counts, stage_split, stage_table
+from flows.runtime.config import load_config
+from flows.runtime.observe import RUN_END_HOOKS, untagged_tasks
+from flows.runtime.pipeline import build_index, dry_run_stop, run_command, start_run
+from flows.runtime.tables import stage_counts, stage_split, stage_table
 from tasks.llm.params import LLMDryRun
 
 
@@ -39,7 +39,7 @@ def index_flow(cfg: dict) -> dict[str, Any]:
     return summary
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point."""
     run_command(index_flow, cfg, "index")

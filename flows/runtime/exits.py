@@ -14,8 +14,8 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
-from flows.config import ConfigError
-from flows.preflight import PreflightError
+from flows.runtime.config import ConfigError
+from flows.runtime.preflight import PreflightError
 from flows.serving.errors import IndexNotBuilt
 from tasks.core.files import StoreError
 from tasks.core.ingest import IngestError
@@ -65,8 +65,8 @@ def quiet_user_error_tracebacks(show_traceback: bool) -> None:
 
 def fail_before_flow(err: BaseException, cfg: Any, artifacts_dir: str | None) -> NoReturn:
     """:func:`fail` for an error found before the flow starts: the temporary server ``dagrag`` launched early
-    (:mod:`flows.api_server`) is stopped unused, and Hydra's job folder removed, so nothing is left behind."""
-    from flows.api_server import stop_api
+    (:mod:`flows.runtime.api_server`) is stopped unused, and Hydra's job folder removed, so nothing is left behind."""
+    from flows.runtime.api_server import stop_api
 
     stop_api()
     discard_job_folder(artifacts_dir)

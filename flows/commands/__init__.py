@@ -1,0 +1,1 @@
+"""One module per `dagrag` command (flows.cli runs it as `python -m`)."""
