@@ -212,7 +212,7 @@ def test_beyond_paper_experiment_is_the_paper_for_other_methods_under_its_label(
 
 
 def test_the_three_beyond_paper_parts_link_entities_the_same_way():
-    from tasks.text.gazetteer import LinkingParams
+    from tasks.text.linking import LinkingParams
 
     linking = {f.name for f in dataclasses.fields(LinkingParams)}
     parts = [{k: v for k, v in _experiment_keys(m, "beyond_paper").items() if k in linking}

@@ -11,7 +11,7 @@ from tasks.core.store import ArtifactRef
 from tasks.methods.linearrag.retriever import LinearParams, LinearRetriever
 from tasks.text.chunk import ChunkParams, chunk
 from tasks.text.embed import EmbedParams, embed
-from tasks.text.gazetteer import LinkedGraphParams, index_relation_embeddings, linked_entity_graph
+from tasks.text.linking_stages import LinkedGraphParams, index_relation_embeddings, linked_entity_graph
 from tasks.text.entities import EntityGraphParams, EntityTextsParams, entity_graph, entity_texts
 from tasks.llm.ner_backends import QueryRecogniser, ner
 

@@ -31,7 +31,7 @@ from tasks.text.entities import (
     entity_texts,
     passage_text_mentions,
 )
-from tasks.text.gazetteer import LinkedGraphParams, linked_entity_graph
+from tasks.text.linking_stages import LinkedGraphParams, linked_entity_graph
 from tasks.llm.ner_backends import QueryRecogniser, ner
 
 

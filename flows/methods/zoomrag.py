@@ -17,7 +17,7 @@ from tasks.methods.zoomrag.stages import (
 )
 from tasks.text.chunk import ChunkParams, chunk
 from tasks.text.embed import EmbedParams, embed
-from tasks.text.gazetteer import LinkedGraphParams, index_relation_embeddings, linked_entity_graph
+from tasks.text.linking_stages import LinkedGraphParams, index_relation_embeddings, linked_entity_graph
 from tasks.text.entities import EntityGraphParams, entity_graph
 from tasks.llm.ner_backends import QueryRecogniser, ner
 

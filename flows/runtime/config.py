@@ -293,7 +293,7 @@ def build(cls: type, group: str, values: Mapping[str, Any]) -> Any:
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - fields)
     if unknown:
-        from tasks.text.gazetteer import LinkingParams
+        from tasks.text.linking import LinkingParams
 
         linking = {f.name for f in dataclasses.fields(LinkingParams)}
         if group == "method" and set(unknown) <= linking:  # the keys experiment=beyond_paper sets

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tasks.text.gazetteer import names_whole_word as _names
-from tasks.text.gazetteer import plain_title as _title
+from tasks.text.title_index import names_whole_word as _names
+from tasks.text.title_index import plain_title as _title
 
 
 def missed_gold(hits: pd.DataFrame, gold: pd.DataFrame, k: int, qids: list[str]) -> pd.DataFrame:

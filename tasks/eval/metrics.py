@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tasks.text.gazetteer import names_whole_word, plain_title
+from tasks.text.title_index import names_whole_word, plain_title
 
 
 def recall_at_k(hits: pd.DataFrame, gold: pd.DataFrame, ks: list[int], qids: list[str]) -> dict[str, float]:

@@ -24,15 +24,17 @@ from tasks.graph.sparse import coo_matrix, group_positions, log1p_transposed, tr
 from tasks.graph.walk import random_walk
 from tasks.methods.linearrag import algorithm as lr
 from tasks.text.embed import EmbedderParams, encode_queries, encode_queries_beside, load_embeddings
-from tasks.text.gazetteer import (Gazetteer, LinkingParams, TitleIndex, aliases_of, lowercase_only, mask_names,
-                                  masked_relation_gate, name_idf, query_seeds)
+from tasks.text.gazetteer import Gazetteer, aliases_of, lowercase_only, mask_names
+from tasks.text.linking import LinkingParams, name_idf, query_seeds
+from tasks.text.linking_stages import masked_relation_gate
+from tasks.text.title_index import TitleIndex
 from tasks.llm.ner_backends import QueryRecogniser
 
 
 @dataclass(frozen=True)
 class LinearParams(lr.LinearRAGParams, LinkingParams):
     """``method=linearrag``: the retrieval settings of :class:`tasks.methods.linearrag.algorithm.LinearRAGParams`,
-    a name, and the entity linking (:class:`tasks.text.gazetteer.LinkingParams`, beyond the paper when not ``ner``).
+    a name, and the entity linking (:class:`tasks.text.linking.LinkingParams`, beyond the paper when not ``ner``).
 
     ``top_k`` is the authors' ``retrieval_top_k`` (passages handed to a reader); ``search(k)``
     returns k passages, and evaluate asks for max(eval.ks, top_k), so recall@10 sees 10.

@@ -14,7 +14,9 @@ from tasks.methods.serag import algorithm as se
 from tasks.methods.serag.stages import SeRAGParams, chunk_frame
 from tasks.text.embed import EmbedderParams, encode_queries, encode_queries_beside, load_embeddings
 from tasks.text.entities import query_entity_links
-from tasks.text.gazetteer import Gazetteer, TitleIndex, aliases_of, name_idf, query_seeds
+from tasks.text.gazetteer import Gazetteer, aliases_of
+from tasks.text.linking import name_idf, query_seeds
+from tasks.text.title_index import TitleIndex
 from tasks.llm.ner_backends import QueryRecogniser
 
 SELF_QUERY_STAGE = "serag_self_query"

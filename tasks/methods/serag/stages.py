@@ -21,7 +21,7 @@ from tasks.graph.sparse import coo_matrix, to_coo
 from tasks.methods.serag import algorithm as se
 from tasks.text.chunk import CHUNK_UNITS
 from tasks.text.embed import embeddings_to_arrow, load_embeddings
-from tasks.text.gazetteer import LinkingParams
+from tasks.text.linking import LinkingParams
 from tasks.core.limits import COUNT, COUNT0, POSITIVE, PROB, one_of, within
 from tasks.graph.knn import SEARCHES
 from tasks.methods.serag.algorithm import BONUS_NORMS, COMMUNITY_FILTERS
@@ -35,7 +35,7 @@ NER_INPUTS = ("embedded", "text")  # SeRAGParams.ner_input
 @dataclass(frozen=True)
 class SeRAGParams(LinkingParams):
     """``method=serag``: every App. A.3 (Table 5) constant, the Table 2 ablations, and our choices; the
-    entity linking (:class:`tasks.text.gazetteer.LinkingParams`, beyond the paper when not ``ner``)."""
+    entity linking (:class:`tasks.text.linking.LinkingParams`, beyond the paper when not ``ner``)."""
 
     name: str = "serag"
     # passages returned per query (recall@k); the paper's reader budget is k = 3

@@ -16,8 +16,10 @@ from tasks.methods.zoomrag import algorithm as zoom
 from tasks.methods.zoomrag.stages import ZoomRAGParams
 from tasks.text.embed import EmbedderParams, encode_queries, encode_queries_beside, load_embeddings
 from tasks.text.entities import query_entity_links
-from tasks.text.gazetteer import (Gazetteer, TitleIndex, aliases_of, lowercase_only, mask_names, masked_relation_gate,
-                                  name_idf, query_seeds, title_restart)
+from tasks.text.gazetteer import Gazetteer, aliases_of, lowercase_only, mask_names
+from tasks.text.linking import name_idf, query_seeds, title_restart
+from tasks.text.linking_stages import masked_relation_gate
+from tasks.text.title_index import TitleIndex
 from tasks.llm.ner_backends import QueryRecogniser
 
 

@@ -17,14 +17,14 @@ from tasks.graph.title_walk import check_title_walk
 from tasks.methods.zoomrag import algorithm as zoom
 from tasks.text.chunk import CHUNK_UNITS
 from tasks.text.embed import load_embeddings
-from tasks.text.gazetteer import LinkingParams
+from tasks.text.linking import LinkingParams
 from tasks.core.limits import COUNT, one_of
 
 
 @dataclass(frozen=True)
 class ZoomRAGParams(zoom.ZoomParams, LinkingParams):
     """``method=zoomrag``: the paper's walk settings, how documents are cut into chunks, and the
-    entity linking (:class:`tasks.text.gazetteer.LinkingParams`, beyond the paper when not ``ner``)."""
+    entity linking (:class:`tasks.text.linking.LinkingParams`, beyond the paper when not ``ner``)."""
 
     name: str = "zoomrag"
     top_k: int = field(default=10, metadata=COUNT)

@@ -8,10 +8,33 @@ import scipy.sparse as sp
 
 from tasks.graph.sparse import coo_matrix
 from tasks.text.entities import entity_vocabulary, incidence
-from tasks.text.gazetteer import (Gazetteer, cased_words, mask_names, cover_named, qualified_title_mentions, qualified_titles, LinkingParams, build_names, linked_incidence, lowercase_only, match, name_idf, scan_spans,
-                                  title_docs, title_restart,
-                                  named_titles, normalize_text, query_seeds, scan, title_link_coverage,
-                                  title_name, title_short_forms, unambiguous_short_forms, aliases_of)
+from tasks.text.gazetteer import (
+    Gazetteer,
+    cased_words,
+    mask_names,
+    build_names,
+    linked_incidence,
+    lowercase_only,
+    match,
+    scan_spans,
+    normalize_text,
+    scan,
+    title_name,
+    title_short_forms,
+    unambiguous_short_forms,
+    aliases_of,
+)
+from tasks.text.linking import (
+    cover_named,
+    qualified_title_mentions,
+    qualified_titles,
+    LinkingParams,
+    name_idf,
+    title_docs,
+    title_restart,
+    query_seeds,
+)
+from tasks.text.title_index import named_titles, title_link_coverage
 from tasks.text.ner import NERParams, entity_mentions, recognise
 
 # Five passages that name each other's titles in lower case and possessive forms, as Wikipedia does; two
@@ -253,7 +276,7 @@ def test_linked_entity_graph_stage_with_title_aliases(ctx):
     from tasks.core.files import write_parquet
     from tasks.core.hashing import short_hash
     from tasks.core.store import ArtifactRef, Store
-    from tasks.text.gazetteer import LinkedGraphParams, linked_entity_graph
+    from tasks.text.linking_stages import LinkedGraphParams, linked_entity_graph
 
     def ref(stage: str, name: str, frame: pd.DataFrame) -> ArtifactRef:
         fp = short_hash(frame.astype(str).to_numpy().tolist())
