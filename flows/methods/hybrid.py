@@ -15,7 +15,8 @@ from tasks.text.embed import EmbedParams, embed
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
     """Index stages of ``method=hybrid``."""
-    doc_embeddings = embed(ctx, EmbedParams.of(cfg, id_col="doc_id", use_template=True), data["documents"])["embeddings"]
+    passages = EmbedParams.of(cfg, id_col="doc_id", use_template=True)  # title + text, as every method embeds them
+    doc_embeddings = embed(ctx, passages, data["documents"])["embeddings"]
     bm25 = bm25_index(ctx, BM25IndexParams.of(cfg), data["documents"])["bm25"]
     return {"doc_embeddings": doc_embeddings, "bm25": bm25}
 

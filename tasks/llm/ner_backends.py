@@ -89,7 +89,8 @@ def ner(ctx: RunContext, table: ArtifactRef, id_col: str, cfg, submit: bool = Fa
 
 
 @stage("ner", params=LLMNERParams)
-def llm_ner_stage(ctx: RunContext, params: LLMNERParams, table: ArtifactRef, llm: "LLMParams") -> dict[str, ArtifactRef]:
+def llm_ner_stage(ctx: RunContext, params: LLMNERParams, table: ArtifactRef, llm: LLMParams
+                  ) -> dict[str, ArtifactRef]:
     """Stage: the mentions of :func:`spacy_ner_stage`, extracted by the chat model ``llm`` (a service: its
     reply-changing settings are in ``params``). Row-incremental likewise; the calls go to the run's ledger."""
     if llm is None or llm.provider == "none":

@@ -486,9 +486,9 @@ def hierarchy_tables(h: alg.Hierarchy, inputs: CommunityInputs) -> dict[str, Any
 
 
 @stage("archrag_hierarchy", params=(ExtractiveHierarchyParams, LLMHierarchyParams))
-def hierarchy_stage(ctx: RunContext, params: ExtractiveHierarchyParams | LLMHierarchyParams, entities: ArtifactRef, relations: ArtifactRef,
-                    entity_embeddings: ArtifactRef, kg_meta: ArtifactRef, llm: Optional[LLMParams]
-                    ) -> dict[str, ArtifactRef]:
+def hierarchy_stage(ctx: RunContext, params: ExtractiveHierarchyParams | LLMHierarchyParams, entities: ArtifactRef,
+                    relations: ArtifactRef, entity_embeddings: ArtifactRef, kg_meta: ArtifactRef,
+                    llm: Optional[LLMParams]) -> dict[str, ArtifactRef]:
     """Stage: Algorithm 1 over the KG, a summary per community (cached by content), its meta row. ``llm`` is
     the service the report writer calls (what in it changes a report is in ``params``)."""
     kind = params.kind

@@ -271,8 +271,8 @@ class Base:
     nodes_path: str
 
 
-def find_base(store: Store, dataset: str, params: "ExtractiveHierarchyParams | LLMHierarchyParams", planes_fp: str, inputs: dict[str, str],
-              reuse_updates: bool) -> tuple[Optional[dict[str, str]], Optional[Base]]:
+def find_base(store: Store, dataset: str, params: "ExtractiveHierarchyParams | LLMHierarchyParams", planes_fp: str,
+              inputs: dict[str, str], reuse_updates: bool) -> tuple[Optional[dict[str, str]], Optional[Base]]:
     """(the inputs of a stored hierarchy of exactly these leaves, or None; the latest other stored hierarchy
     of ``dataset`` with the same params, code and hyperplanes whose files exist, or None).
 
@@ -291,8 +291,8 @@ def find_base(store: Store, dataset: str, params: "ExtractiveHierarchyParams | L
     return same, base
 
 
-def _compute_hierarchy(ctx: RunContext, hp: "ExtractiveHierarchyParams | LLMHierarchyParams", llm: LLMParams, leaves: ArtifactRef,
-                       leaf_embeddings: ArtifactRef, planes: ArtifactRef,
+def _compute_hierarchy(ctx: RunContext, hp: "ExtractiveHierarchyParams | LLMHierarchyParams", llm: LLMParams,
+                       leaves: ArtifactRef, leaf_embeddings: ArtifactRef, planes: ArtifactRef,
                        base: Optional[Base]) -> tuple[dict[str, pa.Table | pd.DataFrame], int]:
     """Alg. 1 from scratch, or Alg. 3 from ``base``: only segments whose membership changed are summarised."""
     t0 = time.perf_counter()
@@ -345,8 +345,9 @@ def _compute_hierarchy(ctx: RunContext, hp: "ExtractiveHierarchyParams | LLMHier
 
 
 @stage(HIERARCHY, params=(ExtractiveHierarchyParams, LLMHierarchyParams))
-def hierarchy_stage(ctx: RunContext, params: ExtractiveHierarchyParams | LLMHierarchyParams, leaves: ArtifactRef, leaf_embeddings: ArtifactRef,
-                    planes: ArtifactRef, llm: LLMParams, incremental: bool = False) -> dict[str, ArtifactRef]:
+def hierarchy_stage(ctx: RunContext, params: ExtractiveHierarchyParams | LLMHierarchyParams, leaves: ArtifactRef,
+                    leaf_embeddings: ArtifactRef, planes: ArtifactRef, llm: LLMParams,
+                    incremental: bool = False) -> dict[str, ArtifactRef]:
     """Stage: the EraRAG graph of the current leaves. ``incremental`` (``flows.commands.update``) starts from the
     latest stored graph with the same params. With ``update_segmenting=rebuild`` the result is stored under
     a full build's fingerprint; with ``local`` (Alg. 3) it keeps the base's segments, so its inputs also
