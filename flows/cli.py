@@ -12,6 +12,8 @@ import signal
 import sys
 from pathlib import Path
 
+from flows.runtime.argv import flow_run_query, split_questions
+
 COMMANDS = {
     "evaluate": ("flows.commands.evaluate", "index (cached) → batched retrieval → recall@k, latency [, answers]"),
     "index": ("flows.commands.index", "build or update an index only"),
@@ -113,23 +115,6 @@ def _run(command: str, rest: list[str]) -> int:
         print(code, file=sys.stderr)
         return 1
     return 0
-
-
-SEPARATOR = "--"  # dagrag query: the questions follow it, one per argument, as typed
-
-
-def split_questions(argv: list[str]) -> tuple[list[str], list[str] | None]:
-    """``dagrag query`` arguments → (overrides, the questions after ``--``, or None when there is no ``--``)."""
-    if SEPARATOR not in argv:
-        return list(argv), None
-    at = argv.index(SEPARATOR)
-    return list(argv[:at]), list(argv[at + 1:])
-
-
-def flow_run_query(args: list[str]) -> bool:
-    """Whether ``dagrag query args`` is a flow run (``query.file`` names a questions file): it needs Prefect's API."""
-    return any(o.startswith("query.file=") and o.split("=", 1)[1] not in ("", "null")
-               for o in split_questions(args)[0])
 
 
 if __name__ == "__main__":

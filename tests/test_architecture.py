@@ -101,7 +101,9 @@ def test_no_import_cycles():
 
 
 # each folder and the folders it may import: the store and stage machinery, generic graph algorithms, text tools,
-# the LLM client and its prompts, evaluation, the methods, and the commands over all of them
+# the LLM client and its prompts, evaluation, the methods; then flows/: each method's DAG and record, the runtime
+# every command runs on, a built index opened for questions, the commands, and the console script over them
+_TASKS = frozenset({"core", "graph", "text", "llm", "eval", "methods"})
 LAYERS: dict[str, frozenset[str]] = {
     "core": frozenset(),
     "graph": frozenset({"core"}),
@@ -109,14 +111,27 @@ LAYERS: dict[str, frozenset[str]] = {
     "llm": frozenset({"core", "graph", "text"}),
     "eval": frozenset({"core", "graph", "text", "llm"}),
     "methods": frozenset({"core", "graph", "text", "llm", "eval"}),
-    "flows": frozenset({"core", "graph", "text", "llm", "eval", "methods"}),
+    "flows/methods": _TASKS,
+    "flows/runtime": _TASKS | {"flows/methods"},
+    "flows/serving": _TASKS | {"flows/methods", "flows/runtime"},
+    "flows/commands": _TASKS | {"flows/methods", "flows/runtime", "flows/serving"},
+    "flows": _TASKS | {"flows/methods", "flows/runtime", "flows/serving", "flows/commands"},
 }
 
 
 def _folder(module: str) -> str | None:
-    """``flows`` for any flows module, ``tasks/<folder>``'s name for a tasks module (None: ``tasks`` itself)."""
+    """``flows/<sub-package>`` (or ``flows`` for its top modules) for a flows module, ``tasks/<folder>``'s name
+    for a tasks module (None: ``tasks`` itself)."""
     top, _, rest = module.partition(".")
-    return "flows" if top == "flows" else (rest.split(".")[0] or None)
+    if top == "flows":
+        sub = rest.split(".")[0]
+        return f"flows/{sub}" if "." in rest or f"flows/{sub}" in LAYERS and rest == sub and _is_package(module) \
+            else "flows"
+    return rest.split(".")[0] or None
+
+
+def _is_package(module: str) -> bool:
+    return (REPO / module.replace(".", "/") / "__init__.py").exists()
 
 
 def _folder_imports(modules: dict[str, Path]) -> dict[str, dict[str, list[str]]]:

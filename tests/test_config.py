@@ -289,7 +289,7 @@ def test_the_config_check_imports_only_the_method_it_checks():
 
 
 def test_a_command_imports_its_own_method_only_and_names_its_stage_tasks():
-    """``METHODS[name]`` imports ``flows.<name>`` when first read: a dense update does not import bm25s and
+    """``METHODS[name]`` imports ``flows.methods.<name>`` when first read: a dense update does not import bm25s and
     numba, nor ArchRAG's modules; each method still maps to its own flow
     module, and the stage tasks it imports get their readable task-run names."""
     code = (

@@ -28,7 +28,7 @@ import pandas as pd
 from omegaconf import DictConfig
 from prefect import flow
 
-from flows.cli import flow_run_query, split_questions
+from flows.runtime.argv import flow_run_query, split_questions
 from flows.runtime.config import Config, load_config
 from flows.runtime.observe import RUN_END_HOOKS, untagged_tasks
 from flows.runtime.output import write_json

@@ -33,7 +33,7 @@ for _name in ("httpx", "httpx2", "httpcore", "faiss.loader"):
 
 from flows.runtime.config import ConfigError, load_config, with_runner  # noqa: E402 - after the levels: faiss logs on import
 from flows.commands.evaluate import evaluate_flow  # noqa: E402
-from flows.commands.index import index_flow  # noqa: E402
+from flows.runtime.pipeline import index_flow  # noqa: E402
 from flows.runtime.observe import RUN_END_HOOKS, name_task_runs, observed, run_label, stage_rows, tags_for, verdict  # noqa: E402
 from tasks.core.store import Store  # noqa: E402
 

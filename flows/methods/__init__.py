@@ -1,6 +1,6 @@
 """The method registry: ``method.name`` → its :class:`Method`, the one record that declares it.
 
-Each method's flow module (``flows.<name>``) ends with ``METHOD = Method(...)``: its params class (whose fields
+Each method's flow module (``flows.methods.<name>``) ends with ``METHOD = Method(...)``: its params class (whose fields
 carry their limits, :mod:`tasks.core.limits`), its index DAG and retriever, what it needs (NER, an embedder, an
 LLM), its own generation and update where it has them. Everything else that varies by method (the config check,
 the preflight checks, ``dagrag update``, the method lists of compare / scale / growth) reads that record.
@@ -46,7 +46,7 @@ class Method:
     runs_ner: Callable[[Any], bool] = never  # (Config) -> whether its index runs NER over the passages
     # (Config, command) -> why this command calls the LLM for the method's own reasons (``kg=llm``), [] for none
     llm_uses: Callable[[Any, str], list[str]] = no_llm_uses
-    check: Optional[Callable[[Any], None]] = None  # (Config) -> None, a ConfigError for a setting it cannot run
+    check: Optional[Callable[[Any], None]] = None  # (Config) -> None, a ValueError for a setting it cannot run
     # the method's own generation, when it is not "read the top passages" (ArchRAG's adaptive filtering):
     # (client, data refs, index refs, cfg, questions, traces, dry_run) -> (predictions | None, its own figures);
     # flows.commands.evaluate scores the predictions (tasks.eval.answer_metrics.score_predictions)
@@ -66,7 +66,7 @@ def always(conf: Any) -> bool:
 
 @functools.cache
 def load_method(name: str) -> Method:
-    """``flows.<name>`` imported, and its :class:`Method` record."""
+    """``flows.methods.<name>`` imported, and its :class:`Method` record."""
     module: Any = importlib.import_module(f"flows.methods.{name}")
     method = module.METHOD
     if method.name != name:

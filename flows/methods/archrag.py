@@ -7,7 +7,6 @@ an LLM, adaptive filtering-based generation over the retrieved items (eqs. 3–4
 """
 from __future__ import annotations
 
-from flows.runtime.config import ConfigError
 from flows.methods import Method
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
@@ -62,9 +61,9 @@ def llm_uses(conf, command: str) -> list[str]:
 
 
 def check(conf) -> None:
-    """``kg=llm`` cannot run without a chat model."""
+    """``kg=llm`` cannot run without a chat model (a ValueError, which the config check reports as its own)."""
     if conf.kg.builder == "llm" and conf.llm.provider == "none":
-        raise ConfigError("kg=llm extracts ArchRAG's knowledge graph with the chat model: add llm=local "
+        raise ValueError("kg=llm extracts ArchRAG's knowledge graph with the chat model: add llm=local "
                           "llm.base_url=... or llm=openai, or use kg=cooccur (LLM-free, not the paper's)")
 
 

@@ -428,5 +428,8 @@ def load_config(cfg: Mapping[str, Any]) -> Config:
     )
     method = METHODS[name]
     if method.check is not None:
-        method.check(conf)  # a setting this method cannot run with (ArchRAG's kg=llm without an LLM)
+        try:
+            method.check(conf)  # a setting this method cannot run with (ArchRAG's kg=llm without an LLM)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
     return conf

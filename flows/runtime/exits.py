@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from flows.runtime.config import ConfigError
-from flows.runtime.preflight import PreflightError
-from flows.serving.errors import IndexNotBuilt
+from flows.runtime.preflight import IndexNotBuilt, PreflightError
 from tasks.core.files import StoreError
 from tasks.core.ingest import IngestError
 from tasks.llm.params import LLMError

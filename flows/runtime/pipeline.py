@@ -7,10 +7,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from flows.runtime.config import Config
+from prefect import flow
+
 from flows.methods import METHODS
+from flows.runtime.config import Config, load_config
+from flows.runtime.observe import RUN_END_HOOKS, untagged_tasks
 from flows.runtime.output import print_last_line
 from flows.runtime.provenance import git_sha, job_overrides, run_id, versions
+from flows.runtime.tables import stage_counts, stage_split, stage_table
 from tasks.core.ingest import content_hash, dataset_label, ingest, raw_sources
 from tasks.core.memory import release_arrow_memory
 from tasks.core.progress import timed
@@ -118,3 +122,22 @@ def spacy_without_torch(ner: dict[str, Any]) -> bool:
     if ner.get("backend") != "spacy" or pipeline_needs_torch(str(ner.get("model", ""))):
         return False
     return skip_torch_in_thinc()
+
+
+@flow(name="index", **RUN_END_HOOKS)
+@untagged_tasks
+def index_flow(cfg: dict) -> dict[str, Any]:
+    """Ingest + the method's index stages."""
+    conf = load_config(cfg)
+    ctx, manifest = start_run(conf, "index")
+    try:
+        data, index, seconds = build_index(ctx, conf)
+    except LLMDryRun as stop:
+        return dry_run_stop(ctx, conf, stop)
+    split = stage_split(ctx.store, ctx.run_id)
+    print(stage_table(split), flush=True)
+    summary = {"method": conf.method.name, "dataset": ctx.dataset, "n_documents": data["documents"].rows,
+               "index_seconds": round(seconds, 3), **stage_counts(split),
+               "artifacts": {k: v.path for k, v in index.items()}, "run_id": ctx.run_id}
+    ctx.store.record_metrics(ctx.run_id, "index", conf.method.name, ctx.dataset, summary, manifest["overrides"])
+    return summary

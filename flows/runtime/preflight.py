@@ -48,6 +48,14 @@ class PreflightError(Exception):
     """The run cannot succeed as configured; the message says what is missing and how to fix it."""
 
 
+class IndexNotBuilt(LookupError):
+    """The index these settings name is not in the store; the message is the command that builds it."""
+
+
+class NoLLM(RuntimeError):
+    """``answer`` was asked of an index opened without an LLM."""
+
+
 def preflight(conf: Config, command: str) -> None:
     """Every check of this module for ``command`` (``evaluate``, ``index``, ``update``, ``benchmark``, ``query``)."""
     check_models(conf)

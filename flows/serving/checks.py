@@ -17,7 +17,7 @@ def preflight_serving(conf: Config, command: str) -> None:
 
 def check_serving(conf: Config, command: str, overrides: list[str]) -> None:
     """Before a query flow run: the questions file parses, and the index is built (unless ``query.build=true``):
-    a missing one is refused with the ``dagrag index …`` command that builds it (:class:`flows.serving.errors.IndexNotBuilt`)."""
+    a missing one is refused with the ``dagrag index …`` command that builds it (:class:`flows.runtime.preflight.IndexNotBuilt`)."""
     from flows.serving.index import resolve
 
     if command == "query" and conf.query.file:

@@ -28,7 +28,7 @@ import pandas as pd
 
 from flows.runtime.config import Config, load_config
 from flows.methods import METHODS
-from flows.serving.errors import IndexNotBuilt, NoLLM
+from flows.runtime.preflight import IndexNotBuilt, NoLLM
 from tasks.core.ingest import dataset_label, ingest
 from tasks.core.stage import RunContext, StageNotBuilt
 from tasks.core.files import CATALOG
@@ -398,7 +398,7 @@ def build_index(cfg: Mapping[str, Any]) -> None:
     """Build the index ``cfg`` names: the ``index`` flow, run as ``dagrag index`` runs it."""
     from flows.runtime.api_server import ensure_api
     from flows.runtime.config import with_runner
-    from flows.commands.index import index_flow
+    from flows.runtime.pipeline import index_flow
 
     ensure_api()
     with_runner(index_flow, cfg)(dict(cfg))

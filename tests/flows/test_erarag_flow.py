@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from flows.commands.evaluate import evaluate_flow
-from flows.commands.index import index_flow
+from flows.runtime.pipeline import index_flow
 from flows.commands.update import update_flow
 from tasks.core.sample import generate_sample
 from tasks.core.store import Store

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from flows.commands.index import index_flow
+from flows.runtime.pipeline import index_flow
 from flows.commands.loadtest import latest_rows
 from tasks.core.store import Store
 from tests.flows.conftest import make_config

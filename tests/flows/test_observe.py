@@ -77,7 +77,7 @@ def test_the_flow_run_carries_the_tags_and_its_task_runs_none(tmp_path):
     from prefect import flow, tags, task
     from prefect.context import get_run_context
 
-    from flows.commands.index import index_flow
+    from flows.runtime.pipeline import index_flow
 
     cfg = make_config(tmp_path, "method=bm25", "dataset=sample", "dataset.n_passages=40", "dataset.n_questions=6")
     want = {"method:bm25", "dataset:sample-40-s0"}
@@ -123,7 +123,7 @@ async def _runs_named(name):
 
 
 def test_a_failed_run_still_publishes_its_stage_table(tmp_path):
-    from flows.commands.index import index_flow
+    from flows.runtime.pipeline import index_flow
 
     bad = tmp_path / "broken.jsonl"
     bad.write_text('{"title": "a", "text": "fine"}\nnot json\n')

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from flows.commands.index import index_flow
+from flows.runtime.pipeline import index_flow
 from tasks.core.ingest import IngestError, read_user_questions
 from flows.serving.index import open_index
 from tests.flows.conftest import make_config

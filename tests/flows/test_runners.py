@@ -9,7 +9,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
 from flows.runtime.config import with_runner
-from flows.commands.index import index_flow
+from flows.runtime.pipeline import index_flow
 from tasks.core.stage import partition_plan
 from tasks.core.store import Store
 from tests.flows.conftest import make_config

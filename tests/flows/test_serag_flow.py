@@ -12,7 +12,7 @@ import flows.methods.serag as serag_flow
 import tasks.methods.serag.retriever as serag_retriever
 from flows.runtime.config import load_config
 from flows.commands.evaluate import evaluate_flow
-from flows.commands.index import index_flow
+from flows.runtime.pipeline import index_flow
 from flows.runtime.pipeline import start_run
 from flows.commands.update import update_flow
 from tasks.core.ingest import ingest

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows.commands.index import index_flow
+from flows.runtime.pipeline import index_flow
 from flows.serving.index import open_index
 from tasks.core.sample import generate_sample
 from tests.flows.conftest import make_config

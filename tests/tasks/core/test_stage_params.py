@@ -21,7 +21,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from flows.runtime.config import METHOD_NAMES, load_config
+from flows.methods import NAMES as METHOD_NAMES
+from flows.runtime.config import load_config
 from tasks.core.stage import STAGES, StageParams, stage_fingerprint
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -37,7 +38,7 @@ VARIANTS = [(m, "paper", ()) for m in METHOD_NAMES] + [(m, "beyond_paper", ()) f
 
 def _registered() -> dict[type, object]:
     for m in METHOD_NAMES:
-        importlib.import_module(f"flows.{m}")
+        importlib.import_module(f"flows.methods.{m}")
     importlib.import_module("flows.commands.evaluate")  # the evidence stage
     return dict(STAGES)
 
