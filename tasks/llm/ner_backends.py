@@ -8,11 +8,11 @@ from pathlib import Path
 import pandas as pd
 
 from tasks.core.code_identity import code_version
-from tasks.core.stage import RunContext, StageParams, from_config, stage, wired
+from tasks.core.stage import RunContext, stage, wired
 from tasks.core.store import ArtifactRef
 from tasks.llm import ner as llm_ner
 from tasks.llm.client import LLMClient, ledger_rows, make_client
-from tasks.llm.params import LLMDryRun, LLMParams, llm_identity
+from tasks.llm.params import LLMDryRun, LLMParams, LLMReplyParams, llm_identity
 from tasks.text.ner import (
     NERParams,
     SpacyNERParams,
@@ -64,7 +64,7 @@ class QueryRecogniser:
 
 
 @dataclass(frozen=True)
-class LLMNERParams(StageParams):
+class LLMNERParams(LLMReplyParams):
     """The NER stage with the chat model (``ner.backend=llm``): which mentions are kept, the empty-reply limit,
     and what in the ``llm`` group changes a reply (:func:`llm_identity`: never the endpoint or key)."""
 
@@ -72,10 +72,6 @@ class LLMNERParams(StageParams):
     keep_numeric: bool
     min_chars: int
     max_empty_fraction: float
-    model: str = from_config("llm.model")
-    temperature: float = from_config("llm.temperature")
-    seed: int = from_config("llm.seed")
-    json_mode: bool = from_config("llm.json_mode")
     id_col: str = wired()
 
 

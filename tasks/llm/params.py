@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 from tasks.core.limits import COUNT, COUNT0, POSITIVE, one_of, within
+from tasks.core.stage import StageParams, from_config
 
 Message = dict[str, Any]
 Messages = list[Message]
@@ -86,9 +87,20 @@ class LLMParams:
             raise LLMConfigError("llm.concurrency >= 1, llm.max_retries >= 0 and llm.timeout_s > 0 required")
 
 
-def llm_identity(llm: LLMParams) -> dict:
+def llm_identity(llm: LLMParams | LLMReplyParams) -> dict:
     """What in the ``llm`` group changes an extraction: model and sampling, never the endpoint or key."""
     return {"model": llm.model, "temperature": llm.temperature, "seed": llm.seed, "json_mode": llm.json_mode}
+
+
+@dataclass(frozen=True)
+class LLMReplyParams(StageParams):
+    """The ``llm`` settings that change a reply (:func:`llm_identity`; never the endpoint, key, concurrency or
+    timeouts): the params of a stage that asks the chat model inherit them."""
+
+    model: str = from_config("llm.model")
+    temperature: float = from_config("llm.temperature")
+    seed: int = from_config("llm.seed")
+    json_mode: bool = from_config("llm.json_mode")
 
 
 @dataclass(frozen=True)

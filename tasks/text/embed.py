@@ -20,7 +20,17 @@ from tasks.core.code_identity import code_version
 from tasks.core.progress import progress_bar
 from tasks.core.hashing import short_hash
 from tasks.core.row_cache import text_key
-from tasks.core.stage import RunContext, StageParams, input_fps, run_row_stage, run_setting, run_stage, stage, wired
+from tasks.core.stage import (
+    RunContext,
+    StageParams,
+    from_config,
+    input_fps,
+    run_row_stage,
+    run_setting,
+    run_stage,
+    stage,
+    wired,
+)
 from tasks.core.store import ArtifactRef, Store
 from tasks.core.vectors import arrow_to_embeddings, embeddings_to_arrow
 from tasks.text.encoder import PACKAGED_MODEL, load_encoder
@@ -292,6 +302,27 @@ def stored_encoder(model: str, max_seq_length: int, doc_runtime: str, precision:
     return EmbedderParams(model=model, batch_size=batch_size, max_seq_length=max_seq_length, device=device,
                           doc_runtime=doc_runtime, query_runtime=doc_runtime if device != "cpu" else "onnxruntime",
                           precision=precision, int8_keep_fp32=tuple(int8_keep_fp32), bf16_min_tokens=bf16_min_tokens)
+
+
+@dataclass(frozen=True)
+class StoredEncoderParams(StageParams):
+    """The encoder settings of a stage that embeds texts of its own (summaries, community attributes) and stores
+    the vectors beside its output, read from ``embedder`` whatever the stage's own sources: its params inherit
+    these. Batch size and device decide how it runs, not the vectors."""
+
+    embedder_model: str = from_config("embedder.model")
+    max_seq_length: int = from_config("embedder.max_seq_length")
+    doc_runtime: str = from_config("embedder.doc_runtime")
+    precision: str = from_config("embedder.precision")
+    int8_keep_fp32: tuple[str, ...] = from_config("embedder.int8_keep_fp32")
+    bf16_min_tokens: int = from_config("embedder.bf16_min_tokens")
+    embed_batch_size: int = run_setting(key="embedder.batch_size")
+    device: str = run_setting(key="embedder.device")
+
+    def encoder(self) -> EmbedderParams:
+        """The encoder these settings describe (:func:`stored_encoder`)."""
+        return stored_encoder(self.embedder_model, self.max_seq_length, self.doc_runtime, self.precision,
+                              self.int8_keep_fp32, self.bf16_min_tokens, self.embed_batch_size, self.device)
 
 
 @stage("embed", params=EmbedParams)

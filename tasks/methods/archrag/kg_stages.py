@@ -21,12 +21,12 @@ import pyarrow as pa
 
 from tasks.core.code_identity import code_version
 from tasks.core.row_cache import text_key
-from tasks.core.stage import RunContext, StageParams, from_config, input_fps, run_row_stage, run_stage, stage
+from tasks.core.stage import RunContext, StageParams, input_fps, run_row_stage, run_stage, stage
 from tasks.core.store import ArtifactRef, Store
 from tasks.methods.archrag import kg
 from tasks.text.entities import chunk_mentions
 from tasks.core.limits import COUNT, PROB, one_of
-from tasks.llm.params import llm_identity
+from tasks.llm.params import LLMReplyParams, llm_identity
 from tasks.methods.archrag.kg import BUILDERS
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class CooccurKGParams(StageParams):
 
 
 @dataclass(frozen=True)
-class LLMKGParams(StageParams):
+class LLMKGParams(LLMReplyParams):
     """``archrag_kg_llm``: the completion budgets, the empty-reply limit, and what in the ``llm`` group changes a
     reply (never the endpoint or key)."""
 
@@ -97,24 +97,16 @@ class LLMKGParams(StageParams):
     extract_max_tokens: int
     describe_max_tokens: int
     max_empty_fraction: float
-    model: str = from_config("llm.model")
-    temperature: float = from_config("llm.temperature")
-    seed: int = from_config("llm.seed")
-    json_mode: bool = from_config("llm.json_mode")
 
 
 @dataclass(frozen=True)
-class ExtractParams(StageParams):
+class ExtractParams(LLMReplyParams):
     """``archrag_extract``, the per-chunk extraction inside ``archrag_kg_llm`` (:meth:`of_kg` from its params)."""
 
     SOURCES = ("kg",)
     builder: str
     extract_max_tokens: int
     max_empty_fraction: float
-    model: str = from_config("llm.model")
-    temperature: float = from_config("llm.temperature")
-    seed: int = from_config("llm.seed")
-    json_mode: bool = from_config("llm.json_mode")
 
     @classmethod
     def of_kg(cls, params: LLMKGParams) -> "ExtractParams":

@@ -20,24 +20,18 @@ import scipy.sparse as sp
 
 from tasks.core.code_identity import code_version
 from tasks.core.hashing import short_hash
-from tasks.core.stage import RunContext, StageParams, from_config, input_fps, run_setting, run_stage, stage
+from tasks.core.stage import RunContext, StageParams, from_config, input_fps, run_stage, stage
 from tasks.core.store import ArtifactRef, Store
 from tasks.core.vectors import arrow_to_embeddings
 from tasks.graph.sparse import group_positions
 from tasks.llm.client import ledger_rows
 from tasks.llm.ledger import estimate_text_tokens
-from tasks.llm.params import LLMDryRun, LLMParams, Messages
+from tasks.llm.params import LLMDryRun, LLMParams, LLMReplyParams, Messages, llm_identity
 from tasks.llm.summarize import summariser_kind
 from tasks.methods.archrag import algorithm as alg
 from tasks.methods.archrag.chnsw import CHNSW, CHNSWParams
 from tasks.text.chunk import CHUNK_UNITS, ChunkParams
-from tasks.text.embed import (
-    EmbedderParams,
-    cached_encode,
-    embeddings_to_arrow,
-    load_embeddings,
-    stored_encoder,
-)
+from tasks.text.embed import StoredEncoderParams, cached_encode, embeddings_to_arrow, load_embeddings
 from tasks.core.limits import COUNT, COUNT0, POSITIVE, PROB, one_of
 from tasks.graph.knn import SEARCHES
 from tasks.methods.archrag.algorithm import CLUSTERINGS, EDGE_WEIGHTS
@@ -232,7 +226,7 @@ class Summaries:
             self.client = make_client(llm, Path(ctx.artifacts_dir) / "llm_cache.duckdb")
         identity: dict[str, Any] = {"kind": kind, "code": code_version(report_messages, report_text)}
         if kind == "llm":
-            identity.update(llm=params.llm(), max_tokens=params.report_max_tokens)
+            identity.update(llm=llm_identity(params), max_tokens=params.report_max_tokens)
         else:
             identity.update(tokens=params.summary_tokens)
         self.cache = ctx.store.row_cache("archrag_summary", short_hash(identity), "key")
@@ -394,9 +388,10 @@ class CommunityInputs:
 
 
 @dataclass(frozen=True)
-class HierarchyParams(StageParams):
+class HierarchyParams(StoredEncoderParams):
     """Algorithm 1 (:class:`tasks.methods.archrag.algorithm.ClusterParams`), what a summary is made from (line 7)
-    and the encoder of the community attributes; its two variants add their summariser's settings."""
+    and the encoder of the community attributes (the entities' own); its two variants add their summariser's
+    settings."""
 
     SOURCES = ("method",)
     augment: bool
@@ -416,23 +411,10 @@ class HierarchyParams(StageParams):
     ivf_nprobe: int
     report_input_tokens: int
     summary_tokens: int  # the extractive summary (with an LLM: of a report that stays invalid)
-    embedder_model: str = from_config("embedder.model")
-    max_seq_length: int = from_config("embedder.max_seq_length")
-    doc_runtime: str = from_config("embedder.doc_runtime")
-    precision: str = from_config("embedder.precision")
-    int8_keep_fp32: tuple[str, ...] = from_config("embedder.int8_keep_fp32")
-    bf16_min_tokens: int = from_config("embedder.bf16_min_tokens")
-    embed_batch_size: int = run_setting(key="embedder.batch_size")
-    device: str = run_setting(key="embedder.device")
 
     def clustering_params(self) -> alg.ClusterParams:
         """The knobs :func:`tasks.methods.archrag.algorithm.hierarchical_clustering` takes."""
         return alg.ClusterParams(**{f.name: getattr(self, f.name) for f in fields(alg.ClusterParams)})
-
-    def encoder(self) -> EmbedderParams:
-        """The encoder of the community attributes (the entities' own)."""
-        return stored_encoder(self.embedder_model, self.max_seq_length, self.doc_runtime, self.precision,
-                              self.int8_keep_fp32, self.bf16_min_tokens, self.embed_batch_size, self.device)
 
 
 @dataclass(frozen=True)
@@ -443,21 +425,12 @@ class ExtractiveHierarchyParams(HierarchyParams):
 
 
 @dataclass(frozen=True)
-class LLMHierarchyParams(HierarchyParams):
+class LLMHierarchyParams(HierarchyParams, LLMReplyParams):
     """``archrag_hierarchy`` with the LLM's community reports: their budget, and what in the ``llm`` group changes
     a report (never the endpoint or key)."""
 
     kind: ClassVar[str] = "llm"
     report_max_tokens: int = from_config("report_max_tokens")
-    llm_model: str = from_config("llm.model")
-    llm_temperature: float = from_config("llm.temperature")
-    llm_seed: int = from_config("llm.seed")
-    llm_json_mode: bool = from_config("llm.json_mode")
-
-    def llm(self) -> dict[str, Any]:
-        """The model and sampling a report was made with (as :func:`tasks.text.ner.llm_identity` writes them)."""
-        return {"model": self.llm_model, "temperature": self.llm_temperature, "seed": self.llm_seed,
-                "json_mode": self.llm_json_mode}
 
 
 def hierarchy_params(cfg: Any) -> ExtractiveHierarchyParams | LLMHierarchyParams:

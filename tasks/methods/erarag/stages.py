@@ -43,7 +43,7 @@ from tasks.llm.params import LLMDryRun, LLMParams
 from tasks.llm.summarize import Summarise, dry_run_summariser, make_summariser, summariser_kind
 from tasks.methods.erarag import algorithm as erarag
 from tasks.core.limits import COUNT, COUNT0, one_of
-from tasks.text.embed import EmbedderParams, cached_encode, load_embeddings, stored_encoder
+from tasks.text.embed import EmbedderParams, StoredEncoderParams, cached_encode, load_embeddings
 
 log = logging.getLogger("dagrag.erarag")
 
@@ -195,7 +195,7 @@ def load_hierarchy(path: ArtifactRef | str) -> tuple[erarag.Hierarchy, pd.Series
 
 
 @dataclass(frozen=True)
-class HierarchyParams(StageParams):
+class HierarchyParams(StoredEncoderParams):
     """The EraRAG graph (Alg. 1, Alg. 3): its structure, the summariser and the encoder of its summaries, and what
     a stored graph must share to be the base of an update (the leaves' chunking and how they were rendered)."""
 
@@ -211,17 +211,9 @@ class HierarchyParams(StageParams):
     window_tokens: int
     overlap_tokens: int
     doc_template: str = from_config("embedder.doc_template")
-    embedder_model: str = from_config("embedder.model")
-    max_seq_length: int = from_config("embedder.max_seq_length")
-    doc_runtime: str = from_config("embedder.doc_runtime")
-    precision: str = from_config("embedder.precision")
-    int8_keep_fp32: tuple[str, ...] = from_config("embedder.int8_keep_fp32")
-    bf16_min_tokens: int = from_config("embedder.bf16_min_tokens")
     # local (Alg. 3) keeps a base's segments, and the result names its base among its inputs; a build is the same
     # either way: it decides how an update runs, which the inputs already tell
     update_segmenting: str = run_setting()
-    embed_batch_size: int = run_setting(key="embedder.batch_size")
-    device: str = run_setting(key="embedder.device")
 
     def structure(self) -> erarag.EraRAGParams:
         """The settings :mod:`tasks.methods.erarag.algorithm` builds and updates with."""
@@ -229,11 +221,6 @@ class HierarchyParams(StageParams):
                                    segment_avg=self.segment_avg, segment_max=self.segment_max,
                                    max_layers=self.max_layers, stop_nodes=self.stop_nodes,
                                    summary_tokens=self.summary_tokens, update_segmenting=self.update_segmenting)
-
-    def encoder(self) -> EmbedderParams:
-        """The encoder of summaries and sentences (the leaves' own)."""
-        return stored_encoder(self.embedder_model, self.max_seq_length, self.doc_runtime, self.precision,
-                              self.int8_keep_fp32, self.bf16_min_tokens, self.embed_batch_size, self.device)
 
 
 @dataclass(frozen=True)
