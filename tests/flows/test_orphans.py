@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from flows.runtime.api_server import tied_popen
+from tests.flows.interrupts import ctrl_c_reaches_children
 
 REPO = Path(__file__).resolve().parents[2]
 GRACE_S = 15.0          # how long a killed process's descendants may take to go (they go in milliseconds)
@@ -405,7 +406,7 @@ def test_ctrl_c_ends_a_running_command_at_once_with_one_line(tmp_path):
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
     argv = [sys.executable, "-m", "flows.cli", "evaluate", "method=dense", "dataset.n_passages=4000",
             "dataset.n_questions=10", f"artifacts_dir={tmp_path / 'artifacts'}"]
-    with open(log_path, "w") as log:
+    with open(log_path, "w") as log, ctrl_c_reaches_children():
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     me, seen = psutil.Process(proc.pid), {}
     deadline = time.monotonic() + START_LIMIT_S

@@ -21,6 +21,7 @@ from flows.runtime.api_server import api_request, tied_popen
 from flows.commands.schedule import ConfigError, ScheduleEntry, load_schedule
 from tasks.core.sample import generate_sample
 from tasks.core.store import Store
+from tests.flows.interrupts import ctrl_c_reaches_children
 
 REPO = Path(__file__).resolve().parents[2]
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
@@ -44,9 +45,11 @@ def free_port() -> int:
 
 
 def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    """A child in its own process group (so stopping it stops its children), killed if this test process dies."""
-    return tied_popen(argv, env=env, cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                      start_new_session=True)
+    """A child in its own process group (so stopping it stops its children), killed if this test process dies, that
+    SIGINT stops as Ctrl-C would."""
+    with ctrl_c_reaches_children():
+        return tied_popen(argv, env=env, cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                          start_new_session=True)
 
 
 def stop(proc: subprocess.Popen) -> None:
