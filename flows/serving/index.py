@@ -313,13 +313,12 @@ class Index:
         if own is not None:
             predictions, contexts = self._own_answers(own, client, ranked)
         else:
-            from tasks.llm.generate import build_reader_messages, extract_answer
+            from tasks.llm.generate import extract_answer, read
 
             contexts = reader_contexts(ranked, self.conf.eval.context_passages)
-            msgs = [build_reader_messages(r.question, c, self.conf.eval.max_context_tokens)
-                    for r, c in zip(ranked, contexts)]
-            replies = client.chat_many(msgs, stage="answer")
-            predictions = [(extract_answer(x.text), x.text or "") for x in replies]
+            replies = read(client, [r.question for r in ranked], contexts, self.conf.eval.max_context_tokens,
+                           stage="answer")
+            predictions = [(extract_answer(x), x or "") for x in replies]
         return [Answer(r.question, a, raw, c, r) for r, (a, raw), c in zip(ranked, predictions, contexts)]
 
     def _own_answers(self, own: Any, client: Any, ranked: list[Ranked]) -> tuple[list[tuple[str, str]], list[list[str]]]:

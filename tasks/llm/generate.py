@@ -115,8 +115,15 @@ def generate(client: "LLMClient", questions: "pd.DataFrame", contexts: dict[str,
     and the reader's whole reply (scored by :func:`tasks.eval.answer_metrics.score_predictions`)."""
     import pandas as pd
 
-    msgs = [build_reader_messages(q, contexts.get(qid, []), max_context_tokens)
-            for qid, q in zip(questions["qid"], questions["question"])]
-    results = client.chat_many(msgs, stage="generate")
-    preds = [extract_answer(r.text) for r in results]
-    return pd.DataFrame({"qid": questions["qid"], "prediction": preds, "raw": [r.text for r in results]})
+    replies = read(client, questions["question"].tolist(), [contexts.get(qid, []) for qid in questions["qid"]],
+                   max_context_tokens, stage="generate")
+    return pd.DataFrame({"qid": questions["qid"], "prediction": [extract_answer(r) for r in replies],
+                         "raw": replies})
+
+
+def read(client: "LLMClient", questions: Sequence[str], contexts: Sequence[Sequence[str]], max_context_tokens: int,
+         stage: str) -> list[str | None]:
+    """The shared reader's reply to each question from its context (one batch of chat calls, logged as ``stage``);
+    :func:`extract_answer` takes the answer out of a reply."""
+    msgs = [build_reader_messages(q, c, max_context_tokens) for q, c in zip(questions, contexts)]
+    return [r.text for r in client.chat_many(msgs, stage=stage)]
