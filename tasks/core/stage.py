@@ -253,6 +253,18 @@ def stage_fingerprint(params: StageParams, inputs: Mapping[str, str]) -> str:
     return fingerprint(spec.name, spec.code(), params.identity(), inputs)
 
 
+def stored_versions(store: Store, params: StageParams, output: str, dataset: str
+                    ) -> Iterator[tuple[str, str, dict[str, str]]]:
+    """``(fp, path, inputs)`` of every stored ``output`` of this stage on ``dataset`` with these params that this
+    code made (its fingerprint is the one this code gives those inputs), in the catalog's order: the versions an
+    update may start from."""
+    spec = stage_of(params)
+    code, identity = spec.code(), params.identity()
+    for fp, path, inputs in store.versions(spec.name, output, dataset, identity):
+        if fingerprint(spec.name, code, identity, inputs) == fp:
+            yield fp, path, inputs
+
+
 def run_stage(ctx: RunContext, params: StageParams, inputs: Mapping[str, str],
               compute: Callable[[], tuple[Mapping[str, Output], int]], ext: Mapping[str, str] | None = None,
               ) -> dict[str, ArtifactRef]:
@@ -271,7 +283,7 @@ def run_row_stage(ctx: RunContext, params: StageParams, row_params: Any, inputs:
 
 
 def params_dict(params: Any) -> Any:
-    """A config slice as plain JSON data (dataclasses become dicts)."""
+    """Stage params as plain JSON data (dataclasses become dicts)."""
     return dataclasses.asdict(params) if dataclasses.is_dataclass(params) else params
 
 

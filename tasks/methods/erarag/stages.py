@@ -34,13 +34,21 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks.core.hashing import fingerprint
-from tasks.core.stage import RunContext, StageParams, from_config, input_fps, run_setting, run_stage, stage, stage_of
+from tasks.core.stage import (
+    RunContext,
+    StageParams,
+    from_config,
+    input_fps,
+    run_setting,
+    run_stage,
+    stage,
+    stored_versions,
+)
 from tasks.core.store import ArtifactRef, Store
 from tasks.core.vectors import arrow_to_embeddings, embedding_width, embeddings_to_arrow
 from tasks.llm.client import make_client
 from tasks.llm.params import LLMDryRun, LLMParams
-from tasks.llm.summarize import Summarise, dry_run_summariser, make_summariser, summariser_kind
+from tasks.llm.summarize import Summarise, dry_run_summariser, make_summariser, summariser_params
 from tasks.methods.erarag import algorithm as erarag
 from tasks.core.limits import COUNT, COUNT0, one_of
 from tasks.text.embed import EmbedderParams, StoredEncoderParams, cached_encode, load_embeddings
@@ -245,9 +253,8 @@ class LLMHierarchyParams(HierarchyParams):
 
 
 def hierarchy_params(cfg: Any) -> ExtractiveHierarchyParams | LLMHierarchyParams:
-    """The hierarchy stage's params of the summariser ``method.summariser`` resolves to (:func:`summariser_kind`)."""
-    kind = summariser_kind(cfg.method.summariser, cfg.llm.provider)
-    return (LLMHierarchyParams if kind == "llm" else ExtractiveHierarchyParams).of(cfg)
+    """The hierarchy stage's params of the summariser ``method.summariser`` resolves to."""
+    return summariser_params(cfg, ExtractiveHierarchyParams, LLMHierarchyParams)
 
 
 @dataclass(frozen=True)
@@ -267,10 +274,9 @@ def find_base(store: Store, dataset: str, params: "ExtractiveHierarchyParams | L
     corpus's hierarchy only with ``reuse_updates`` (``update_segmenting=local``), since under ``rebuild``
     a hierarchy must equal a build."""
     same, base = None, None
-    code = stage_of(params).code()
-    for fp, path, inp in store.versions(HIERARCHY, "nodes", dataset, params.identity()):
-        if inp.get("planes") != planes_fp or fingerprint(HIERARCHY, code, params.identity(), inp) != fp:
-            continue  # other hyperplanes, or another version of the code
+    for fp, path, inp in stored_versions(store, params, "nodes", dataset):
+        if inp.get("planes") != planes_fp:
+            continue  # other hyperplanes
         if {k: v for k, v in inp.items() if k != "base"} == inputs and (reuse_updates or "base" not in inp):
             same = same or inp
         else:

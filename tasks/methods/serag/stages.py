@@ -13,8 +13,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from tasks.core.hashing import fingerprint
-from tasks.core.stage import RunContext, StageParams, input_fps, run_stage, stage, stage_of
+from tasks.core.stage import RunContext, StageParams, input_fps, run_stage, stage, stored_versions
 from tasks.core.store import ArtifactRef, Store
 from tasks.graph.encoding_tree import MERGE_ENGINES, encoding_tree
 from tasks.graph.sparse import coo_matrix, to_coo
@@ -183,10 +182,7 @@ def find_base(store: Store, dataset: str, params: SeRAGGraphParams, inputs: dict
     A stored graph of the same inputs (a full build, or an earlier update of this corpus) is reused as
     it is; otherwise the newest one is the base."""
     base = None
-    code = stage_of(params).code()
-    for fp, _, inp in store.versions(GRAPH, "W_layers", dataset, params.identity()):
-        if fingerprint(GRAPH, code, params.identity(), inp) != fp:
-            continue  # another version of the code
+    for fp, _, inp in stored_versions(store, params, "W_layers", dataset):
         refs = store.lookup(GRAPH, fp)
         if refs is None:
             continue
