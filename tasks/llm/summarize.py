@@ -18,7 +18,7 @@ children, usually through ``tasks.text.embed.cached_encode``). No I/O here beyon
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -67,6 +67,13 @@ def summariser_kind(summariser: str, llm_provider: str) -> str:
     if summariser == "auto":
         return "llm" if llm_provider != "none" else "extractive"
     return summariser
+
+
+def summariser_params(cfg: Any, *variants: type) -> Any:
+    """The params of the stage variant whose ``kind`` (``extractive`` or ``llm``) ``method.summariser`` resolves to
+    (:func:`summariser_kind`), projected from the config ``cfg``."""
+    kind = summariser_kind(cfg.method.summariser, cfg.llm.provider)
+    return next(v for v in variants if v.kind == kind).of(cfg)
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ from tasks.graph.sparse import group_positions
 from tasks.llm.client import ledger_rows
 from tasks.llm.ledger import estimate_text_tokens
 from tasks.llm.params import LLMDryRun, LLMParams, LLMReplyParams, Messages, llm_identity
-from tasks.llm.summarize import summariser_kind
+from tasks.llm.summarize import summariser_params
 from tasks.methods.archrag import algorithm as alg
 from tasks.methods.archrag.chnsw import CHNSW, CHNSWParams
 from tasks.text.chunk import CHUNK_UNITS, ChunkParams
@@ -434,9 +434,8 @@ class LLMHierarchyParams(HierarchyParams, LLMReplyParams):
 
 
 def hierarchy_params(cfg: Any) -> ExtractiveHierarchyParams | LLMHierarchyParams:
-    """The hierarchy stage's params of the summariser ``method.summariser`` resolves to (:func:`summariser_kind`)."""
-    kind = summariser_kind(cfg.method.summariser, cfg.llm.provider)
-    return (LLMHierarchyParams if kind == "llm" else ExtractiveHierarchyParams).of(cfg)
+    """The hierarchy stage's params of the summariser ``method.summariser`` resolves to."""
+    return summariser_params(cfg, ExtractiveHierarchyParams, LLMHierarchyParams)
 
 
 def hierarchy_tables(h: alg.Hierarchy, inputs: CommunityInputs) -> dict[str, Any]:
