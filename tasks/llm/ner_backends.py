@@ -26,8 +26,11 @@ from tasks.text.ner import (
 
 def ner_client(params: NERParams, llm: LLMParams | None, artifacts_dir: str) -> LLMClient | None:
     """The LLM client ``backend=llm`` needs (None for spaCy); a clear error when no LLM is configured."""
-    if params.backend != "llm":
-        return None
+    return llm_ner_client(llm, artifacts_dir) if params.backend == "llm" else None
+
+
+def llm_ner_client(llm: LLMParams | None, artifacts_dir: str) -> LLMClient:
+    """The client ``ner=llm`` extracts with; a clear error when no LLM is configured."""
     if llm is None or llm.provider == "none":
         raise ValueError("ner=llm extracts entities with the chat model: configure one with llm=local "
                          "(llm.base_url=...) or llm=openai, or use ner=spacy")
@@ -89,10 +92,7 @@ def llm_ner_stage(ctx: RunContext, params: LLMNERParams, table: ArtifactRef, llm
                   ) -> dict[str, ArtifactRef]:
     """Stage: the mentions of :func:`spacy_ner_stage`, extracted by the chat model ``llm`` (a service: its
     reply-changing settings are in ``params``). Row-incremental likewise; the calls go to the run's ledger."""
-    if llm is None or llm.provider == "none":
-        raise ValueError("ner=llm extracts entities with the chat model: configure one with llm=local "
-                         "(llm.base_url=...) or llm=openai, or use ner=spacy")
-    client = make_client(llm, Path(ctx.artifacts_dir) / "llm_cache.duckdb")
+    client = llm_ner_client(llm, ctx.artifacts_dir)
 
     def spans_of(texts: list[str]) -> pd.DataFrame:
         if ctx.llm_dry_run:
