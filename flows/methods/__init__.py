@@ -26,6 +26,11 @@ def never(conf: Any) -> bool:
     return False
 
 
+def always(conf: Any) -> bool:
+    """A need the method always has (its index runs NER, say)."""
+    return True
+
+
 def no_llm_uses(conf: Any, command: str) -> list[str]:
     """A method that calls the LLM for none of its own reasons (the shared ones: NER, summaries, answers)."""
     return []
@@ -57,11 +62,6 @@ class Method:
     update: Optional[Callable] = None  # its own update DAG (EraRAG's Alg. 3), else ``dagrag update`` reruns index
     # (store, run_id, dataset, index refs) -> what its update did, for the update's summary line and catalog row
     update_summary: Optional[Callable] = None
-
-
-def always(conf: Any) -> bool:
-    """A need the method always has (its index runs NER, say)."""
-    return True
 
 
 @functools.cache

@@ -28,5 +28,5 @@ def short_hash(payload: Any, n: int = 16) -> str:
 
 
 def fingerprint(stage: str, code: str, params: Any, inputs: Mapping[str, str]) -> str:
-    """A stage's identity: hash(stage, code version, config slice, input fingerprints)."""
+    """A stage's identity: hash(stage, code version, params as plain data, input fingerprints)."""
     return short_hash({"stage": stage, "code": code, "params": params, "inputs": dict(sorted(inputs.items()))})

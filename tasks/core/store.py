@@ -8,8 +8,9 @@ Layout under ``artifacts_dir``::
     _rows/<stage>/<param_fp>/part-*.parquet     row caches of per-row stages (chunk, ner, embed)
     _quarantine/<when>/<relative path>          damaged files, moved aside (never deleted) by a run or the doctor
 
-A stage's fingerprint is a content hash of (stage name, the source of the modules
-holding it and the pure functions it calls, its config slice, its input fingerprints).
+A stage's fingerprint is a content hash of (stage name, its code identity
+(:mod:`tasks.core.code_identity`), its params (:meth:`tasks.core.stage.StageParams.identity`), its input
+fingerprints).
 Outputs are written to a temp file and renamed into place; the catalog row is written
 last, so a run killed at any point leaves nothing that a later run trusts. The catalog
 is opened only for short, file-locked transactions (:mod:`tasks.core.catalog`), so two processes

@@ -119,10 +119,11 @@ def append_passages(doc_idx: np.ndarray, scores: np.ndarray, extra: np.ndarray, 
     out, out_s = np.full((doc_idx.shape[0], k), -1, np.int64), np.full((doc_idx.shape[0], k), -np.inf)
     for i in range(doc_idx.shape[0]):
         own = [int(d) for d in doc_idx[i] if d >= 0]
-        added = [int(d) for d in extra[i] if d >= 0 and d not in set(own)][:max(k - len(own), 0)]
+        seen = set(own)
+        added = [int(d) for d in extra[i] if d >= 0 and d not in seen][:max(k - len(own), 0)]
         row = own + added
         out[i, :len(row)] = row
-        floor = min([s for s in scores[i][:len(own)]], default=0.0)
+        floor = min(scores[i][:len(own)], default=0.0)
         out_s[i, :len(row)] = list(scores[i][:len(own)]) + [floor - 1 - j for j in range(len(added))]
     return out, out_s
 

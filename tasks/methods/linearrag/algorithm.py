@@ -91,7 +91,7 @@ class LinearRAGParams:
     # blocks of queries walked at once; each block stops on its own queries (config 0: one per CPU)
     ppr_threads: int = field(default=1, metadata=COUNT0)
     # alternating (block Gauss-Seidel over passages and entities) | power: same fixed point
-    ppr_sweeps: str = field(default="alternating", metadata=one_of(('power', 'alternating')))
+    ppr_sweeps: str = field(default="alternating", metadata=one_of(SWEEPS))
     # beyond the paper, each at its paper value: the title walk and the passage reset
     # omega: extra weight of the edge from a title's entity to the passage it titles
     title_edge_weight: float = field(default=0.0, metadata=COUNT0)

@@ -50,7 +50,7 @@ class LinearParams(lr.LinearRAGParams, LinkingParams):
                          self.relation_gate_temperature, self.ppr_sweeps == "alternating", "method.ppr_sweeps=alternating")
 
     def retrieval(self) -> lr.LinearRAGParams:
-        """The slice :mod:`tasks.methods.linearrag.algorithm` takes."""
+        """The settings :mod:`tasks.methods.linearrag.algorithm` takes."""
         names = {f.name for f in fields(lr.LinearRAGParams)}
         algo = lr.LinearRAGParams(**{f.name: getattr(self, f.name) for f in fields(self) if f.name in names})
         return replace(algo, ppr_threads=algo.ppr_threads or cpu_threads())  # 0: one block of queries per CPU

@@ -43,7 +43,7 @@ class ZoomRAGParams(zoom.ZoomParams, LinkingParams):
                          self.relation_gate_temperature, not self.coupled, "the decoupled walk (method.coupled=false)")
 
     def walk(self) -> zoom.ZoomParams:
-        """The slice :mod:`tasks.methods.zoomrag.algorithm` takes."""
+        """The settings :mod:`tasks.methods.zoomrag.algorithm` takes."""
         fields = zoom.ZoomParams.__dataclass_fields__
         walk = zoom.ZoomParams(**{k: v for k, v in asdict(self).items() if k in fields})
         return replace(walk, walk_threads=walk.walk_threads or cpu_threads())  # 0: one batch of queries per CPU
