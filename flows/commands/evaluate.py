@@ -33,6 +33,8 @@ from tasks.eval.answer_metrics import score_predictions
 from tasks.eval.evidence import score_evidence
 from tasks.eval.metrics import dev_split, latency_summary, recall_at_k, recall_by_title_mention, recall_by_type
 from tasks.eval.retrieve import retrieve_all
+from tasks.eval.spans import (document_recall, gold_documents, passage_lineage, result_size, span_hit_at_k,
+                              span_in_context, span_rows)
 from tasks.llm.client import make_client
 from tasks.llm.generate import build_reader_messages, contexts_for, generate
 from tasks.llm.ner import QUERY_NER_STAGE
@@ -85,6 +87,25 @@ def answers_in_context(conf: Config, data: dict[str, ArtifactRef], hits: pd.Data
     return answer_in_context(contexts, answers, list(conf.eval.answer_budgets))
 
 
+def passage_measures(conf: Config, data: dict[str, ArtifactRef], hits: pd.DataFrame, gold: pd.DataFrame,
+                     qids: list[str]) -> dict[str, Any]:
+    """What a result is, on documents cut into passages (:mod:`tasks.eval.spans`): ``doc_recall@k`` and
+    ``result_chars@n`` / ``result_tokens@n`` (n = ``eval.context_passages``) on every dataset; ``span_hit@k`` and
+    ``span_in_context@B`` (the ``eval.answer_budgets``) where the questions hold answer spans (a long-document
+    set: ``python -m tasks.data.longdocs``)."""
+    docs = Store.read(data["documents"])
+    lineage = passage_lineage(docs)
+    gold_docs = gold_documents(gold, lineage)
+    out: dict[str, Any] = {**document_recall(hits, lineage, gold_docs, list(conf.eval.ks), qids),
+                           **result_size(hits, lineage, conf.eval.context_passages, qids)}
+    spans = span_rows(Store.read(data["questions"]), gold_docs, qids)
+    if len(spans):
+        out["span_n"] = int(spans["qid"].nunique())
+        out.update(span_hit_at_k(hits, lineage, spans, list(conf.eval.ks)))
+        out.update(span_in_context(hits, lineage, spans, list(conf.eval.answer_budgets)))
+    return out
+
+
 @flow(name="evaluate", **RUN_END_HOOKS)
 @untagged_tasks
 def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
@@ -126,6 +147,7 @@ def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
     score_evidence_of = evidence_scorer(ctx, conf, data, sentences, run_dir)
     metrics.update(score_evidence_of(hits))
     metrics.update(answers_in_context(conf, data, hits, run_dir, result["qids"]))
+    metrics.update(passage_measures(conf, data, hits, gold, result["qids"]))
     metrics.update(split_metrics(conf, hits, gold, result["qids"], score_evidence_of))
     metrics.update(sweep_info())
     metrics.update(answer(ctx, conf, data, index, hits, run_dir))
@@ -246,6 +268,7 @@ def report(metrics: dict[str, Any], split: pd.DataFrame) -> None:
     keys += [k for k in metrics if k.startswith("evidence_recall@")] + (
         ["context_recall"] if metrics.get("context_recall") is not None else [])
     keys += [k for k in metrics if k.startswith("answer_in_context@")]
+    keys += [k for k in metrics if k.startswith(("span_hit@", "span_in_context@", "doc_recall@", "result_chars@"))]
     keys += [k for k in ["em", "f1", "contain_acc", "accuracy", "recall", "llm_acc", "prompt_tokens", "completion_tokens"] if k in metrics]
     print(f"\n{metrics['method']} on {metrics['dataset']} ({metrics['n_questions']} questions, "
           f"{metrics['n_documents']} passages)")

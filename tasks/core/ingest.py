@@ -212,6 +212,19 @@ def _question_type(rec: dict) -> str:
     return qid.split("__", 1)[0] if "__" in qid else "unknown"
 
 
+def _answer_span(rec: dict, source: str, i: int) -> tuple[int | None, int | None]:
+    """A long-document question's ``answer_span: {start, end}``: its answer's character offsets in its gold
+    document (``tasks.data.longdocs``), or (None, None)."""
+    span = rec.get("answer_span")
+    if span is None:
+        return None, None
+    if not (isinstance(span, dict) and isinstance(span.get("start"), int) and isinstance(span.get("end"), int)
+            and 0 <= span["start"] <= span["end"]):
+        raise IngestError(source, "expected {start, end} with 0 <= start <= end (character offsets)", i,
+                          "answer_span")
+    return span["start"], span["end"]
+
+
 def parse_questions(records: list[Any], source: str) -> tuple[pd.DataFrame, list[tuple[str, list]]]:
     """Questions in any of the three HippoRAG shapes → ``questions`` and per-question gold keys."""
     rows, gold_keys = [], []
@@ -223,9 +236,13 @@ def parse_questions(records: list[Any], source: str) -> tuple[pd.DataFrame, list
             raise IngestError(source, "missing (expected '_id' or 'id')", i, "_id")
         question = _require(rec, "question", str, source, i)
         gold = _gold_musique(rec, source, i) if "paragraphs" in rec else _gold_hotpot(rec, source, i)
-        rows.append((str(qid), question, _answers(rec, source, i), _question_type(rec)))
+        rows.append((str(qid), question, _answers(rec, source, i), _question_type(rec), *_answer_span(rec, source, i)))
         gold_keys.append((str(qid), gold))
-    questions = pd.DataFrame(rows, columns=["qid", "question", "answers", "qtype"])
+    questions = pd.DataFrame(rows, columns=["qid", "question", "answers", "qtype", "span_start", "span_end"])
+    if questions["span_start"].isna().all():  # no answer spans (the benchmarks): the table keeps its four columns
+        questions = questions.drop(columns=["span_start", "span_end"])
+    else:
+        questions = questions.astype({"span_start": "Int64", "span_end": "Int64"})
     dup = questions["qid"].duplicated()
     if dup.any():
         raise IngestError(source, f"duplicate question id {questions.qid[dup].iloc[0]!r}",

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 BATCHES = (1, 256)  # ms/query columns of the table, from the benchmark rows
+PASSAGE_MEASURES = ("span_hit@", "span_in_context@", "doc_recall@", "result_chars@")
 
 
 def flatten_metrics(records: pd.DataFrame) -> pd.DataFrame:
@@ -57,6 +58,9 @@ def results_table(runs: pd.DataFrame, latency: pd.DataFrame, ks: list[int]) -> p
     cols = ["dataset", "method", "experiment"] + [f"recall@{k}" for k in ks] + [f"evidence_recall@{k}" for k in ks]
     cols += ["context_recall"] + [f"answer_in_context@{b}" for b in budgets] + (
         ["answer_in_context_n"] if budgets else [])
+    # long documents cut into passages (tasks.eval.spans), where a run has them: where the answer span lands,
+    # which documents come back, what a result weighs
+    cols += [c for c in runs.columns if str(c).startswith(PASSAGE_MEASURES) and runs[c].notna().any()]
     cols += ["em", "f1", "index_build_s"] + [f"ms/q@{b}" for b in BATCHES]
     cols += ["peak_mem_mb", "tokens", "run_id"]
     out = runs.copy()

@@ -68,3 +68,17 @@ def test_the_script_builds_from_the_installed_packages(tmp_path):
     for lost in report["lost_questions"]:
         assert f"lost question {lost['qid']}" in out.stdout
     assert f"{len(questions)} questions located" in out.stdout
+
+
+def test_ingest_keeps_the_answer_span_and_refuses_a_bad_one():
+    from tasks.core.ingest import IngestError, parse_questions
+
+    docs = {"doc a": "intro text. the answer is 42 units. outro"}
+    located, _ = build_questions([Question("q1", "how many?", "42 units", "doc a", "the answer is 42 units")], docs)
+    questions, gold_keys = parse_questions(located, "questions.json")
+    assert questions[["span_start", "span_end"]].values.tolist() == [[26, 34]]
+    assert gold_keys == [("q1", [("doc a", None)])]
+    plain, _ = parse_questions([{**located[0], "answer_span": None}], "questions.json")
+    assert list(plain.columns) == ["qid", "question", "answers", "qtype"]  # the benchmarks' table is unchanged
+    with pytest.raises(IngestError, match="answer_span"):
+        parse_questions([{**located[0], "answer_span": {"start": 9, "end": 2}}], "questions.json")
