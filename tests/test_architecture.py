@@ -103,14 +103,15 @@ def test_no_import_cycles():
 # each folder and the folders it may import: the store and stage machinery, generic graph algorithms, text tools,
 # the LLM client and its prompts, evaluation, the methods; then flows/: each method's DAG and record, the runtime
 # every command runs on, a built index opened for questions, the commands, and the console script over them
-_TASKS = frozenset({"core", "graph", "text", "llm", "eval", "methods"})
+_TASKS = frozenset({"core", "graph", "text", "data", "llm", "eval", "methods"})
 LAYERS: dict[str, frozenset[str]] = {
     "core": frozenset(),
     "graph": frozenset({"core"}),
     "text": frozenset({"core", "graph"}),
-    "llm": frozenset({"core", "graph", "text"}),
-    "eval": frozenset({"core", "graph", "text", "llm"}),
-    "methods": frozenset({"core", "graph", "text", "llm", "eval"}),
+    "data": frozenset({"core", "graph", "text"}),  # datasets: readers, splitting, the long-document set
+    "llm": frozenset({"core", "graph", "text", "data"}),
+    "eval": frozenset({"core", "graph", "text", "data", "llm"}),
+    "methods": frozenset({"core", "graph", "text", "data", "llm", "eval"}),
     "flows/methods": _TASKS,
     "flows/runtime": _TASKS | {"flows/methods"},
     "flows/serving": _TASKS | {"flows/methods", "flows/runtime"},

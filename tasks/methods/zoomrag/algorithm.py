@@ -607,6 +607,58 @@ def gather_entities(chunks: np.ndarray, chunk_entity: sp.sparray) -> tuple[np.nd
     return entities, incidence
 
 
+def local_sizes(chunks: np.ndarray, chunk_entity: sp.sparray) -> np.ndarray:
+    """Nodes of each query's local graph (ZoomRAG §3.2): its chunks plus the distinct entities they hold."""
+    ce = sp.csr_array(chunk_entity)
+    ce.eliminate_zeros()
+    return np.array([len(ids) + len(np.unique(ce[ids].indices)) for ids in (row[row >= 0] for row in chunks)],
+                    dtype=np.int64)
+
+
+def bound_local_chunks(chunks: np.ndarray, chunk_entity: sp.sparray, chunk_emb: np.ndarray, q_emb: np.ndarray,
+                       entity_scores: np.ndarray, max_nodes: int) -> np.ndarray:
+    """Beyond the paper: each query's local chunks cut so that chunks + their entities are at most ``max_nodes``.
+
+    §3.2 takes every chunk of the top-K documents, and its local graph is dense: one 2 MB document (52,523
+    sentences) made a 52,523² graph, past 24 GB. A query over the bound keeps the chunks that the local walk's
+    first step reaches most from its DocZoom entity scores (y(0) of eq. 5: ``B_chk->ent y_ent``), ties by cosine to
+    the question, as many as fit; a query within the bound is left as it is. (q, L) global chunk ids, -1 padded,
+    left-packed, each row in its original order."""
+    ce = sp.csr_array(chunk_entity)
+    ce.eliminate_zeros()
+    rows = []
+    for r, row in enumerate(chunks):
+        ids = row[row >= 0]
+        local = ce[ids]
+        if len(ids) + len(np.unique(local.indices)) <= max_nodes:
+            rows.append(ids)
+            continue
+        reach = local @ np.asarray(entity_scores[r], dtype=np.float64)
+        cos = chunk_emb[ids] @ q_emb[r]
+        order = np.lexsort((-cos, -reach))  # the first step's mass first, then cosine
+        ranked = ce[ids[order]]
+        owner = np.repeat(np.arange(len(ids)), np.diff(ranked.indptr))
+        _, first = np.unique(ranked.indices, return_index=True)  # an entity counts where it first appears
+        nodes = np.arange(1, len(ids) + 1) + np.cumsum(np.bincount(owner[first], minlength=len(ids)))
+        n_keep = max(int(np.searchsorted(nodes, max_nodes, side="right")), 1)
+        rows.append(ids[np.sort(order[:n_keep])])
+    out = np.full((len(chunks), max((len(r) for r in rows), default=0)), -1, dtype=np.int64)
+    for r, ids in enumerate(rows):
+        out[r, :len(ids)] = ids
+    return out
+
+
+def solve_groups(order: np.ndarray, sizes: np.ndarray, group_size: int, max_cells: int) -> list[np.ndarray]:
+    """Queries (in ``order``) split into groups of ``group_size`` solved together, each group split further until
+    its padded graphs hold at most ``max_cells`` cells (queries x largest graph's nodes²): beyond the paper, the
+    bound on ChunkZoom's dense batch, whatever the corpus."""
+    groups = []
+    for group in np.array_split(order, -(-len(order) // group_size)) if len(order) else []:
+        per = max(1, max_cells // max(int(sizes[group].max(initial=1)) ** 2, 1))
+        groups += np.array_split(group, -(-len(group) // per))
+    return groups
+
+
 def keep_top_chunks(scores: np.ndarray, n_chunks: np.ndarray, keep_ratio: float = 0.7) -> np.ndarray:
     """Keep the ceil(keep_ratio * l) best chunks of each query (ZoomRAG §3.2, "top 70%")."""
     n_keep = np.ceil(keep_ratio * np.asarray(n_chunks) - 1e-9).astype(np.int64)
@@ -624,13 +676,16 @@ def chunk_zoom_batch(
     chunk_entity: sp.sparray,
     entity_scores: np.ndarray,
     params: ZoomParams = ZoomParams(),
+    chunks: np.ndarray | None = None,
 ) -> ChunkZoomResult:
     """Batched ChunkZoom, ZoomRAG eqs. (4), (5), (10): padded (q, L+H, L+H) graphs, one batched solve.
 
     doc_ids (q, K): each query's top-K docs; chunk_* are global per-chunk arrays
-    (C,), (C,), (C x d), (C x m); entity_scores (q x m) are the DocZoom entity scores.
+    (C,), (C,), (C x d), (C x m); entity_scores (q x m) are the DocZoom entity scores. ``chunks`` (q, L), when
+    given, are the local chunks already gathered (:func:`bound_local_chunks`); else all of the top-K documents'.
     """
-    chunks = gather_chunks(doc_ids, chunk_doc)
+    if chunks is None:
+        chunks = gather_chunks(doc_ids, chunk_doc)
     entities, incidence = gather_entities(chunks, chunk_entity)
     valid, ent_valid = chunks >= 0, entities >= 0
     safe, safe_ent = np.maximum(chunks, 0), np.maximum(entities, 0)

@@ -71,7 +71,8 @@ class ZoomRetriever:
         if not np.array_equal(self.chunk_ids, chunks["chunk_id"].to_numpy(dtype=object)):
             raise RuntimeError("chunk embeddings are not aligned with the chunks table; delete the artifacts")
         self.chunk_entity = coo_matrix(Store.read(index["chunk_entity"]), (len(chunks), self.m))
-        self.doc_chunk_count = np.bincount(self.chunk_doc, minlength=self.n)
+        self.chunk_entity_rows = sp.csr_array(self.chunk_entity)  # row slices for the local graph's bound
+        self.chunk_entity_rows.eliminate_zeros()
 
     def query_links(self, questions: list[str]) -> list[list[int]]:
         """Vocabulary entities each question contains (n-gram matches and its NER mentions)."""
@@ -125,26 +126,33 @@ class ZoomRetriever:
                                                           self.params.cover_named_min_seed)
         ranked = zoom.top_docs(ordering, self.n, max(k, self.walk.top_k_docs), tie_break=cos)
         t.append(time.perf_counter())
-        trace = self._chunk_zoom(questions, links, scores, ranked) if self.walk.fine_stage else None
+        trace = self._chunk_zoom(questions, links, scores, ranked, q_emb) if self.walk.fine_stage else None
         t.append(time.perf_counter())
         doc_scores = np.take_along_axis(scores[:, 1:1 + self.n], ranked, 1)
         parts = dict(zip(["query_ner", "query_encoding", "doc_zoom", "chunk_zoom"], np.diff(t)))
         return Hits(ranked[:, :k], doc_scores[:, :k], parts, trace)
 
     def _chunk_zoom(self, questions: list[str], links: list[list[int]], scores: np.ndarray,
-                    ranked: np.ndarray) -> list[dict]:
+                    ranked: np.ndarray, q_emb: np.ndarray) -> list[dict]:
         """ChunkZoom over each query's top-K documents; returns the per-query trace with kept chunks.
 
         Queries are solved in groups of similar local-graph size, so padding (and the cubic
-        solve) is sized to the group rather than to the largest graph of the whole batch.
+        solve) is sized to the group rather than to the largest graph of the whole batch. Beyond the paper,
+        a local graph is bounded (``chunk_local_max_nodes``) and so is a group (``chunk_zoom_max_cells``).
         """
         top = ranked[:, :self.walk.top_k_docs]
-        order = np.argsort(self.doc_chunk_count[top].sum(axis=1), kind="stable")
-        n_groups = -(-len(questions) // self.params.chunk_group_size)
+        entity_scores = scores[:, 1 + self.n:]
+        chunks = zoom.bound_local_chunks(zoom.gather_chunks(top, self.chunk_doc), self.chunk_entity_rows,
+                                         self.chunk_emb, q_emb, entity_scores, self.params.chunk_local_max_nodes)
+        n_chunks = (chunks >= 0).sum(axis=1)
+        order = np.argsort(n_chunks, kind="stable")
+        groups = zoom.solve_groups(order, zoom.local_sizes(chunks, self.chunk_entity_rows),
+                                   self.params.chunk_group_size, self.params.chunk_zoom_max_cells)
         trace: list[dict] = [{} for _ in questions]
-        for group in np.array_split(order, n_groups):
+        for group in groups:
             res = zoom.chunk_zoom_batch(top[group], self.chunk_doc, self.chunk_pos, self.chunk_emb,
-                                        self.chunk_entity, scores[group, 1 + self.n:], self.walk)
+                                        self.chunk_entity, entity_scores[group], self.walk,
+                                        chunks=chunks[group][:, :int(n_chunks[group].max(initial=0))])
             for row, i in enumerate(group):
                 keep = res.keep[row] & (res.chunks[row] >= 0)
                 best = np.argsort(-np.where(keep, res.scores[row], -np.inf))[:int(keep.sum())]
