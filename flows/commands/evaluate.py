@@ -24,7 +24,7 @@ from flows.runtime.observe import RUN_END_HOOKS, untagged_tasks
 from flows.runtime.output import write_json
 from flows.runtime.pipeline import build_index, dry_run_stop, load_retriever, run_command, start_run
 from flows.runtime.tables import format_table, stage_counts, stage_split, stage_table
-from tasks.core.ingest import gold_evidence
+from tasks.data.ingest import gold_evidence
 from tasks.core.stage import RunContext
 from tasks.core.files import write_parquet
 from tasks.core.store import ArtifactRef, Store

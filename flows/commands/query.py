@@ -35,7 +35,7 @@ from flows.runtime.output import write_json
 from flows.runtime.pipeline import run_command, start_run
 from flows.runtime.tables import format_table
 from flows.serving.index import Index, Ranked, open_index
-from tasks.core.ingest import read_user_questions
+from tasks.data.ingest import read_user_questions
 from tasks.core.files import write_parquet
 from tasks.core.store import Store
 from tasks.eval.metrics import latency_summary

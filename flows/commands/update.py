@@ -31,7 +31,7 @@ from flows.methods import METHODS
 from flows.runtime.observe import RUN_END_HOOKS, untagged_tasks
 from flows.runtime.pipeline import dry_run_stop, run_command, start_run
 from flows.runtime.tables import format_table, stage_counts, stage_split, stage_table
-from tasks.core.ingest import ingest
+from tasks.data.ingest import ingest
 from tasks.core.progress import process_seconds, timed_seconds, timed_since
 from tasks.core.store import ArtifactRef, Store
 from tasks.llm.params import LLMDryRun

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Literal, Mapping, Union
 from omegaconf import OmegaConf
 
 from flows.methods import NAMES as METHOD_NAMES
-from tasks.core.ingest import DATASET_KINDS, DatasetParams
+from tasks.data.ingest import DATASET_KINDS, DatasetParams
 from tasks.core.limits import COUNT, COUNT0, POSITIVE, in_interval, limits_of, one_of, within
 from tasks.text.embed import EmbedderParams
 from tasks.text.ner import NERParams

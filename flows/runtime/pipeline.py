@@ -15,7 +15,7 @@ from flows.runtime.observe import RUN_END_HOOKS, untagged_tasks
 from flows.runtime.output import print_last_line
 from flows.runtime.provenance import git_sha, job_overrides, run_id, versions
 from flows.runtime.tables import stage_counts, stage_split, stage_table
-from tasks.core.ingest import content_hash, dataset_label, ingest, raw_sources
+from tasks.data.ingest import content_hash, dataset_label, ingest, raw_sources
 from tasks.core.memory import release_arrow_memory
 from tasks.core.progress import timed
 from tasks.core.stage import RunContext

@@ -29,7 +29,7 @@ import pandas as pd
 from flows.runtime.config import Config, load_config
 from flows.methods import METHODS
 from flows.runtime.preflight import IndexNotBuilt, NoLLM
-from tasks.core.ingest import dataset_label, ingest
+from tasks.data.ingest import dataset_label, ingest
 from tasks.core.stage import RunContext, StageNotBuilt
 from tasks.core.files import CATALOG
 from tasks.core.hashing import short_hash

@@ -5,7 +5,7 @@ Accepted inputs:
   HotpotQA, 2WikiMultihopQA or MuSiQue shape),
 - a JSONL file of ``{title, text}`` records,
 - a folder of ``.txt`` / ``.md`` files (title = file stem),
-- the generated sample (``tasks.core.sample``).
+- the generated sample (``tasks.data.sample``).
 
 Bad input raises :class:`IngestError` naming file, record index and field, before anything is written.
 """
@@ -22,7 +22,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from tasks.core.sample import generate_sample
+from tasks.data.sample import generate_sample
 from tasks.core.stage import RunContext, StageParams, run_setting, run_stage, stage
 from tasks.core.store import ArtifactRef
 from tasks.core.limits import COUNT, COUNT0, one_of, within
@@ -313,7 +313,7 @@ def match_gold(docs: pd.DataFrame, gold_keys: Iterable[tuple[str, list]], report
 
 @dataclass(frozen=True)
 class SampleParams:
-    """``dataset=sample``: the generated fictional multi-hop corpus (``tasks.core.sample``)."""
+    """``dataset=sample``: the generated fictional multi-hop corpus (``tasks.data.sample``)."""
 
     kind: str = "sample"
     name: str = "sample"
@@ -385,7 +385,7 @@ def raw_sources(params: DatasetParams, data_dir: str) -> tuple[list[Path], Path 
 
 
 def sample_records(n_passages: int, n_questions: int, seed: int) -> tuple[list[Any], list[Any]]:
-    """(corpus records, question records) of the generated sample (:mod:`tasks.core.sample`)."""
+    """(corpus records, question records) of the generated sample (:mod:`tasks.data.sample`)."""
     return generate_sample(n_passages, n_questions, seed)
 
 
