@@ -275,6 +275,9 @@ def check_values(cls: type, group: str, values: Mapping[str, Any]) -> dict[str, 
     kwargs, problems = {}, []
     for key, value in values.items():
         tp = hints.get(key, Any)
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp) and isinstance(value, Mapping):
+            kwargs[key] = build(tp, f"{group}.{key}", value)  # a nested group (dataset.split)
+            continue
         ok, kwargs[key] = _accept(tp, limits.get(key), value)
         if value == "???":  # OmegaConf's mandatory value, left unset
             problems.append(f"{group}.{key} must be set: add {group}.{key}=...")
