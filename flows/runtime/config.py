@@ -180,6 +180,8 @@ class QueryParams:
     build: bool = False
     batch_size: int = field(default=64, metadata=COUNT)
     snippet_chars: int = field(default=160, metadata=COUNT0)
+    # passage: ranked passages; document: the same passages grouped by document, best document first
+    group: str = field(default="passage", metadata=one_of(("passage", "document")))
 
 
 @dataclass(frozen=True)

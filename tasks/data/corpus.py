@@ -263,3 +263,14 @@ def passages_of(entries: list[Entry], rows: pd.DataFrame, on_error: str, title_o
         sources.append({"document": document, "source": e.source, "title": title, "content_hash": e.key,
                         "mtime": e.mtime, "n_passages": len(starts), "metadata": str(r["metadata"])})
     return passages, sources, skipped
+
+
+def citation(source: str | None, title: str, page: int | None, headings: list[str]) -> str:
+    """A passage's citation in words: ``docs/guide.md § Install › Linux``, ``report.pdf p. 12``; the title when
+    the passage has no source file (a HippoRAG passage)."""
+    out = source or title
+    if page is not None:
+        out += f" p. {page}"
+    if headings:
+        out += " § " + " › ".join(headings)
+    return out
