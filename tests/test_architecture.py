@@ -4,7 +4,7 @@
 - Pure layers (a method's ``algorithm.py``, ``tasks/graph``) import no Prefect, no store and no
   Hydra, so they stay testable alone.
 - No import circle between project modules, counting imports inside functions.
-- Folders are layered (:data:`LAYERS`): ``core`` ← ``graph`` ← ``text`` ← ``llm`` ← ``eval`` ← ``methods`` ←
+- Folders are layered (:data:`LAYERS`): ``core`` ← ``graph`` ← ``text`` ← ``data`` ← ``llm`` ← ``eval`` ← ``methods`` ←
   ``flows``; a folder imports only the folders below it (counting imports inside functions), so no two folders
   import each other, directly or round a loop. ``graph`` and ``text`` are one layer, the generic graph algorithms
   and the text tools: ``text`` may use ``graph``, never the other way.
@@ -101,6 +101,7 @@ def test_no_import_cycles():
 
 
 # each folder and the folders it may import: the store and stage machinery, generic graph algorithms, text tools,
+# a corpus's readers, splitting and ingest (data: it counts tokens with the embedder's tokenizer, from text),
 # the LLM client and its prompts, evaluation, the methods; then flows/: each method's DAG and record, the runtime
 # every command runs on, a built index opened for questions, the commands, and the console script over them
 _TASKS = frozenset({"core", "graph", "text", "data", "llm", "eval", "methods"})
@@ -108,7 +109,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "core": frozenset(),
     "graph": frozenset({"core"}),
     "text": frozenset({"core", "graph"}),
-    "data": frozenset({"core", "graph", "text"}),  # datasets: readers, splitting, the long-document set
+    "data": frozenset({"core", "graph", "text"}),
     "llm": frozenset({"core", "graph", "text", "data"}),
     "eval": frozenset({"core", "graph", "text", "data", "llm"}),
     "methods": frozenset({"core", "graph", "text", "data", "llm", "eval"}),

@@ -29,7 +29,7 @@ from flows.runtime.config import Config, ConfigError, load_config
 from flows.runtime.observe import RUN_END_HOOKS, untagged_tasks
 from flows.runtime.pipeline import build_index, load_retriever, run_command, start_run
 from flows.runtime.tables import format_table, stage_counts, stage_split
-from tasks.core.ingest import parse_questions, read_json_list
+from tasks.data.ingest import parse_questions, read_json_list
 from tasks.core.memory import PeakRSS
 from tasks.core.store import Store
 

@@ -20,7 +20,7 @@ from prefect import flow
 from flows.runtime.config import ConfigError, load_config, with_runner
 from flows.commands.evaluate import evaluate_flow
 from flows.commands.report import report_flow, slug
-from tasks.core.ingest import dataset_label
+from tasks.data.ingest import dataset_label
 
 
 @flow(name="compare")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from tasks.core.ingest import load_dataset
+from tasks.data.ingest import load_dataset
 from tasks.eval.errors import losses_against, miss_reasons, missed_gold
 
 

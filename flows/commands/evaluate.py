@@ -24,14 +24,22 @@ from flows.runtime.observe import RUN_END_HOOKS, untagged_tasks
 from flows.runtime.output import write_json
 from flows.runtime.pipeline import build_index, dry_run_stop, load_retriever, run_command, start_run
 from flows.runtime.tables import format_table, stage_counts, stage_split, stage_table
-from tasks.core.ingest import gold_evidence
+from tasks.data.ingest import gold_evidence
 from tasks.core.stage import RunContext
 from tasks.core.files import write_parquet
 from tasks.core.store import ArtifactRef, Store
 from tasks.eval.answer_context import answer_in_context
 from tasks.eval.answer_metrics import score_predictions
 from tasks.eval.evidence import score_evidence
-from tasks.eval.metrics import dev_split, latency_summary, recall_at_k, recall_by_title_mention, recall_by_type
+from tasks.eval.metrics import (
+    dev_split,
+    document_hits,
+    document_titles,
+    latency_summary,
+    recall_at_k,
+    recall_by_title_mention,
+    recall_by_type,
+)
 from tasks.eval.retrieve import retrieve_all
 from tasks.eval.spans import (document_recall, gold_documents, passage_lineage, result_size, span_hit_at_k,
                               span_in_context, span_rows)
@@ -119,13 +127,15 @@ def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
     result = retrieve(ctx, conf, data, index, run_dir)
     hits, latency = Store.read(result["hits"]), Store.read(result["latency"])
     gold = Store.read(data["gold"])
+    lineage = Store.read(data["documents"], ["doc_id", "title", "document"])
+    doc_hits = document_hits(hits, lineage)  # gold names source documents: a hit on a piece counts for its own
     split = stage_split(ctx.store, ctx.run_id)
     lat = latency_summary(latency)
     metrics = {
         "method": conf.method.name, "dataset": ctx.dataset, "experiment": conf.eval.experiment,
         "overrides": manifest["overrides"],
         "n_documents": data["documents"].rows,
-        "n_questions": len(result["qids"]), **recall_at_k(hits, gold, list(conf.eval.ks), result["qids"]),
+        "n_questions": len(result["qids"]), **recall_at_k(doc_hits, gold, list(conf.eval.ks), result["qids"]),
         "index_seconds": round(index_seconds, 3),
         "query_ms_mean": lat["mean"], "query_ms_p50": lat["p50"], "query_ms_p95": lat["p95"],
         "query_ms_p99": lat["p99"], "batch_size": conf.eval.batch_size,
@@ -135,11 +145,11 @@ def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
         # this run's index stages; none computed → null, not 0 (`dagrag report` takes each stage's computing run)
         "index_peak_rss_mb": round(float(split["peak_rss_mb"].max()), 1) if (split["status"] == "computed").any()
         else None,
-        "recall_by_type": recall_by_type(hits, gold, Store.read(data["questions"]), list(conf.eval.ks),
+        "recall_by_type": recall_by_type(doc_hits, gold, Store.read(data["questions"]), list(conf.eval.ks),
                                          result["qids"]),
-        "recall_by_title_mention": recall_by_title_mention(hits, gold, Store.read(data["questions"]),
-                                                           Store.read(data["documents"], ["doc_id", "title"]),
-                                                           list(conf.eval.ks), result["qids"]),
+        "recall_by_title_mention": recall_by_title_mention(doc_hits, gold, Store.read(data["questions"]),
+                                                           document_titles(lineage), list(conf.eval.ks),
+                                                           result["qids"]),
         "shuffle_seed": conf.dataset.shuffle_seed, "run_id": ctx.run_id,
         **{k: v for k, v in result.items() if k not in {"hits", "latency", "qids", "load_seconds"}},
     }
@@ -148,7 +158,7 @@ def evaluate_flow(cfg: dict, run_dir: str) -> dict[str, Any]:
     metrics.update(score_evidence_of(hits))
     metrics.update(answers_in_context(conf, data, hits, run_dir, result["qids"]))
     metrics.update(passage_measures(conf, data, hits, gold, result["qids"]))
-    metrics.update(split_metrics(conf, hits, gold, result["qids"], score_evidence_of))
+    metrics.update(split_metrics(conf, hits, gold, result["qids"], score_evidence_of, doc_hits))
     metrics.update(sweep_info())
     metrics.update(answer(ctx, conf, data, index, hits, run_dir))
     ctx.store.record_metrics(ctx.run_id, "evaluate", conf.method.name, ctx.dataset, metrics, manifest["overrides"])
@@ -187,15 +197,19 @@ def evidence_scorer(ctx: RunContext, conf: Config, data: dict[str, ArtifactRef],
 
 
 def split_metrics(conf: Config, hits: pd.DataFrame, gold: pd.DataFrame, qids: list[str],
-                  score_evidence_of: Callable[[pd.DataFrame], dict[str, Any]]) -> dict[str, Any]:
+                  score_evidence_of: Callable[[pd.DataFrame], dict[str, Any]],
+                  doc_hits: pd.DataFrame | None = None) -> dict[str, Any]:
     """Retrieval metrics on the seeded dev split and on the test split (``eval.dev_fraction``): a sweep
-    maximises the dev score, and a report shows the best trial's test score."""
+    maximises the dev score, and a report shows the best trial's test score. Recall counts ``doc_hits`` (hits
+    on the documents gold names, :func:`tasks.eval.metrics.document_hits`; default ``hits``)."""
+    doc_hits = hits if doc_hits is None else doc_hits
     if not conf.eval.dev_fraction:
         return {}
     out: dict[str, Any] = {"split": {"dev_fraction": conf.eval.dev_fraction, "seed": conf.eval.split_seed}}
     for name, part in zip(["dev", "test"], dev_split(qids, conf.eval.dev_fraction, conf.eval.split_seed)):
         sub = hits[hits["qid"].isin(set(part))]
-        scores = {"n_questions": len(part), **recall_at_k(sub, gold, list(conf.eval.ks), part)}
+        scores = {"n_questions": len(part),
+                  **recall_at_k(doc_hits[doc_hits["qid"].isin(set(part))], gold, list(conf.eval.ks), part)}
         scores.update({k: v for k, v in score_evidence_of(sub).items()
                        if k.startswith("evidence_recall@") or k == "context_recall"})
         out[name] = scores

@@ -43,7 +43,7 @@ from flows.runtime.config import Config, ConfigError, GrowthParams
 from flows.runtime.observe import ROW_STAGES
 from flows.runtime.child_process import run_child
 from flows.commands.scale import index_footprint
-from tasks.core.ingest import dataset_label, load_dataset, question_records
+from tasks.data.ingest import dataset_label, load_dataset, question_records
 from tasks.core.files import write_bytes
 from tasks.core.store import Store
 

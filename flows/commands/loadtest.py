@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     from flows.runtime.exits import USER_ERRORS, fail
     from flows.serving.index import compose
     from tasks.core.files import write_bytes
-    from tasks.core.ingest import load_dataset
+    from tasks.data.ingest import load_dataset
     from tasks.core.store import Store
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -35,7 +35,7 @@ from flows.runtime.output import write_json
 from flows.runtime.pipeline import run_command, start_run
 from flows.runtime.tables import format_table
 from flows.serving.index import Index, Ranked, open_index
-from tasks.core.ingest import read_user_questions
+from tasks.data.ingest import read_user_questions
 from tasks.core.files import write_parquet
 from tasks.core.store import Store
 from tasks.eval.metrics import latency_summary
@@ -50,7 +50,7 @@ def stdin_questions() -> list[str]:
     except UnicodeDecodeError as err:
         line = raw[:err.start].count(b"\n") + 1
         raise ValueError(f"stdin is not UTF-8: line {line}, byte offset {err.start}") from None
-    return [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return [ln.strip() for ln in text.split("\n") if ln.strip()]  # \n only: a U+2028 stays in its question
 
 
 def batches(items: Sequence[str], size: int) -> Iterator[list[str]]:
@@ -86,13 +86,26 @@ def snippet(text: str, n: int) -> str:
     return flat if len(flat) <= n else flat[:max(n - 1, 0)] + "…"
 
 
+def cited(title: str, lineage: dict | None) -> str:
+    """A passage's label: its citation (``guide.md § Install › Linux``, ``report.pdf p. 12``) when it comes from a
+    file, else its title."""
+    return lineage["citation"] if lineage and lineage.get("source") else title
+
+
 def render_text(number: int, ranked: Ranked, snippet_chars: int, answer: str | None = None) -> str:
     """The human-readable block of one question."""
     lines = [f"Q{number}  {ranked.question}"]
     if answer is not None:
         lines.append(f"    answer: {answer}")
-    for p in ranked:
-        lines.append(f"  {p.rank:>3}  {p.score:9.4f}  {p.title}")
+    if ranked.group == "document":
+        for d in ranked.documents:
+            lines.append(f"  {d['rank']:>3}  {d['score']:9.4f}  {d['citation']}")
+            for p in d["passages"]:
+                lines.append(f"       {p['rank']:>3}  {p['score']:9.4f}  {cited(p['title'], p['lineage'])}")
+                if snippet_chars:
+                    lines.append(f"                       {snippet(p['text'], snippet_chars)}")
+    for p in ranked if ranked.group != "document" else ():
+        lines.append(f"  {p.rank:>3}  {p.score:9.4f}  {cited(p.title, p.lineage)}")
         if snippet_chars:
             lines.append(f"                  {snippet(p.text, snippet_chars)}")
     if ranked.trace:
@@ -117,7 +130,7 @@ def ask(index: Index, questions: Iterable[str], conf: Config, out: Any = None) -
             answers = index.answer(batch, q.k)
             pairs = [(a.passages, a) for a in answers]
         else:
-            pairs = [(r, None) for r in index.retrieve(batch, q.k)]
+            pairs = [(r, None) for r in index.retrieve(batch, q.k, group=q.group)]
         for ranked, answer in pairs:
             n += 1
             if q.format == "jsonl":

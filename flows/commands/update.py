@@ -29,9 +29,9 @@ from prefect import flow
 from flows.runtime.config import load_config
 from flows.methods import METHODS
 from flows.runtime.observe import RUN_END_HOOKS, untagged_tasks
-from flows.runtime.pipeline import dry_run_stop, run_command, start_run
+from flows.runtime.pipeline import dry_run_stop, report_skipped, run_command, start_run
 from flows.runtime.tables import format_table, stage_counts, stage_split, stage_table
-from tasks.core.ingest import ingest
+from tasks.data.ingest import ingest
 from tasks.core.progress import process_seconds, timed_seconds, timed_since
 from tasks.core.store import ArtifactRef, Store
 from tasks.llm.params import LLMDryRun
@@ -78,6 +78,7 @@ def update_flow(cfg: dict) -> dict[str, Any]:
     name = conf.method.name
     t0 = time.perf_counter()
     data = ingest(ctx, conf.dataset, conf.data_dir)
+    report_skipped(data)
     dag, summarise = update_dag(name)
     try:
         index = dag(ctx, data, conf)

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Literal, Mapping, Union
 from omegaconf import OmegaConf
 
 from flows.methods import NAMES as METHOD_NAMES
-from tasks.core.ingest import DATASET_KINDS, DatasetParams
+from tasks.data.ingest import DATASET_KINDS, DatasetParams
 from tasks.core.limits import COUNT, COUNT0, POSITIVE, in_interval, limits_of, one_of, within
 from tasks.text.embed import EmbedderParams
 from tasks.text.ner import NERParams
@@ -180,6 +180,8 @@ class QueryParams:
     build: bool = False
     batch_size: int = field(default=64, metadata=COUNT)
     snippet_chars: int = field(default=160, metadata=COUNT0)
+    # passage: ranked passages; document: the same passages grouped by document, best document first
+    group: str = field(default="passage", metadata=one_of(("passage", "document")))
 
 
 @dataclass(frozen=True)
@@ -275,6 +277,9 @@ def check_values(cls: type, group: str, values: Mapping[str, Any]) -> dict[str, 
     kwargs, problems = {}, []
     for key, value in values.items():
         tp = hints.get(key, Any)
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp) and isinstance(value, Mapping):
+            kwargs[key] = build(tp, f"{group}.{key}", value)  # a nested group (dataset.split)
+            continue
         ok, kwargs[key] = _accept(tp, limits.get(key), value)
         if value == "???":  # OmegaConf's mandatory value, left unset
             problems.append(f"{group}.{key} must be set: add {group}.{key}=...")

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from flows.runtime.config import ConfigError
 from flows.runtime.preflight import IndexNotBuilt, PreflightError
 from tasks.core.files import StoreError
-from tasks.core.ingest import IngestError
+from tasks.data.ingest import IngestError
 from tasks.llm.params import LLMError
 
 EXIT_USER_ERROR = 2

@@ -41,7 +41,7 @@ def artifact_key(kind: str, method: str, dataset: str) -> str:
 
 def run_label(cfg: dict[str, Any]) -> tuple[str, str]:
     """(method, dataset label) of a resolved config, as the catalog names them."""
-    from tasks.core.ingest import dataset_label
+    from tasks.data.ingest import dataset_label
 
     from flows.runtime.config import load_config
 

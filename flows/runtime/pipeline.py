@@ -12,14 +12,14 @@ from prefect import flow
 from flows.methods import METHODS
 from flows.runtime.config import Config, load_config
 from flows.runtime.observe import RUN_END_HOOKS, untagged_tasks
-from flows.runtime.output import print_last_line
+from flows.runtime.output import print_last_line, write_json
 from flows.runtime.provenance import git_sha, job_overrides, run_id, versions
 from flows.runtime.tables import stage_counts, stage_split, stage_table
-from tasks.core.ingest import content_hash, dataset_label, ingest, raw_sources
+from tasks.data.ingest import content_hash, dataset_label, ingest, raw_sources
 from tasks.core.memory import release_arrow_memory
 from tasks.core.progress import timed
 from tasks.core.stage import RunContext
-from tasks.core.store import ArtifactRef
+from tasks.core.store import ArtifactRef, Store
 from tasks.llm.params import LLMDryRun
 
 log = logging.getLogger("dagrag")
@@ -46,8 +46,37 @@ def build_index(ctx: RunContext, conf: Config) -> tuple[dict[str, ArtifactRef], 
     """Ingest + the method's index stages → (data refs, index refs, wall seconds of this phase)."""
     t0 = time.perf_counter()
     data = ingest(ctx, conf.dataset, conf.data_dir)
+    report_skipped(data)
     index = METHODS[conf.method.name].index(ctx, data, conf)
     return data, index, time.perf_counter() - t0
+
+
+def run_folder() -> Path | None:
+    """This Hydra job's output folder (its run folder), None outside Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
+
+
+def report_skipped(data: dict[str, ArtifactRef], folder: Path | None = None) -> list[dict[str, str]]:
+    """The files ingest skipped (``dataset.on_error=skip``), each with its reason: written to
+    ``skipped_files.json`` in the run folder and a Prefect markdown artifact, and returned (none: nothing)."""
+    if "skipped" not in data:
+        return []
+    skipped = [{"source": str(s), "reason": str(r)} for s, r in Store.read(data["skipped"]).itertuples(index=False)]
+    if not skipped:
+        return []
+    folder = folder or run_folder()
+    if folder is not None:
+        write_json(folder / "skipped_files.json", {"skipped": skipped})
+    from prefect.artifacts import create_markdown_artifact
+
+    rows = "\n".join(f"| {s['source']} | {s['reason']} |".replace("\n", " ") for s in skipped)
+    create_markdown_artifact(key="skipped-files", description="files ingest skipped (dataset.on_error=skip)",
+                             markdown=f"# {len(skipped)} skipped file(s)\n\n| file | reason |\n|---|---|\n{rows}\n")
+    log.warning("%d file(s) skipped, listed in %s", len(skipped),
+                folder / "skipped_files.json" if folder else "the Prefect artifact skipped-files")
+    return skipped
 
 
 def load_retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], conf: Config) -> tuple[Any, float]:

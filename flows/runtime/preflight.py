@@ -4,7 +4,7 @@
 before the flow starts, so nothing is computed and nothing is written when it fails:
 
 * the model packages the run loads are installed (the embedder, the spaCy pipeline when NER runs);
-* the dataset's files parse (:func:`tasks.core.ingest.load_dataset`, the ingest stage's own
+* the dataset's files parse (:func:`tasks.data.ingest.load_dataset`, the ingest stage's own
   validation: a failure names file, record and field);
 * questions exist where the command needs them (``flows.commands.evaluate``; ``flows.commands.benchmark`` unless
   ``benchmark.questions_from`` names a dataset with questions);
@@ -29,7 +29,7 @@ from pathlib import Path
 from flows.runtime.config import Config
 from flows.methods import METHODS
 from tasks.core.files import DISK_ERRORS
-from tasks.core.ingest import (
+from tasks.data.ingest import (
     IngestError,
     SampleParams,
     load_dataset,

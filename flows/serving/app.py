@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import orjson
 from fastapi import FastAPI, Request
@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationErro
 
 from flows.runtime.config import ServeParams
 from flows.serving.batcher import BatchStats, MicroBatcher, QueueFull
-from flows.serving.index import Index, IndexNotBuilt, NoLLM
+from flows.serving.index import Index, IndexNotBuilt, NoLLM, by_document
 from flows.serving.metrics import ServeMetrics
 
 log = logging.getLogger("dagrag.serve")
@@ -38,12 +38,14 @@ PUBLIC = frozenset({"/health"})
 
 
 class RetrieveRequest(BaseModel):
-    """``{"questions": [...], "k": 5}`` or ``{"question": "...", "k": 5}``; ``k`` defaults to ``method.top_k``."""
+    """``{"questions": [...], "k": 5}`` or ``{"question": "...", "k": 5}``; ``k`` defaults to ``method.top_k``;
+    ``"group": "document"`` also returns the passages grouped by their document, best document first."""
 
     model_config = ConfigDict(extra="forbid")
     questions: list[StrictStr] | None = None
     question: StrictStr | None = None
     k: StrictInt | None = None
+    group: Literal["passage", "document"] | None = None
 
 
 class BadRequest(Exception):
@@ -240,13 +242,17 @@ def create_app(service: Service) -> FastAPI:
     async def retrieve(request: Request) -> JSONResponse:
         service.arriving += 1
         try:
-            questions, k = service.questions_of(await service.body(request))
+            payload = await service.body(request)
+            questions, k = service.questions_of(payload)
         finally:
             service.arriving -= 1
         results, index = await service.retrieve(questions, k)
         started = time.perf_counter()
-        body = orjson.dumps({"results": [[p.to_dict() for p in r] for r in results],
-                             "traces": [r.trace for r in results], "index": index_payload(index, service)})
+        out = {"results": [[p.to_dict() for p in r] for r in results], "traces": [r.trace for r in results],
+               "index": index_payload(index, service)}
+        if payload.get("group") == "document":  # checked by RetrieveRequest
+            out["documents"] = [by_document(r) for r in results]
+        body = orjson.dumps(out)
         service.metrics.serialise.inc(time.perf_counter() - started)
         return Response(body, media_type="application/json")
 

@@ -21,7 +21,7 @@ def check_serving(conf: Config, command: str, overrides: list[str]) -> None:
     from flows.serving.index import resolve
 
     if command == "query" and conf.query.file:
-        from tasks.core.ingest import read_user_questions
+        from tasks.data.ingest import read_user_questions
 
         read_user_questions(Path(conf.query.file))
     if not (command == "query" and conf.query.build):

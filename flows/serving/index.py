@@ -29,7 +29,8 @@ import pandas as pd
 from flows.runtime.config import Config, load_config
 from flows.methods import METHODS
 from flows.runtime.preflight import IndexNotBuilt, NoLLM
-from tasks.core.ingest import dataset_label, ingest
+from tasks.data.corpus import citation
+from tasks.data.ingest import dataset_label, ingest
 from tasks.core.stage import RunContext, StageNotBuilt
 from tasks.core.files import CATALOG
 from tasks.core.hashing import short_hash
@@ -123,30 +124,57 @@ def build_command(overrides: Sequence[str]) -> str:
 
 @dataclass(frozen=True)
 class Passage:
-    """One ranked passage: its id, title and text, the method's score and its rank (1 = best)."""
+    """One ranked passage: its id, title and text, the method's score and its rank (1 = best), and its lineage
+    (``document``, ``source``, ``page``, ``headings``, ``span``, ``citation``; None: the index has none)."""
 
     doc_id: str
     title: str
     text: str
     score: float
     rank: int
+    lineage: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"doc_id": self.doc_id, "title": self.title, "text": self.text, "score": self.score,
-                "rank": self.rank}
+                "rank": self.rank, "lineage": self.lineage}
+
+
+def by_document(passages: Sequence[Passage]) -> list[dict[str, Any]]:
+    """Passages grouped by the document they were cut from, documents ranked by their best passage (its score
+    and rank), each with its passages in rank order (``group=document``)."""
+    groups: dict[str, dict[str, Any]] = {}
+    for p in passages:
+        lineage = p.lineage or {}
+        key = lineage.get("document") or p.doc_id
+        if key not in groups:
+            groups[key] = {"document": key, "title": p.title, "source": lineage.get("source"),
+                           "citation": lineage.get("source") or p.title, "score": p.score,
+                           "rank": len(groups) + 1, "passages": []}
+        groups[key]["passages"].append(p.to_dict())
+    return list(groups.values())
 
 
 class Ranked(list):
     """A question's passages, best first (a ``list[Passage]``), with the question and the method's own trace:
     ZoomRAG's kept chunks and seed entities, LinearRAG's activated entities, ArchRAG's communities, …"""
 
-    def __init__(self, question: str, passages: Sequence[Passage], trace: Mapping[str, Any] | None) -> None:
+    def __init__(self, question: str, passages: Sequence[Passage], trace: Mapping[str, Any] | None,
+                 group: str | None = None) -> None:
         super().__init__(passages)
         self.question = question
         self.trace: dict[str, Any] = plain(dict(trace or {}))
+        self.group = group  # "document": to_dict also gives the passages grouped by document
+
+    @property
+    def documents(self) -> list[dict[str, Any]]:
+        """The passages grouped by their document, best document first (:func:`by_document`)."""
+        return by_document(self)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"question": self.question, "results": [p.to_dict() for p in self], "trace": self.trace}
+        out = {"question": self.question, "results": [p.to_dict() for p in self], "trace": self.trace}
+        if self.group == "document":
+            out["documents"] = self.documents
+        return out
 
 
 @dataclass(frozen=True)
@@ -162,6 +190,17 @@ class Answer:
     def to_dict(self) -> dict[str, Any]:
         return {"question": self.question, "answer": self.answer, "raw": self.raw, "context": self.context,
                 "results": [p.to_dict() for p in self.passages], "trace": self.passages.trace}
+
+
+# the documents table's lineage columns a passage carries (tasks.data.ingest.LINEAGE_COLUMNS)
+LINEAGE = ["document", "source", "page", "headings", "char_start", "char_end"]
+GROUPS = (None, "passage", "document")
+
+
+def check_group(group: str | None) -> None:
+    """``group`` is a known grouping (None or "passage": passages; "document": grouped by document)."""
+    if group not in GROUPS:
+        raise ValueError(f"group must be 'passage' or 'document', got {group!r}")
 
 
 def plain(value: Any) -> Any:
@@ -241,10 +280,11 @@ class Index:
     def __init__(self, conf: Config, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef],
                  retriever: Any, load_seconds: float) -> None:
         self.conf, self.data, self.refs, self.retriever = conf, data, index, retriever
-        docs = Store.read(data["documents"], ["doc_id", "title", "text"])
+        docs = Store.read(data["documents"])
         row = pd.Series(np.arange(len(docs)), index=pd.Index(docs["doc_id"]))
         self._title = docs["title"].to_numpy(dtype=object)
         self._text = docs["text"].to_numpy(dtype=object)
+        self._lineage = docs[LINEAGE].reset_index(drop=True) if set(LINEAGE) <= set(docs.columns) else None
         # the retriever's doc positions → rows of the documents table, once
         self._doc_rows = row.loc[retriever.doc_ids].to_numpy()
         self._lock = threading.Lock()
@@ -273,21 +313,39 @@ class Index:
             rows = self._doc_rows[hits.doc_idx[i][keep]]
             scores = hits.scores[i][keep]
             passages = [Passage(str(self.retriever.doc_ids[d]), str(self._title[r]), str(self._text[r]),
-                                float(s), rank)
+                                float(s), rank, self.lineage(r))
                         for rank, (d, r, s) in enumerate(zip(hits.doc_idx[i][keep], rows, scores), start=1)]
             out.append(Ranked(question, passages, hits.trace[i] if hits.trace else None))
         return out
 
-    def retrieve(self, questions: Sequence[str] | str, k: int | None = None) -> list[Ranked]:
-        """Ranked passages for each question (one batched search), ``k`` deep (default: ``method.top_k``)."""
+    def lineage(self, row: int) -> dict[str, Any] | None:
+        """The lineage of the documents table's row ``row`` as ``Passage.lineage`` gives it."""
+        if self._lineage is None:
+            return None
+        document, source, page, headings, start, end = self._lineage.iloc[int(row)]
+        source = None if source is None or pd.isna(source) else str(source)
+        page = None if page is None or pd.isna(page) else int(page)
+        headings = [str(h) for h in (headings if headings is not None else [])]
+        span = None if start is None or pd.isna(start) else [int(start), int(end)]
+        return {"document": str(document), "source": source, "page": page, "headings": headings, "span": span,
+                "citation": citation(source, str(self._title[row]), page, headings)}
+
+    def retrieve(self, questions: Sequence[str] | str, k: int | None = None,
+                 group: str | None = None) -> list[Ranked]:
+        """Ranked passages for each question (one batched search), ``k`` deep (default: ``method.top_k``);
+        ``group="document"`` also groups them by document (``Ranked.documents``)."""
         batch = [questions] if isinstance(questions, str) else list(questions)
         check_questions(batch)
+        check_group(group)
         k = self.default_k if k is None else int(k)
         if k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
         if not batch:
             return []
-        return self.ranked(batch, self.search(batch, k))
+        ranked = self.ranked(batch, self.search(batch, k))
+        for r in ranked:
+            r.group = group
+        return ranked
 
     def llm_client(self):  # -> tasks.llm.client.LLMClient
         """The configured LLM (cache, ledger and retries of :mod:`tasks.llm`), or an error naming the setting."""

@@ -20,6 +20,24 @@ def recall_at_k(hits: pd.DataFrame, gold: pd.DataFrame, ks: list[int], qids: lis
     return out
 
 
+def document_hits(hits: pd.DataFrame, documents: pd.DataFrame) -> pd.DataFrame:
+    """Hits on passages as hits on the documents they were cut from (``documents``' ``doc_id`` → ``document``),
+    each document kept at its best rank: gold names source documents, so a hit on any piece counts for its
+    document within the same top k passages. Unsplit passages are their own documents: ``hits`` unchanged."""
+    if "document" not in documents.columns or (documents["document"] == documents["doc_id"]).all():
+        return hits
+    source = dict(zip(documents["doc_id"], documents["document"]))
+    mapped = hits.assign(doc_id=hits["doc_id"].map(source).fillna(hits["doc_id"]))
+    return mapped.sort_values(["qid", "rank"], kind="stable").drop_duplicates(["qid", "doc_id"]).reset_index(drop=True)
+
+
+def document_titles(documents: pd.DataFrame) -> pd.DataFrame:
+    """``(doc_id, title)`` of the documents gold names (the passages' own ids when unsplit)."""
+    if "document" not in documents.columns:
+        return documents[["doc_id", "title"]]
+    return documents[["document", "title"]].drop_duplicates("document").rename(columns={"document": "doc_id"})
+
+
 MIN_TIMINGS_FOR_PERCENTILES = 5
 
 

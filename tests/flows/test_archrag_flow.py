@@ -11,7 +11,7 @@ import pytest
 from flows.runtime.config import ConfigError, load_config
 from flows.commands.evaluate import evaluate_flow
 from flows.commands.update import update_flow
-from tasks.core.sample import generate_sample
+from tasks.data.sample import generate_sample
 from tasks.core.store import Store
 from tasks.methods.archrag.filtering import FILTER_SYSTEM, MERGE_SYSTEM
 from tests.flows.conftest import make_config

@@ -13,7 +13,7 @@ import pytest
 from flows.commands.evaluate import evaluate_flow
 from flows.runtime.pipeline import index_flow
 from flows.commands.update import update_flow
-from tasks.core.sample import generate_sample
+from tasks.data.sample import generate_sample
 from tasks.core.store import Store
 from tasks.llm.params import LLMParams
 from tasks.methods.erarag.stages import EraParams, read_meta

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from flows.commands.errors import main
-from tasks.core.ingest import SampleParams, load_dataset
+from tasks.data.ingest import SampleParams, load_dataset
 
 
 def _run(path, hits):

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from flows.commands.evaluate import evaluate_flow
-from tasks.core.ingest import IngestError
-from tasks.core.sample import generate_sample
+from tasks.data.ingest import IngestError
+from tasks.data.sample import generate_sample
 from tasks.core.store import Store
 from tests.flows.conftest import make_config
 

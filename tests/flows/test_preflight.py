@@ -22,8 +22,8 @@ from flows.runtime.preflight import (
     check_models,
     llm_uses,
 )
-from tasks.core.ingest import IngestError
-from tasks.core.sample import generate_sample
+from tasks.data.ingest import IngestError
+from tasks.data.sample import generate_sample
 from tasks.core.store import Store
 from tasks.llm.params import LLMRequestError
 from tests.flows.conftest import make_config

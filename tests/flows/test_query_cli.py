@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from flows.runtime.pipeline import index_flow
-from tasks.core.ingest import IngestError, read_user_questions
+from tasks.data.ingest import IngestError, read_user_questions
 from flows.serving.index import open_index
 from tests.flows.conftest import make_config
 from tests.flows.serving_helpers import REPO

@@ -19,7 +19,7 @@ import pytest
 
 from flows.runtime.api_server import api_request, tied_popen
 from flows.commands.schedule import ConfigError, ScheduleEntry, load_schedule
-from tasks.core.sample import generate_sample
+from tasks.data.sample import generate_sample
 from tasks.core.store import Store
 from tests.flows.interrupts import ctrl_c_reaches_children
 

@@ -12,7 +12,7 @@ from flows.runtime.config import ServeParams
 from flows.commands.evaluate import evaluate_flow
 from flows.serving.app import Service
 from flows.serving.index import open_index
-from tasks.core.sample import generate_sample
+from tasks.data.sample import generate_sample
 from tests.flows.cdp import chromium
 from tests.flows.conftest import make_config
 from tests.flows.serving_helpers import REPO, uvicorn_thread

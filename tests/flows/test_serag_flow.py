@@ -15,8 +15,8 @@ from flows.commands.evaluate import evaluate_flow
 from flows.runtime.pipeline import index_flow
 from flows.runtime.pipeline import start_run
 from flows.commands.update import update_flow
-from tasks.core.ingest import ingest
-from tasks.core.sample import generate_sample
+from tasks.data.ingest import ingest
+from tasks.data.sample import generate_sample
 from tasks.core.store import Store
 from tasks.methods.serag import algorithm as se
 from tasks.text.embed import encode_queries

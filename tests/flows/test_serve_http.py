@@ -18,7 +18,7 @@ import pytest
 
 from flows.runtime.pipeline import index_flow
 from flows.serving.index import open_index
-from tasks.core.sample import generate_sample
+from tasks.data.sample import generate_sample
 from tests.flows.conftest import make_config
 from tests.flows.serving_helpers import REPO, ServeProcess, post
 

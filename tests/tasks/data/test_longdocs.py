@@ -71,7 +71,7 @@ def test_the_script_builds_from_the_installed_packages(tmp_path):
 
 
 def test_ingest_keeps_the_answer_span_and_refuses_a_bad_one():
-    from tasks.core.ingest import IngestError, parse_questions
+    from tasks.data.ingest import IngestError, parse_questions
 
     docs = {"doc a": "intro text. the answer is 42 units. outro"}
     located, _ = build_questions([Question("q1", "how many?", "42 units", "doc a", "the answer is 42 units")], docs)

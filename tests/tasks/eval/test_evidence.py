@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tasks.core.ingest import supporting_sentences
+from tasks.data.ingest import supporting_sentences
 from tasks.eval.evidence import (
     context_recall,
     evidence_recall,

@@ -80,7 +80,7 @@ def test_llm_query_names_match_the_corpus_normalisation(tmp_path) -> None:
 def test_numpy_and_blis_matrix_products_find_the_same_entities() -> None:
     """``ner.matmul`` changes what runs spaCy's matrix products, not what it finds: the same spans, labels and
     offsets on the generated sample's passages and questions, and each pipeline's layers use the ops asked."""
-    from tasks.core.sample import generate_sample
+    from tasks.data.sample import generate_sample
     from tasks.text.ner import load_ner, recognise
 
     corpus, questions = generate_sample(n_passages=120, n_questions=30, seed=3)

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from tasks.core.ingest import SampleParams, ingest
+from tasks.data.ingest import SampleParams, ingest
 from tasks.core.stage import RunContext
 from tasks.core.files import write_parquet
 from tasks.core.hashing import short_hash

@@ -1,4 +1,4 @@
-"""Tests for the fictional multi-hop QA generator in ``tasks.core.sample``."""
+"""Tests for the fictional multi-hop QA generator in ``tasks.data.sample``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tasks.core.sample import content_words, generate_sample, shared_content_words
+from tasks.data.sample import content_words, generate_sample, shared_content_words
 
 # Function words that occur in the question templates; the independent checker
 # below must agree with the module's checker without sharing any code with it.

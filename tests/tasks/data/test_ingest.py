@@ -1,4 +1,4 @@
-"""Tests for ``tasks.core.ingest``: the three HippoRAG question shapes, user corpora, errors, shuffle, caching."""
+"""Tests for ``tasks.data.ingest``: the three HippoRAG question shapes, user corpora, errors, shuffle, caching."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tasks.core.ingest import (
+from tasks.data.ingest import (
     HippoRAGParams,
     IngestError,
     UserCorpusParams,

@@ -3,9 +3,15 @@
 Accepted inputs:
 - HippoRAG format (``corpus.json`` list of ``{title, text}``; optional ``questions.json`` in the
   HotpotQA, 2WikiMultihopQA or MuSiQue shape),
-- a JSONL file of ``{title, text}`` records,
-- a folder of ``.txt`` / ``.md`` files (title = file stem),
-- the generated sample (``tasks.core.sample``).
+- a JSONL file of ``{title, text, ...}`` records (extra fields kept as metadata),
+- a folder of ``.txt``, ``.md``, ``.html`` and ``.pdf`` files (title = file stem),
+- the generated sample (``tasks.data.sample``).
+
+The ``documents`` table holds passages, the units every method indexes, with their lineage: ``document`` (the id
+of the document they were cut from; their own id when unsplit), ``source``, ``page``, ``headings`` and the span
+``char_start:char_end`` in the document's extracted text. ``sources`` holds one row per document. A user corpus is
+read by the per-row ``read`` stage (:mod:`tasks.data.corpus`) and split (``dataset.split``); a HippoRAG corpus
+and the sample are passages already and are split only when ``dataset.split.enabled`` is set.
 
 Bad input raises :class:`IngestError` naming file, record index and field, before anything is written.
 """
@@ -22,7 +28,22 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from tasks.core.sample import generate_sample
+from tasks.data.corpus import (
+    CorpusError,
+    Entry,
+    ReadParams,
+    SplitParams,
+    doc_id,
+    listing_hash,
+    model_folder,
+    passages_of,
+    read_entry,
+    read_rows,
+    scan,
+)
+from tasks.data.readers import FORMATS, ReadDocument, UnreadableFile
+from tasks.data.sample import generate_sample
+from tasks.data.split import split_document
 from tasks.core.stage import RunContext, StageParams, run_setting, run_stage, stage
 from tasks.core.store import ArtifactRef
 from tasks.core.limits import COUNT, COUNT0, one_of, within
@@ -53,11 +74,6 @@ class IngestReport:
         return {"records": self.n_records, "duplicate_records": self.n_duplicate_records,
                 "unmatched_gold": len(self.unmatched_gold), "unmatched_examples": self.unmatched_gold[:5],
                 "ambiguous_gold": len(self.ambiguous_gold), "ambiguous_examples": self.ambiguous_gold[:5]}
-
-
-def doc_id(title: str, text: str) -> str:
-    """Content-hash id of a passage (title and text together identify it)."""
-    return "doc-" + hashlib.sha1(f"{title}\x1f{text}".encode()).hexdigest()[:16]
 
 
 # ----------------------------------------------------------------------------- reading files
@@ -91,25 +107,22 @@ def read_json_list(path: Path) -> list[Any]:
 
 
 def read_jsonl(path: Path) -> list[Any]:
-    """Parse a JSONL file (one JSON object per non-empty line)."""
+    """Parse a JSONL file (one JSON object per non-empty line; lines end at ``\\n`` only; a UTF-8 BOM is
+    dropped)."""
     if not path.exists():
         raise IngestError(str(path), "file not found")
     records = []
-    for i, line in enumerate(read_utf8(path).splitlines()):
+    text = read_utf8(path).removeprefix("\ufeff")
+    if text.lstrip().startswith("["):
+        raise IngestError(str(path), "a JSON array, not JSONL: use dataset=hipporag for a corpus.json list, or "
+                          "write one JSON object per line")
+    for i, line in enumerate(text.split("\n")):  # only \n ends a record: U+2028 is valid inside a JSON string
         if line.strip():
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError as err:
                 raise IngestError(str(path), f"line {i + 1} is not valid JSON ({err})", index=len(records)) from None
     return records
-
-
-def read_text_folder(path: Path) -> list[dict[str, str]]:
-    """A folder of .txt/.md files → records with title = file stem (sorted by relative path)."""
-    if not path.is_dir():
-        raise IngestError(str(path), "not a folder")
-    files = sorted(p for p in path.rglob("*") if p.suffix.lower() in {".txt", ".md"} and p.is_file())
-    return [{"title": p.stem, "text": read_utf8(p).strip()} for p in files]
 
 
 # ----------------------------------------------------------------------------- canonical tables
@@ -262,7 +275,7 @@ def read_user_questions(path: Path) -> pd.DataFrame:
         raise IngestError(source, "file not found")
     raw = path.read_bytes()
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         line = raw[:err.start].count(b"\n") + 1
         raise IngestError(source, f"not UTF-8 at line {line} (byte offset {err.start})") from None
@@ -276,7 +289,7 @@ def read_user_questions(path: Path) -> pd.DataFrame:
         where = "record"
     elif path.suffix == ".jsonl":
         records = []
-        for number, line in enumerate(text.splitlines(), start=1):
+        for number, line in enumerate(text.split("\n"), start=1):  # \n only: U+2028 may be inside a string
             if line.strip():
                 try:
                     records.append((number, json.loads(line)))
@@ -284,7 +297,7 @@ def read_user_questions(path: Path) -> pd.DataFrame:
                     raise IngestError(source, f"line {number} is not valid JSON ({err})") from None
         where = "line"
     else:
-        records = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        records = [ln.strip() for ln in text.split("\n") if ln.strip()]
         where = "line"
     rows = []
     for i, item in enumerate(records):
@@ -330,7 +343,7 @@ def match_gold(docs: pd.DataFrame, gold_keys: Iterable[tuple[str, list]], report
 
 @dataclass(frozen=True)
 class SampleParams:
-    """``dataset=sample``: the generated fictional multi-hop corpus (``tasks.core.sample``)."""
+    """``dataset=sample``: the generated fictional multi-hop corpus (``tasks.data.sample``)."""
 
     kind: str = "sample"
     name: str = "sample"
@@ -340,6 +353,7 @@ class SampleParams:
     shuffle_seed: int | None = field(default=0, metadata=COUNT0)
     # a longer passage is refused, naming its record (None: any length)
     max_text_chars: int | None = field(default=None, metadata=COUNT)
+    split: SplitParams = field(default_factory=lambda: SplitParams(enabled=False))  # passages already
 
 
 @dataclass(frozen=True)
@@ -351,6 +365,8 @@ class HippoRAGParams:
     shuffle_seed: int | None = field(default=0, metadata=COUNT0)
     # a longer passage is refused, naming its record (None: any length)
     max_text_chars: int | None = field(default=None, metadata=COUNT)
+    # benchmark passages are passages already, gold per passage: unsplit by default
+    split: SplitParams = field(default_factory=lambda: SplitParams(enabled=False))
 
 
 @dataclass(frozen=True)
@@ -364,6 +380,9 @@ class UserCorpusParams:
     shuffle_seed: int | None = field(default=0, metadata=COUNT0)
     # a longer passage is refused, naming its record (None: any length)
     max_text_chars: int | None = field(default=None, metadata=COUNT)
+    split: SplitParams = field(default_factory=SplitParams)
+    # a file that cannot be read: fail names it; skip leaves it out and reports it
+    on_error: str = field(default="fail", metadata=one_of(("fail", "skip")))
 
 
 DatasetParams = SampleParams | HippoRAGParams | UserCorpusParams
@@ -391,8 +410,10 @@ def raw_sources(params: DatasetParams, data_dir: str) -> tuple[list[Path], Path 
         if not params.path:
             raise IngestError(f"dataset={params.kind}", "set dataset.path to the corpus file or folder")
         path = Path(params.path)
+        if params.kind == "folder" and not path.is_dir():
+            raise IngestError(str(path), "not a folder (dataset.path of dataset=folder)")
         files = [path] if params.kind == "jsonl" else sorted(
-            p for p in path.rglob("*") if p.suffix.lower() in {".txt", ".md"} and p.is_file())
+            p for p in path.rglob("*") if p.suffix.lower() in FORMATS and p.is_file())
         qpath = Path(params.questions) if params.questions else None
         for p in ([path] if params.kind == "jsonl" else []) + ([qpath] if qpath else []):
             if not p.is_file():  # before content_hash reads it: an IngestError, not an OSError
@@ -402,7 +423,7 @@ def raw_sources(params: DatasetParams, data_dir: str) -> tuple[list[Path], Path 
 
 
 def sample_records(n_passages: int, n_questions: int, seed: int) -> tuple[list[Any], list[Any]]:
-    """(corpus records, question records) of the generated sample (:mod:`tasks.core.sample`)."""
+    """(corpus records, question records) of the generated sample (:mod:`tasks.data.sample`)."""
     return generate_sample(n_passages, n_questions, seed)
 
 
@@ -414,20 +435,103 @@ def question_file_records(qpath: Path | None) -> list[Any]:
 
 
 def corpus_file_records(kind: str, corpus: Path) -> list[Any]:
-    """The ``{title, text}`` records of a corpus file (``hipporag``: JSON list; ``jsonl``) or folder."""
-    if kind == "hipporag":
-        return read_json_list(corpus)
-    return read_jsonl(corpus) if kind == "jsonl" else read_text_folder(corpus)
+    """The ``{title, text}`` records of a corpus file (``hipporag``: JSON list; ``jsonl``: one object a line)."""
+    return read_json_list(corpus) if kind == "hipporag" else read_jsonl(corpus)
+
+
+def passage_tables(docs: pd.DataFrame, split: SplitParams) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Canonical ``documents(doc_id, title, text)`` that are passages already (HippoRAG, the sample) → the
+    ``documents`` table with lineage, and ``sources``. Unsplit (the default), each passage is its own document,
+    spanning its whole text; with ``split.enabled`` a long one is cut, each piece naming it as its ``document``."""
+    folder = model_folder(split)
+    rows = []
+    for d, title, text in docs[["doc_id", "title", "text"]].itertuples(index=False):
+        pieces = split_document(ReadDocument(text), folder, split.max_tokens, split.overlap) if folder else []
+        if len(pieces) <= 1:
+            rows.append((d, title, text, d, 0, len(text)))
+        else:
+            rows.extend((doc_id(title, text[p.start:p.end]), title, text[p.start:p.end], d, p.start, p.end)
+                        for p in pieces)
+    out = pd.DataFrame(rows, columns=["doc_id", "title", "text", "document", "char_start", "char_end"])
+    out = out.drop_duplicates("doc_id", keep="first").reset_index(drop=True)
+    n = len(out)
+    out = out.assign(source=pd.array([None] * n, dtype="string"), page=pd.array([None] * n, dtype="Int64"),
+                     headings=[[] for _ in range(n)])
+    counts = out.groupby("document", sort=False).size()
+    sources = pd.DataFrame({"document": docs["doc_id"], "source": pd.array([None] * len(docs), dtype="string"),
+                            "title": docs["title"], "content_hash": pd.array([None] * len(docs), dtype="string"),
+                            "mtime": np.full(len(docs), np.nan), "n_passages": docs["doc_id"].map(counts).fillna(0)
+                            .astype(int), "metadata": "{}"})
+    return out[LINEAGE_COLUMNS], sources
+
+
+# the documents table: passages and their lineage (docs/own-documents.md)
+LINEAGE_COLUMNS = ["doc_id", "title", "text", "document", "source", "page", "headings", "char_start", "char_end"]
 
 
 def canonical_tables(corpus: list[Any], source: str, qrecs: list[Any], qsource: str, max_text_chars: int | None,
-                     shuffle_seed: int | None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, IngestReport]:
-    """Validated records → (documents, questions, gold, report)."""
+                     shuffle_seed: int | None, split: SplitParams | None = None
+                     ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, IngestReport, pd.DataFrame]:
+    """Validated records → (documents, questions, gold, report, sources); gold names source passages."""
     report = IngestReport()
     docs = canonical_documents(corpus, source, report, max_text_chars)
     questions, gold_keys = parse_questions(qrecs, qsource)
     gold = match_gold(docs, gold_keys, report)
-    return shuffle_documents(docs, shuffle_seed), questions, gold, report
+    passages, sources = passage_tables(docs, split or SplitParams(enabled=False))
+    return shuffle_documents(passages, shuffle_seed), questions, gold, report, sources
+
+
+def corpus_tables(kind: str, path: str, entries: list[Entry], scan_skipped: list[tuple[str, str]],
+                  rows: pd.DataFrame, on_error: str, qpath: Path | None, max_text_chars: int | None,
+                  shuffle_seed: int | None
+                  ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, IngestReport, pd.DataFrame, pd.DataFrame]:
+    """A scanned user corpus and its ``read`` rows → (documents, questions, gold, report, sources, skipped)."""
+    if scan_skipped and on_error == "fail":
+        src, reason = scan_skipped[0]
+        raise IngestError(path, f"{src}: {reason} (dataset.on_error=skip skips such files)")
+
+    def title_of(entry: Entry, row: Any) -> str:
+        return str(row["title"]) if kind == "jsonl" else Path(entry.source).stem
+
+    try:
+        passages, sources, skipped = passages_of(entries, rows, on_error, title_of)
+    except UnreadableFile as err:
+        raise IngestError(path, str(err)) from None
+    skipped = list(scan_skipped) + skipped
+    if not passages:
+        raise IngestError(path, "the corpus is empty" + (f": all {len(skipped)} files were skipped" if skipped else
+                                                         f" (no {', '.join(sorted(FORMATS))} files)"
+                                                         if kind == "folder" else ""))
+    report = IngestReport(n_records=len(sources))
+    docs = pd.DataFrame(passages, columns=LINEAGE_COLUMNS)
+    docs["page"] = docs["page"].astype("Int64")
+    if max_text_chars is not None:
+        long = docs["text"].str.len() > max_text_chars
+        if long.any():
+            first = docs[long].iloc[0]
+            raise IngestError(path, f"a passage of {len(first.text):,} characters in {first.source}, over "
+                              f"dataset.max_text_chars={max_text_chars}: lower dataset.split.max_tokens or raise "
+                              f"the limit")
+    n = len(docs)
+    docs = docs.drop_duplicates("doc_id", keep="first").reset_index(drop=True)
+    report.n_duplicate_records = n - len(docs)
+    sources_df = pd.DataFrame(sources, columns=["document", "source", "title", "content_hash", "mtime", "n_passages",
+                                                "metadata"])
+    text_of = dict(zip(rows["key"], rows["text"]))
+    whole = pd.DataFrame({"doc_id": sources_df["document"], "title": sources_df["title"],
+                          "text": [text_of[k] for k in sources_df["content_hash"]]})
+    questions, gold_keys = parse_questions(question_file_records(qpath), str(qpath))
+    gold = match_gold(whole.drop_duplicates("doc_id"), gold_keys, report)
+    skipped_df = pd.DataFrame(skipped, columns=["source", "reason"])
+    return shuffle_documents(docs, shuffle_seed), questions, gold, report, sources_df, skipped_df
+
+
+def read_corpus(params: UserCorpusParams) -> tuple[list[Entry], list[tuple[str, str]]]:
+    """:func:`tasks.data.corpus.scan` of a user corpus, its problems as :class:`IngestError`."""
+    try:
+        return scan(params.kind, params.path)
+    except CorpusError as err:
+        raise IngestError(params.path, str(err).removeprefix(f"{params.path}: ")) from None
 
 
 def corpus_path(params: HippoRAGParams | UserCorpusParams, data_dir: str) -> Path:
@@ -439,11 +543,23 @@ def load_dataset(params: DatasetParams, data_dir: str) -> tuple[pd.DataFrame, pd
     """Read and validate a dataset → (documents, questions, gold, report); nothing is written."""
     if isinstance(params, SampleParams):
         corpus, qrecs = sample_records(params.n_passages, params.n_questions, params.seed)
-        return canonical_tables(corpus, "sample", qrecs, "sample", params.max_text_chars, params.shuffle_seed)
+        return canonical_tables(corpus, "sample", qrecs, "sample", params.max_text_chars, params.shuffle_seed,
+                                params.split)[:4]
     _, qpath = raw_sources(params, data_dir)
     corpus = corpus_path(params, data_dir)
+    if isinstance(params, UserCorpusParams):  # every document read and split here, nothing cached
+        entries, skipped = read_corpus(params)
+        folder = model_folder(params.split)
+        try:
+            rows = pd.DataFrame([read_entry(e, params.split, folder) for e in {e.key: e for e in entries}.values()],
+                                columns=["key", "title", "text", "metadata", "starts", "ends", "pages", "headings",
+                                         "error"])
+        except UnreadableFile as err:
+            raise IngestError(params.path, str(err)) from None
+        return corpus_tables(params.kind, params.path, entries, skipped, rows, params.on_error, qpath,
+                             params.max_text_chars, params.shuffle_seed)[:4]
     return canonical_tables(corpus_file_records(params.kind, corpus), str(corpus), question_file_records(qpath),
-                            str(qpath), params.max_text_chars, params.shuffle_seed)
+                            str(qpath), params.max_text_chars, params.shuffle_seed, params.split)[:4]
 
 
 def content_hash(paths: list[Path]) -> str:
@@ -451,46 +567,75 @@ def content_hash(paths: list[Path]) -> str:
     h = hashlib.sha256()
     for p in paths:
         h.update(p.name.encode())
-        h.update(p.read_bytes())
+        try:
+            h.update(p.read_bytes())
+        except OSError as err:  # vanished or unreadable: the read stage names it (dataset.on_error)
+            h.update(f"unreadable: {type(err).__name__}".encode())
     return h.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
 class SampleIngestParams(StageParams):
-    """``ingest`` of the generated sample: its size and seeds; ``max_text_chars`` only refuses input."""
+    """``ingest`` of the generated sample: its size and seeds, its splitting; ``max_text_chars`` only refuses
+    input."""
 
     SOURCES = ("dataset",)
     n_passages: int
     n_questions: int
     seed: int
     shuffle_seed: int | None
+    split: SplitParams
     max_text_chars: int | None = run_setting()
 
 
 @dataclass(frozen=True)
 class FileIngestParams(StageParams):
-    """``ingest`` of a corpus read from files (``hipporag``, ``jsonl``, ``folder``; their bytes are its input):
-    which reader, the corpus order; ``max_text_chars`` only refuses input."""
+    """``ingest`` of a HippoRAG corpus file (its bytes are its input): which reader, the corpus order, its
+    splitting; ``max_text_chars`` only refuses input."""
 
     SOURCES = ("dataset",)
     kind: str
     shuffle_seed: int | None
+    split: SplitParams
+    max_text_chars: int | None = run_setting()
+
+
+@dataclass(frozen=True)
+class CorpusIngestParams(StageParams):
+    """``ingest`` of a user corpus (``jsonl``, ``folder``) from its ``read`` rows: the titles' rule, the corpus
+    order, what a bad file does; ``max_text_chars`` only refuses input."""
+
+    SOURCES = ("dataset",)
+    kind: str
+    shuffle_seed: int | None
+    on_error: str
     max_text_chars: int | None = run_setting()
 
 
 def ingest(ctx: RunContext, params: DatasetParams, data_dir: str) -> dict[str, ArtifactRef]:
-    """The ``ingest`` stage of the dataset's kind: the generated sample, or files read from disk."""
+    """The ``ingest`` stage of the dataset's kind: the generated sample, a HippoRAG file, or a user corpus (its
+    ``read`` stage first)."""
     dataset = SimpleNamespace(dataset=params)
     if isinstance(params, SampleParams):
         return ingest_sample(ctx, SampleIngestParams.of(dataset))
     files, qpath = raw_sources(params, data_dir)
+    if isinstance(params, UserCorpusParams):
+        entries, skipped = read_corpus(params)
+        listing = listing_hash(entries, skipped)
+        try:
+            read = read_rows(ctx, ReadParams.of(dataset, kind=params.kind), entries, listing)
+        except UnreadableFile as err:
+            raise IngestError(params.path, str(err)) from None
+        return ingest_corpus(ctx, CorpusIngestParams.of(dataset), params.path, read["read"], entries, skipped, listing,
+                             str(qpath) if qpath else None, content_hash([qpath]) if qpath else "none")
     raw = content_hash(files + ([qpath] if qpath else []))
     return ingest_files(ctx, FileIngestParams.of(dataset), str(corpus_path(params, data_dir)),
                         str(qpath) if qpath else None, raw)
 
 
-def _ingest_outputs(docs: pd.DataFrame, questions: pd.DataFrame, gold: pd.DataFrame,
-                    report: IngestReport) -> tuple[dict[str, pd.DataFrame], int]:
+def _ingest_outputs(docs: pd.DataFrame, questions: pd.DataFrame, gold: pd.DataFrame, report: IngestReport,
+                    sources: pd.DataFrame, skipped: pd.DataFrame | None = None
+                    ) -> tuple[dict[str, pd.DataFrame], int]:
     """The ``ingest`` stage's tables, its report logged."""
     summary = report.summary()
     if summary["unmatched_gold"] or summary["ambiguous_gold"]:
@@ -499,17 +644,22 @@ def _ingest_outputs(docs: pd.DataFrame, questions: pd.DataFrame, gold: pd.DataFr
                     summary["ambiguous_gold"], summary["ambiguous_examples"])
     if summary["duplicate_records"]:
         log.warning("corpus: %d duplicate (title, text) records kept once", summary["duplicate_records"])
-    report_df = pd.DataFrame([{"report": json.dumps(summary)}])
-    return {"documents": docs, "questions": questions, "gold": gold, "ingest_report": report_df}, len(docs)
+    skipped = skipped if skipped is not None else pd.DataFrame(columns=["source", "reason"], dtype="string")
+    if len(skipped):
+        log.warning("corpus: %d file(s) skipped (dataset.on_error=skip), e.g. %s: %s", len(skipped),
+                    skipped["source"].iloc[0], skipped["reason"].iloc[0])
+    report_df = pd.DataFrame([{"report": json.dumps({**summary, "skipped": len(skipped)})}])
+    return {"documents": docs, "questions": questions, "gold": gold, "ingest_report": report_df,
+            "sources": sources, "skipped": skipped.astype("string")}, len(docs)
 
 
 @stage("ingest", params=SampleIngestParams)
 def ingest_sample(ctx: RunContext, params: SampleIngestParams) -> dict[str, ArtifactRef]:
-    """Stage: canonical ``documents``, ``questions`` and ``gold`` tables of the generated sample."""
+    """Stage: canonical ``documents``, ``sources``, ``questions`` and ``gold`` tables of the generated sample."""
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
         corpus, qrecs = sample_records(params.n_passages, params.n_questions, params.seed)
         return _ingest_outputs(*canonical_tables(corpus, "sample", qrecs, "sample", params.max_text_chars,
-                                                 params.shuffle_seed))
+                                                 params.shuffle_seed, params.split))
 
     return run_stage(ctx, params, {"content": content_hash([])}, compute)
 
@@ -517,15 +667,31 @@ def ingest_sample(ctx: RunContext, params: SampleIngestParams) -> dict[str, Arti
 @stage("ingest", params=FileIngestParams)
 def ingest_files(ctx: RunContext, params: FileIngestParams, corpus: str, questions: str | None,
                  content: str) -> dict[str, ArtifactRef]:
-    """Stage: canonical ``documents``, ``questions`` and ``gold`` tables of a corpus file or folder (and its
-    questions file), whose bytes hash to ``content``."""
+    """Stage: canonical ``documents``, ``sources``, ``questions`` and ``gold`` tables of a HippoRAG corpus file
+    (and its questions file), whose bytes hash to ``content``."""
     def compute() -> tuple[dict[str, pd.DataFrame], int]:
         qpath = Path(questions) if questions else None
         return _ingest_outputs(*canonical_tables(corpus_file_records(params.kind, Path(corpus)), corpus,
                                                  question_file_records(qpath), str(qpath), params.max_text_chars,
-                                                 params.shuffle_seed))
+                                                 params.shuffle_seed, params.split))
 
     return run_stage(ctx, params, {"content": content}, compute)
+
+
+@stage("ingest", params=CorpusIngestParams)
+def ingest_corpus(ctx: RunContext, params: CorpusIngestParams, corpus: str, read: ArtifactRef, entries: list[Entry],
+                  skipped: list[tuple[str, str]], listing: str, questions: str | None,
+                  questions_content: str) -> dict[str, ArtifactRef]:
+    """Stage: the ``documents`` (passages with lineage), ``sources``, ``questions``, ``gold`` and ``skipped``
+    tables of a user corpus, from its ``read`` rows and its scan (whose identity is ``listing``)."""
+    def compute() -> tuple[dict[str, pd.DataFrame], int]:
+        rows = ctx.store.read(read)
+        docs, qs, gold, report, sources, skipped_df = corpus_tables(
+            params.kind, corpus, entries, skipped, rows,
+            params.on_error, Path(questions) if questions else None, params.max_text_chars, params.shuffle_seed)
+        return _ingest_outputs(docs, qs, gold, report, sources, skipped_df)
+
+    return run_stage(ctx, params, {"read": read.fp, "listing": listing, "questions": questions_content}, compute)
 
 
 # ----------------------------------------------------------------------------- gold evidence sentences
