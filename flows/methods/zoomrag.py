@@ -26,7 +26,7 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
     """Index stages of ``method=zoomrag``."""
     p, documents = cfg.method, data["documents"]
     mentions = ner(ctx, documents, "doc_id", cfg, submit=True)
-    chunks = chunk(ctx, ChunkParams.of(cfg), documents)["chunks"]
+    chunks = chunk(ctx, chunking(cfg), documents)["chunks"]
     doc_embeddings = embed(ctx, EmbedParams.of(cfg, id_col="doc_id", use_template=True), documents)["embeddings"]
     chunk_embeddings = embed(ctx, EmbedParams.of(cfg, id_col="chunk_id"), chunks)["embeddings"]
     graph = (linked_entity_graph(ctx, LinkedGraphParams.of(cfg), documents, chunks, mentions.result()["mentions"])
@@ -39,6 +39,16 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
     if p.relation_gate_temperature > 0 and p.relation_gate_masked:  # beyond the paper: the gate reads relations
         out |= index_relation_embeddings(ctx, cfg, chunks, graph["entities"], graph["chunk_entity"])
     return out
+
+
+def chunking(cfg) -> ChunkParams:
+    """How ChunkZoom's chunks are cut. §3.2 and Table 11: sentences of short documents (the default, over the
+    passages every method indexes); ``chunk_unit: window`` (with ``dataset.split.enabled=false``) maps the two
+    levels to a long document and its token windows instead. The window sizes are read only for windows, so the
+    sentence chunks stay the stage LinearRAG shares."""
+    if cfg.method.chunk_unit == "window":
+        return ChunkParams.of(cfg)
+    return ChunkParams.of(cfg, window_tokens=ChunkParams.window_tokens, overlap_tokens=ChunkParams.overlap_tokens)
 
 
 def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> ZoomRetriever:

@@ -18,7 +18,7 @@ from tasks.methods.zoomrag import algorithm as zoom
 from tasks.text.chunk import CHUNK_UNITS
 from tasks.text.embed import load_embeddings
 from tasks.text.linking import LinkingParams
-from tasks.core.limits import COUNT, one_of
+from tasks.core.limits import COUNT, COUNT0, one_of
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,9 @@ class ZoomRAGParams(zoom.ZoomParams, LinkingParams):
     top_k: int = field(default=10, metadata=COUNT)
     # §3.2: chunks are sentence-level units, ordered within their document
     chunk_unit: str = field(default="sentence", metadata=one_of(CHUNK_UNITS))
+    # chunk_unit=window only: whitespace tokens a window, shared with the next (docs/methods/zoomrag.md, long documents)
+    window_tokens: int = field(default=160, metadata=COUNT)
+    overlap_tokens: int = field(default=24, metadata=COUNT0)
     max_entity_words: int = field(default=6, metadata=COUNT)
     doc_block_rows: int = field(default=1024, metadata=COUNT)
     # ChunkZoom local problems solved together (similar sizes grouped)
