@@ -108,3 +108,18 @@ def test_one_two_megabyte_document_is_queried_within_two_gigabytes():
     assert probe["peak_mb"] < 2048, probe
     # CPU seconds, all threads together: a busy shared box stretches the wall clock, not the work
     assert probe["cpu_seconds"] < 10, probe
+
+
+def test_window_sizes_shape_only_window_chunks():
+    """ZoomRAG's sentence chunks keep the chunk stage LinearRAG shares (its window sizes are ChunkParams'
+    defaults); ``chunk_unit=window`` (a long document and its windows) cuts by ZoomRAG's own window sizes."""
+    from types import SimpleNamespace
+
+    from flows.methods.zoomrag import chunking
+    from tasks.methods.zoomrag.stages import ZoomRAGParams
+    from tasks.text.chunk import ChunkParams
+
+    sentence = chunking(SimpleNamespace(method=ZoomRAGParams()))
+    assert sentence == ChunkParams(unit="sentence")  # LinearRAG's config has no window keys: these defaults
+    window = chunking(SimpleNamespace(method=ZoomRAGParams(chunk_unit="window", window_tokens=50, overlap_tokens=5)))
+    assert (window.unit, window.window_tokens, window.overlap_tokens) == ("window", 50, 5)
