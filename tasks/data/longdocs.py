@@ -181,15 +181,22 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def build(out: Path, with_pdfs: bool = True, min_chars: int = MIN_CHARS) -> dict[str, Any]:
-    """Write the corpus, the located questions and the build report into ``out``; return the report."""
+def build(out: Path, with_pdfs: bool = True, min_chars: int = MIN_CHARS,
+          only: list[str] | None = None) -> dict[str, Any]:
+    """Write the corpus, the located questions and the build report into ``out``; return the report. ``only``
+    (titles) keeps those documents alone, and their questions: a small set for a slow box."""
     docs = package_documents(min_chars)
     missing: list[str] = []
     if with_pdfs:
         pdfs, missing = pdf_documents()
         docs += pdfs
+    if only is not None:
+        unknown = sorted(set(only) - {d.title for d in docs})
+        if unknown:
+            raise ValueError(f"--documents: no document titled {unknown} (titles are in corpus.jsonl)")
+        docs = [d for d in docs if d.title in set(only)]
     by_title = {d.title: d.text for d in docs}
-    located, lost = build_questions(read_questions(), by_title)
+    located, lost = build_questions([q for q in read_questions() if only is None or q.gold in set(only)], by_title)
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "corpus.jsonl", "".join(json.dumps({"title": d.title, "text": d.text, "source": d.source,
                                                            "kind": d.kind, "version": d.version}) + "\n"
@@ -209,8 +216,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-pdf", action="store_true", help="package descriptions only (what ships with pip)")
     parser.add_argument("--min-chars", type=int, default=MIN_CHARS, help="shortest package description kept")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a question's span is not found")
+    parser.add_argument("--documents", help="comma-separated titles: keep only these documents and their questions")
     args = parser.parse_args(argv)
-    report = build(args.out, not args.no_pdf, args.min_chars)
+    only = [t.strip() for t in args.documents.split(",")] if args.documents else None
+    try:
+        report = build(args.out, not args.no_pdf, args.min_chars, only)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     for line in report["missing_sources"]:
         print(f"missing: {line}")
     for q in report["lost_questions"]:
