@@ -82,3 +82,14 @@ def test_ingest_keeps_the_answer_span_and_refuses_a_bad_one():
     assert list(plain.columns) == ["qid", "question", "answers", "qtype"]  # the benchmarks' table is unchanged
     with pytest.raises(IngestError, match="answer_span"):
         parse_questions([{**located[0], "answer_span": {"start": 9, "end": 2}}], "questions.json")
+
+
+def test_documents_option_keeps_named_documents_and_refuses_unknown_titles(tmp_path):
+    report = longdocs.build(tmp_path, with_pdfs=False, only=["pytz"]) if "pytz" in {
+        d.title for d in longdocs.package_documents()} else pytest.skip("pytz's description is not installed")
+    titles = {json.loads(line)["title"] for line in (tmp_path / "corpus.jsonl").read_text().splitlines()}
+    assert titles == {"pytz"} and report["documents"] == 1
+    asked = {q["answer_span"]["document"] for q in json.loads((tmp_path / "questions.json").read_text())}
+    assert asked <= {"pytz"}
+    with pytest.raises(ValueError, match="no document titled"):
+        longdocs.build(tmp_path, with_pdfs=False, only=["no such package"])
