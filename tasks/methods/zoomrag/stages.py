@@ -40,7 +40,7 @@ class ZoomRAGParams(zoom.ZoomParams, LinkingParams):
     # beyond the paper (#58, #59): a query's local graph holds at most this many nodes (chunks + entities); above,
     # the chunks the local walk's first step reaches most are kept (zoom.bound_local_chunks)
     chunk_local_max_nodes: int = field(default=1024, metadata=COUNT)
-    # beyond the paper: a ChunkZoom batch holds at most this many padded cells (queries x nodes²; ~100 bytes each)
+    # beyond the paper: a ChunkZoom batch holds at most this many padded cells (queries x nodes²; ~35 bytes each)
     chunk_zoom_max_cells: int = field(default=8_000_000, metadata=COUNT)
     relation_gate_masked: bool = False  # beyond the paper: the gate (if on) reads question and sentence without names
 
