@@ -247,8 +247,6 @@ def passages_of(entries: list[Entry], rows: pd.DataFrame, on_error: str, title_o
     for e in entries:
         r = rows.iloc[by_key[e.key]]
         if r["error"] is not None and not pd.isna(r["error"]):
-            if on_error == "fail":
-                raise UnreadableFile(f"{e.source}: {r['error']} (dataset.on_error=skip skips such files)")
             skipped.append((e.source, str(r["error"])))
             continue
         title, text = title_of(e, r), str(r["text"])
@@ -262,6 +260,10 @@ def passages_of(entries: list[Entry], rows: pd.DataFrame, on_error: str, title_o
                              "headings": [str(h) for h in heads], "char_start": int(s), "char_end": int(t)})
         sources.append({"document": document, "source": e.source, "title": title, "content_hash": e.key,
                         "mtime": e.mtime, "n_passages": len(starts), "metadata": str(r["metadata"])})
+    if skipped and on_error == "fail":
+        source, reason = skipped[0]
+        more = f"; {len(skipped) - 1} more file(s) cannot be read either" if len(skipped) > 1 else ""
+        raise UnreadableFile(f"{source}: {reason}{more} (dataset.on_error=skip skips such files and reports them)")
     return passages, sources, skipped
 
 
