@@ -27,7 +27,7 @@ from tasks.core.limits import COUNT, COUNT0
 from tasks.core.stage import RunContext, StageParams, run_row_stage, stage, wired
 from tasks.core.store import ArtifactRef
 from tasks.data.readers import FORMATS, ReadDocument, UnreadableFile, read_document
-from tasks.data.split import Piece, split_document
+from tasks.data.split import Piece, split_document, whole_span
 
 JSONL_FIELDS = ("title", "text")
 
@@ -57,6 +57,13 @@ class Entry:
     offset: int = 0
     length: int = -1  # -1: the whole file
     mtime: float | None = None
+    line: int = 0  # a JSONL record's 1-based line number
+
+
+def where(source: str) -> str:
+    """A source as an error names it: ``docs/a.md``, or ``c.jsonl, record 3`` for ``c.jsonl#3``."""
+    file, _, record = source.rpartition("#")
+    return f"{file}, record {record}" if file and record.isdigit() else source
 
 
 class CorpusError(ValueError):
@@ -96,12 +103,12 @@ def file_entry(root: Path, path: Path) -> Entry:
     return Entry(_key(fmt, data), path.relative_to(root).as_posix(), fmt, str(path), mtime=mtime)
 
 
-def jsonl_records(path: Path) -> Iterator[tuple[int, int, int, bytes]]:
-    """``(record index, byte offset, length, line)`` of each non-blank line of a JSONL file, read in a stream and
-    split on ``\\n`` only; a leading UTF-8 BOM is skipped; a JSON array is refused."""
+def jsonl_records(path: Path) -> Iterator[tuple[int, int, int, int, bytes]]:
+    """``(record index, line number, byte offset, length, line)`` of each non-blank line of a JSONL file, read in
+    a stream and split on ``\\n`` only; a leading UTF-8 BOM is skipped; a JSON array is refused."""
     offset, index = 0, 0
     with open(path, "rb") as fh:
-        for line in fh:  # binary lines end at b"\n" only: U+2028/U+2029 and \r inside a record stay in it
+        for number, line in enumerate(fh, start=1):  # binary lines end at b"\n" only: U+2028 stays in its record
             start, length = offset, len(line)
             offset += length
             if start == 0 and line.startswith(b"\xef\xbb\xbf"):
@@ -112,7 +119,7 @@ def jsonl_records(path: Path) -> Iterator[tuple[int, int, int, bytes]]:
             if index == 0 and body.startswith(b"["):
                 raise CorpusError(f"{path}: a JSON array, not JSONL: use dataset=hipporag for a corpus.json list, or "
                                   f"write one JSON object per line")
-            yield index, start, length, line
+            yield index, number, start, length, line
             index += 1
 
 
@@ -130,8 +137,9 @@ def scan(kind: str, path: str) -> tuple[list[Entry], list[tuple[str, str]]]:
     if not root.is_file():
         raise CorpusError(f"{root}: file not found (dataset.path of dataset=jsonl)")
     mtime = root.stat().st_mtime
-    for index, start, length, line in jsonl_records(root):
-        entries.append(Entry(_key("jsonl", line), f"{root.name}#{index}", "jsonl", str(root), start, length, mtime))
+    for index, number, start, length, line in jsonl_records(root):
+        entries.append(Entry(_key("jsonl", line), f"{root.name}#{index}", "jsonl", str(root), start, length, mtime,
+                             number))
     return entries, skipped
 
 
@@ -147,14 +155,16 @@ def listing_hash(entries: list[Entry], skipped: list[tuple[str, str]]) -> str:
 
 # ----------------------------------------------------------------------------- the per-row read stage
 
-def _record(line: bytes) -> tuple[str | None, ReadDocument, dict[str, Any]]:
+def _record(line: bytes, entry: Entry) -> tuple[str | None, ReadDocument, dict[str, Any]]:
     """A JSONL line → (title, document, extra fields); a bad record raises :class:`UnreadableFile`."""
+    record = entry.source.rpartition("#")[2]
     try:
         rec = json.loads(line.decode("utf-8"))
     except UnicodeDecodeError as err:
-        raise UnreadableFile(f"invalid UTF-8 at byte {err.start} of the record") from None
+        raise UnreadableFile(f"invalid UTF-8 at byte offset {entry.offset + err.start}, line {entry.line}, record "
+                             f"{record}: save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
     except json.JSONDecodeError as err:
-        raise UnreadableFile(f"not valid JSON ({err})") from None
+        raise UnreadableFile(f"line {entry.line} is not valid JSON ({err})") from None
     if not isinstance(rec, dict):
         raise UnreadableFile(f"expected a JSON object, got {type(rec).__name__}")
     for name in JSONL_FIELDS:
@@ -179,7 +189,7 @@ def read_entry(entry: Entry, split: SplitParams, model_folder: str | None) -> di
         raise UnreadableFile(f"{entry.source}: cannot be read now ({err.strerror or err}); run again") from None
     try:
         if entry.fmt == "jsonl":
-            title, doc, extra = _record(data)
+            title, doc, extra = _record(data, entry)
             row.update(title=title, metadata=json.dumps(extra, ensure_ascii=False, default=str))
         else:
             doc = read_document(data, entry.fmt)
@@ -187,7 +197,7 @@ def read_entry(entry: Entry, split: SplitParams, model_folder: str | None) -> di
         row["error"] = str(err)
         return row
     pieces = split_document(doc, model_folder, split.max_tokens, split.overlap) if split.enabled and model_folder \
-        else [Piece(0, len(doc.text), 1 if doc.page_starts else None, [])]
+        else [Piece(*whole_span(doc.text), 1 if doc.page_starts else None, [])]
     row.update(text=doc.text, starts=[p.start for p in pieces], ends=[p.end for p in pieces],
                pages=[p.page for p in pieces], headings=[p.headings for p in pieces])
     return row
@@ -227,8 +237,8 @@ def read_rows(ctx: RunContext, params: ReadParams, entries: list[Entry], listing
     def compute_rows(missing: list[str]) -> pa.Table:
         return pa.Table.from_pylist([read_entry(by_key[k], split, folder) for k in missing], schema=ROW_SCHEMA)
 
-    def assemble(rows: pa.Table) -> dict[str, pa.Table]:
-        return {"read": rows}
+    def assemble(rows: pa.Table | None) -> dict[str, pa.Table]:
+        return {"read": rows if rows is not None else ROW_SCHEMA.empty_table()}
 
     from tasks.core.code_identity import code_version
 
@@ -247,12 +257,10 @@ def passages_of(entries: list[Entry], rows: pd.DataFrame, on_error: str, title_o
     for e in entries:
         r = rows.iloc[by_key[e.key]]
         if r["error"] is not None and not pd.isna(r["error"]):
-            if on_error == "fail":
-                raise UnreadableFile(f"{e.source}: {r['error']} (dataset.on_error=skip skips such files)")
             skipped.append((e.source, str(r["error"])))
             continue
         title, text = title_of(e, r), str(r["text"])
-        document = doc_id(title, text)
+        document = doc_id(title, text.strip())
         starts, ends = list(r["starts"]), list(r["ends"])
         for s, t, page, heads in zip(starts, ends, list(r["pages"]), list(r["headings"])):
             piece = text[int(s):int(t)]
@@ -262,6 +270,11 @@ def passages_of(entries: list[Entry], rows: pd.DataFrame, on_error: str, title_o
                              "headings": [str(h) for h in heads], "char_start": int(s), "char_end": int(t)})
         sources.append({"document": document, "source": e.source, "title": title, "content_hash": e.key,
                         "mtime": e.mtime, "n_passages": len(starts), "metadata": str(r["metadata"])})
+    if skipped and on_error == "fail":
+        source, reason = skipped[0]
+        more = f"; {len(skipped) - 1} more file(s) cannot be read either" if len(skipped) > 1 else ""
+        raise UnreadableFile(f"{where(source)}: {reason}{more} (dataset.on_error=skip skips such files and reports "
+                             f"them)")
     return passages, sources, skipped
 
 

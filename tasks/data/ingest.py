@@ -40,6 +40,7 @@ from tasks.data.corpus import (
     read_entry,
     read_rows,
     scan,
+    where,
 )
 from tasks.data.readers import FORMATS, ReadDocument, UnreadableFile
 from tasks.data.sample import generate_sample
@@ -488,7 +489,7 @@ def corpus_tables(kind: str, path: str, entries: list[Entry], scan_skipped: list
     """A scanned user corpus and its ``read`` rows → (documents, questions, gold, report, sources, skipped)."""
     if scan_skipped and on_error == "fail":
         src, reason = scan_skipped[0]
-        raise IngestError(path, f"{src}: {reason} (dataset.on_error=skip skips such files)")
+        raise IngestError(path, f"{where(src)}: {reason} (dataset.on_error=skip skips such files and reports them)")
 
     def title_of(entry: Entry, row: Any) -> str:
         return str(row["title"]) if kind == "jsonl" else Path(entry.source).stem
@@ -509,7 +510,7 @@ def corpus_tables(kind: str, path: str, entries: list[Entry], scan_skipped: list
         long = docs["text"].str.len() > max_text_chars
         if long.any():
             first = docs[long].iloc[0]
-            raise IngestError(path, f"a passage of {len(first.text):,} characters in {first.source}, over "
+            raise IngestError(path, f"a passage of {len(first.text):,} characters in {where(first.source)}, over "
                               f"dataset.max_text_chars={max_text_chars}: lower dataset.split.max_tokens or raise "
                               f"the limit")
     n = len(docs)

@@ -82,6 +82,11 @@ def heading_path(headings: list[tuple[int, int, str]], at: int) -> list[str]:
     return [t for _, t in stack if t]
 
 
+def whole_span(text: str) -> tuple[int, int]:
+    """The span of a whole text without its leading and trailing whitespace."""
+    return len(text) - len(text.lstrip()), len(text.rstrip())
+
+
 def count_tokens(model_folder: str, text: str) -> int:
     """Tokens of ``text`` under the model's tokenizer, special tokens not counted."""
     return len(tokenizer(model_folder).encode(text, add_special_tokens=False).ids)
@@ -97,6 +102,6 @@ def split_document(doc: ReadDocument, model_folder: str, max_tokens: int, overla
         return Piece(start, end, page, heading_path(headings, start))
 
     if count_tokens(model_folder, doc.text) <= max_tokens:
-        return [piece(0, len(doc.text))]
+        return [piece(*whole_span(doc.text))]
     chunks = _splitter(model_folder, doc.markdown, max_tokens, min(overlap, max_tokens - 1)).chunk_indices(doc.text)
     return [piece(start, start + len(chunk)) for start, chunk in chunks if chunk.strip()]

@@ -159,7 +159,7 @@ def test_bad_files_fail_by_name_or_are_skipped_and_reported(tmp_path):
     (root / "blob.txt").write_bytes(bytes(range(256)) * 8)
     base = ("method=bm25", "dataset=folder", "dataset.name=bad", f"dataset.path={root}")
     cfg = make_config(tmp_path, *base)
-    with pytest.raises(IngestError, match=r"broken.pdf: corrupt PDF .*dataset.on_error=skip"):
+    with pytest.raises(IngestError, match=r"corpus: blob.txt: binary file .*; 3 more file\(s\) .*dataset.on_error=skip"):
         update_flow(cfg)
     store = Store(cfg["artifacts_dir"])
     assert store.query("SELECT count(*) AS n FROM stages WHERE stage = 'ingest'")["n"].iloc[0] == 0  # nothing half-written

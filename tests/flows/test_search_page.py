@@ -46,3 +46,32 @@ def test_search_page_shows_what_retrieve_returns(tmp_path):
     seeds = {s.lower() for s in expected["traces"][0].get("seed_entities", [])}
     assert marks and (not seeds or {m.lower() for m in marks} <= seeds)
     assert SCREENSHOT.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and SCREENSHOT.stat().st_size > 10_000
+
+
+def test_search_page_shows_a_citation(tmp_path):
+    """A folder's PDF and Markdown: the page shows each result's citation (file, page, heading path) as
+    ``/retrieve`` gives it."""
+    binary = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)),
+                  None)
+    if binary is None:
+        pytest.skip("no chromium on PATH (Debian: apt-get install -y chromium; .ci/run installs it)")
+    from flows.commands.update import update_flow
+    from tests.flows.test_own_documents import folder_overrides, write_folder
+
+    root = tmp_path / "corpus"
+    write_folder(root)
+    overrides = ("method=bm25", *folder_overrides(root))
+    cfg = make_config(tmp_path, *overrides)
+    update_flow(cfg)
+    index = open_index(config=cfg)
+    question = "Which division should double its sales?"
+    with uvicorn_thread(Service(index, ServeParams(), api_key=None)) as url:
+        expected = httpx.post(f"{url}/retrieve", json={"question": question, "k": 10}).json()
+        with chromium(binary, url + "/") as page:
+            page.wait_for("document.getElementById('served').dataset.fingerprint")
+            page.type("#q", question)
+            page.click("#go")
+            assert page.wait_for("document.body.dataset.done") == "1"
+            cites = page.eval("[...document.querySelectorAll('li.passage .cite')].map(e => e.textContent)")
+    assert cites == [p["lineage"]["citation"] for p in expected["results"][0]]
+    assert cites[0] == "report.pdf p. 2"

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from tasks.data.ingest import (
+    LINEAGE_COLUMNS,
     HippoRAGParams,
     IngestError,
     UserCorpusParams,
@@ -114,7 +115,9 @@ def test_doc_id_is_a_stable_content_hash():
 def test_documents_dedup_and_duplicate_titles(tmp_path):
     data_dir = _hipporag(tmp_path, None)
     docs, questions, gold, report = load_dataset(HippoRAGParams(name="bench", shuffle_seed=None), data_dir)
-    assert list(docs.columns) == ["doc_id", "title", "text"]
+    assert list(docs.columns) == LINEAGE_COLUMNS  # passages and their lineage (unsplit: each its own document)
+    assert (docs["document"] == docs["doc_id"]).all() and docs["source"].isna().all()
+    assert (docs["char_start"] == 0).all() and (docs["char_end"] == docs["text"].str.len()).all()
     assert docs["doc_id"].tolist() == [ALPHA, BETA, GAMMA, PARIS_FR, PARIS_TX]  # file order, duplicate dropped
     assert docs["doc_id"].is_unique
     assert docs["title"].tolist().count("Paris") == 2  # same title, different texts: two documents
@@ -312,10 +315,13 @@ def test_bad_input_raises_and_writes_nothing(tmp_path, case):
     with pytest.raises(IngestError) as err2:
         ingest(ctx, params, data_dir)
     assert str(err2.value) == str(err.value)
-    assert _parquets(ctx.artifacts_dir) == []
+    # a user corpus's read stage keeps the rows it read (whole parts; a bad file's row holds its reason), so the
+    # next run reads no file twice; no table of the ingest stage, nor any other stage, is written
+    read = {Path(ctx.artifacts_dir) / "_rows" / "read", Path(ctx.artifacts_dir) / "ds" / "read"}
+    assert [p for p in _parquets(ctx.artifacts_dir) if not read & set(p.parents)] == []
     if (Path(ctx.artifacts_dir) / "catalog.duckdb").exists():
-        assert ctx.store.query("SELECT count(*) AS n FROM stages")["n"].iloc[0] == 0
-        assert ctx.store.query("SELECT count(*) AS n FROM stage_events")["n"].iloc[0] == 0
+        assert set(ctx.store.query("SELECT stage FROM stages")["stage"]) <= {"read"}
+        assert set(ctx.store.query("SELECT stage FROM stage_events")["stage"]) <= {"read"}
 
 
 # ----------------------------------------------------------------------------- shuffle
@@ -374,7 +380,7 @@ def test_ingest_stage_writes_tables_and_caches(tmp_path, ctx):
     data_dir = _hipporag(tmp_path, HOTPOT)
     params = HippoRAGParams(name="bench", shuffle_seed=None)
     refs = ingest(ctx, params, data_dir)
-    assert set(refs) == {"documents", "questions", "gold", "ingest_report"}
+    assert set(refs) == {"documents", "questions", "gold", "ingest_report", "sources", "skipped"}
     docs = Store.read(refs["documents"])
     assert docs["doc_id"].tolist() == [ALPHA, BETA, GAMMA, PARIS_FR, PARIS_TX] and refs["documents"].rows == 5
     questions = Store.read(refs["questions"])

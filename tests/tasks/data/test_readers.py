@@ -171,7 +171,7 @@ def test_jsonl_splits_on_newline_only_with_bom_and_refuses_arrays(tmp_path):
     path = tmp_path / "c.jsonl"
     records = [{"title": "A", "text": "first\u2028still first", "lang": "en"}, {"title": "B", "text": "second"}]
     path.write_bytes(b"\xef\xbb\xbf" + "\n".join(json.dumps(r, ensure_ascii=False) for r in records).encode())
-    assert [i for i, *_ in jsonl_records(path)] == [0, 1]
+    assert [(i, n) for i, n, *_ in jsonl_records(path)] == [(0, 1), (1, 2)]
     entries, _ = scan("jsonl", str(path))
     row = read_entry(entries[0], SplitParams(enabled=False), None)
     assert row["text"] == "first\u2028still first" and json.loads(row["metadata"]) == {"lang": "en"}
