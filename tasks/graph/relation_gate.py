@@ -64,9 +64,16 @@ def relation_gate(M: sp.sparray, n_docs: int, titled: sp.sparray, chunk_entity: 
     keep = is_title[ent] & ~own
     chunk, ent, doc = chunk[keep], ent[keep], doc[keep]
     m = titled.shape[0]
-    weight_all = np.asarray(sp.csr_array(M)[n_docs + ent, doc], dtype=np.float64).ravel()
+    # scipy returns a sparse array, not values, for an empty fancy index: no pair is gated (a corpus whose titles
+    # no other document writes)
+    weight_all = (np.asarray(sp.csr_array(M)[n_docs + ent, doc], dtype=np.float64).ravel() if len(ent)
+                  else np.zeros(0))
     keep = weight_all > 0
     chunk, ent, doc, weight_all = chunk[keep], ent[keep], doc[keep], weight_all[keep]
+    if not len(chunk):  # nothing to gate: the walk keeps M as it is
+        none = np.zeros(0, np.int64)
+        return RelationGate(none, none, np.zeros(0), none, sp.csr_array((0, 0)),
+                            np.zeros((0, chunk_emb.shape[1]), np.float32), float(temperature), none)
     key = doc * m + ent
     order = np.lexsort((chunk, key))
     chunk, key, weight_all = chunk[order], key[order], weight_all[order]
