@@ -73,7 +73,7 @@ Tokenize = Callable[[list[str]], dict[str, np.ndarray]]
 
 # A text is tokenised from its head (beyond the paper, an engineering choice that changes no id; issue 58): the
 # first ``max_length * HEAD_CHARS_PER_TOKEN`` characters, cut where a word ends, widened HEAD_WIDEN-fold while
-# they give fewer than ``max_length`` tokens. Whole, the corpus's 375 KB record alone was ~90,000 tokens for 256 kept.
+# they give fewer than ``max_length`` tokens. Whole, a 375 KB text was 124,386 tokens for 256 kept (docs/embeddings.md).
 HEAD_CHARS_PER_TOKEN = 8
 HEAD_WIDEN = 4
 _WORD_END = re.compile(r"(?<=\S)\s")
