@@ -392,3 +392,61 @@ def test_masked_texts_let_the_relation_decide_which_sentence_a_question_asks_abo
     masked = (encode_queries(mask_names(question, gaz), params) @ encode_queries(mask_names(sentences, gaz), params).T).ravel()
     assert plain[0] > plain[1]  # the shared name decides
     assert masked[1] > masked[0]  # "founder" reads as "established by"
+
+
+def _whole_text_ids(folder, max_length: int, texts: list[str]) -> dict[str, np.ndarray]:
+    """The reference: every text tokenised whole by the library, then truncated and padded by it."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.enable_truncation(max_length)
+    tok.enable_padding(pad_id=0, pad_token="[PAD]")
+    enc = tok.encode_batch(texts)
+    return {"input_ids": np.array([e.ids for e in enc]), "attention_mask": np.array([e.attention_mask for e in enc]),
+            "token_type_ids": np.array([e.type_ids for e in enc])}
+
+
+def test_long_texts_tokenised_from_their_heads_get_the_whole_texts_ids() -> None:
+    from importlib import metadata
+    from pathlib import Path
+
+    from tasks.text.encoder import model_path
+    from tasks.text.onnx_encoder import HEAD_CHARS_PER_TOKEN, fast_tokenizer, head
+
+    p = EmbedderParams()
+    folder, window = Path(model_path(p.model)), p.max_seq_length * HEAD_CHARS_PER_TOKEN
+    # real long documents (installed packages' descriptions), and texts made to defeat a character cut
+    real = [metadata.metadata(name).get_payload() or "" for name in ("pandas", "torch", "rich", "pydantic")]
+    assert all(len(t) > 4 * window for t in real)  # each longer than its head
+    overlong_words = " ".join(f"{'x' * 150}{i}" for i in range(400))  # a word over 100 characters is one [UNK]
+    texts = [*real,
+             "1234567890 " * 2000,  # digits: many word pieces per character
+             overlong_words,  # fewer tokens than the window holds: it is widened
+             "title\n" + " " * (3 * window) + "the text after a long run of spaces " * 60,
+             "caf\u0065\u0301 " * (window // 3) + "na\u00efve " * 300,  # a combining accent at every cut
+             "東京都" * (2 * window),  # no space at all: read whole
+             "few words " + " " * (5 * window),  # only spaces after the first tokens
+             "", "a", "short text"]
+    got = fast_tokenizer(folder, p.max_seq_length)(texts)
+    want = _whole_text_ids(folder, p.max_seq_length, texts)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    assert len(head(real[0], window)) < len(real[0]) and head("東京都" * 9, 4) == "東京都" * 9
+    assert head("one two three", 5) == "one two" and head("one two", 3) == "one"
+
+
+def test_head_tokenising_keeps_the_stored_embeddings_bit_for_bit(monkeypatch) -> None:
+    from importlib import metadata
+
+    from tasks.core.resources import cpu_threads
+    from tasks.text import onnx_encoder
+    from tasks.text.embed import encode_onnx
+
+    p = EmbedderParams()
+    texts = [metadata.metadata(name).get_payload() or "" for name in ("pandas", "torch")] + PASSAGES
+    enc = onnx_encoder.load_onnx_encoder(p.model, p.max_seq_length, cpu_threads(), p.precision)
+    headed = encode_onnx(texts, p)
+    whole = onnx_encoder.hf_tokenizer(onnx_encoder.load_encoder(p.model, p.max_seq_length, "cpu").tokenizer,
+                                      p.max_seq_length)
+    monkeypatch.setattr("tasks.text.embed.load_onnx_encoder", lambda *a, **k: replace(enc, tokenize=whole))
+    np.testing.assert_array_equal(headed, encode_onnx(texts, p))
