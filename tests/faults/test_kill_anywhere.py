@@ -5,7 +5,6 @@ every recorded stage whole. A store that an older dagrag left with a stage recor
 one transaction) is found by the next run and by the doctor, and repaired by both."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
