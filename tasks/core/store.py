@@ -181,23 +181,27 @@ class Store(Catalog):
         file passes the cheap check (:func:`tasks.core.files.file_problem`: there, the recorded size, a readable
         Parquet footer with the recorded rows). A record or file that fails is named in one log line (``warn``),
         and the stage is to be computed again."""
+        refs, problem = self.examine_record(stage, fp)
+        if problem is not None and warn:
+            log.warning("%s [%s]: %s, so the stage is computed again", stage, fp, problem)
+        return refs
+
+    def examine_record(self, stage: str, fp: str) -> tuple[dict[str, ArtifactRef] | None, str | None]:
+        """``(outputs, None)`` of a recorded stage a run may trust; ``(None, None)`` when none is recorded;
+        ``(None, what is wrong)`` when its record is incomplete or one of its files fails the cheap check."""
         with self.catalog() as con:  # plain tuples: a pandas frame per lookup cost more than the query
             rows = con.execute("SELECT name, path, rows, bytes, digest, outputs FROM stages WHERE stage = ? AND fp = ?",
                                [stage, fp]).fetchall()
         if not rows:
-            return None
+            return None, None
         gap = incomplete(fp, [(name, path, declared) for name, path, _, _, _, declared in rows])
         if gap is not None:
-            if warn:
-                log.warning("%s [%s]: %s, so the stage is computed again", stage, fp, gap)
-            return None
+            return None, gap
         for _, path, n, size, _, _ in rows:
             problem = file_problem(path, size, n)
             if problem is not None:
-                if warn:
-                    log.warning("%s [%s]: %s %s, so the stage is computed again", stage, fp, path, problem)
-                return None
-        return {name: ArtifactRef(name, path, fp, int(n), digest) for name, path, n, _, digest, _ in rows}
+                return None, f"{path} {problem}"
+        return {name: ArtifactRef(name, path, fp, int(n), digest) for name, path, n, _, digest, _ in rows}, None
 
     def record(self, stage: str, fp: str, dataset: str, refs: Mapping[str, ArtifactRef], *,
                input_fps: Mapping[str, str], params: Any, rows_computed: int,
