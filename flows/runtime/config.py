@@ -180,6 +180,7 @@ class QueryParams:
     build: bool = False
     batch_size: int = field(default=64, metadata=COUNT)
     snippet_chars: int = field(default=160, metadata=COUNT0)
+    title_chars: int = field(default=100, metadata=COUNT)
 
 
 @dataclass(frozen=True)

@@ -61,3 +61,56 @@ def test_a_damaged_index_is_one_line_naming_the_file_and_the_rebuild(bm25_store,
     assert dagrag(*rebuild[1:]).returncode == 0
     again = query(artifacts, "--", "Who founded the city?")
     assert again.returncode == 0 and "Q1" in again.stdout, again.stderr[-3000:]
+
+
+HOSTILE_TEXT = "Paris is red \x1b[31mRED\x1b[0m here\x07 and \x00 there."
+LONG_TITLE = "Paris " + "x" * 20_000
+
+
+@pytest.fixture(scope="module")
+def hostile_store(tmp_path_factory):
+    """A BM25 index over passages holding terminal escapes, BEL, NUL and a 20,000-character title."""
+    root = tmp_path_factory.mktemp("hostile")
+    corpus = root / "corpus.jsonl"
+    records = [{"title": LONG_TITLE, "text": HOSTILE_TEXT}] + [
+        {"title": f"Town {i}", "text": f"Town {i} lies on a river with {i} bridges."} for i in range(8)]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in records))
+    args = ("method=bm25", "dataset=jsonl", f"dataset.path={corpus}", f"artifacts_dir={root / 'artifacts'}")
+    built = dagrag("index", *args)
+    assert built.returncode == 0, built.stderr[-3000:]
+    return args
+
+
+def ask(args, *questions: str, fmt: str = "text") -> subprocess.CompletedProcess:
+    out = subprocess.run(dagrag_argv("query", *args, f"query.format={fmt}", "--", *questions), capture_output=True,
+                         text=True, timeout=300, cwd=_repo(), env=_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def test_control_characters_are_visible_and_long_titles_cut_in_the_human_format(hostile_store):
+    out = ask(hostile_store, "Which city is red?").stdout
+    assert not any(c in out for c in "\x1b\x07\x00"), repr(out)
+    assert "\\x1b[31mRED\\x1b[0m" in out and "\\x07" in out and "\\x00" in out
+    assert max(len(line) for line in out.splitlines()) < 300
+    (title_line,) = [ln for ln in out.splitlines() if "Paris xxx" in ln]
+    assert title_line.endswith("…")
+
+
+def test_jsonl_keeps_the_passage_exact(hostile_store):
+    out = ask(hostile_store, "Which city is red?", fmt="jsonl").stdout
+    top = json.loads(out.splitlines()[0])["results"][0]
+    assert top["text"] == HOSTILE_TEXT and top["title"] == LONG_TITLE
+
+
+def test_a_question_of_punctuation_or_stopwords_says_why_it_has_no_results(hostile_store):
+    out = ask(hostile_store, "?!? ...", "the of and", "Which city is red?")
+    blocks = out.stdout.split("\nQ")
+    assert "no results: the question has no letters or digits" in blocks[0]
+    assert "no results: the question has only stopwords" in blocks[1]
+    assert "no results" not in blocks[2]
+    jsonl = ask(hostile_store, "?!? ...", fmt="jsonl")
+    assert json.loads(jsonl.stdout)["results"] == []
+    notes = [ln for ln in jsonl.stderr.splitlines() if ln.startswith("note: ")]
+    assert notes == ["note: question 1 has no results: the question has no letters or digits (only punctuation), "
+                     "so there is nothing to match"], jsonl.stderr[-2000:]
