@@ -9,8 +9,8 @@ every byte. It finds:
   output file of its fingerprint that it does not name (a run killed while recording it, before records were made
   in one transaction);
 * **dangling** catalog rows: a stage output or part the catalog names that is gone;
-* **orphans**: stage-output files (and temp files of killed writes) the catalog does not name; no run trusts
-  them, so they are reported and left alone;
+* **orphans**: stage-output files the catalog does not name (no run trusts them, so they are reported and left
+  alone) and temp files of killed writes (repair removes those untouched for 15 minutes);
 * a catalog that **cannot be read**.
 
 With ``repair`` it quarantines damaged files (moved into ``_quarantine/``, never deleted) and removes the
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,20 +175,43 @@ def part_findings(store: Store, repair: bool) -> tuple[list[Finding], int]:
     return findings, len(files)
 
 
-def orphan_findings(store: Store) -> list[Finding]:
-    """Stage-output files, and temp files of killed writes, that the catalog does not name (left alone)."""
+# a temp file untouched this long is a killed write's, not one being written now (a write renames its temp file the
+# moment it is done; the longest part or output write seen here takes seconds), so repair may remove it even beside
+# a running command (beyond the papers: a store-keeping choice)
+STALE_TEMP_S = 15 * 60
+
+
+def orphan_findings(store: Store, repair: bool = False) -> list[Finding]:
+    """Stage-output files the catalog does not name (left alone: no run trusts them), and temp files of killed
+    writes (with ``repair``, those untouched for :data:`STALE_TEMP_S` are removed)."""
     with store.catalog() as con:
         known = {p for (p,) in con.execute("SELECT path FROM stages").fetchall()}
-    found = []
+    found, temps = [], []
     for dataset in sorted(p for p in store.root.iterdir() if p.is_dir()):
         if dataset.name.startswith(("_", ".")) or dataset.name in _NOT_DATASETS:
             continue
         for path in sorted(dataset.glob("*/*")):
-            if path.is_file() and _STAGE_FILE.match(path.name) and str(path) not in known:
+            if not (path.is_file() and _STAGE_FILE.match(path.name)):
+                continue
+            if path.name.endswith(".tmp"):
+                temps.append(path)
+            elif str(path) not in known:
                 found.append(Finding("orphan", str(path), "no catalog row names it: no run trusts it (remove it "
                                      "if you need the space)", damage=False))
-    found += [Finding("orphan", str(p), "a killed write's temp file (remove it if you need the space)",
-                      damage=False) for p in sorted((store.root / ROWS).glob("*/*/.*.tmp"))]
+    temps += sorted((store.root / ROWS).glob("*/*/.*.tmp"))
+    now = time.time()
+    for path in temps:
+        try:
+            stale = now - path.stat().st_mtime >= STALE_TEMP_S
+        except FileNotFoundError:  # its write finished (renamed) meanwhile
+            continue
+        action = ""
+        if repair and stale:
+            path.unlink(missing_ok=True)
+            action = "removed"
+        found.append(Finding("orphan", str(path), "a killed write's temp file" + (
+            "" if stale else f" or one being written now (touched under {STALE_TEMP_S // 60} minutes ago)"),
+            action, damage=False))
     return found
 
 
@@ -207,7 +231,7 @@ def examine(root: Path, repair: bool) -> tuple[list[Finding], dict[str, int]]:
     stages, n_stage = stage_findings(store, repair)
     parts, n_parts = part_findings(store, repair)
     named = {f.path for f in stages}
-    findings += stages + parts + [f for f in orphan_findings(store) if f.path not in named]
+    findings += stages + parts + [f for f in orphan_findings(store, repair) if f.path not in named]
     return findings, {"stage outputs": n_stage, "row parts": n_parts}
 
 
