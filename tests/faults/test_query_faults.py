@@ -114,3 +114,17 @@ def test_a_question_of_punctuation_or_stopwords_says_why_it_has_no_results(hosti
     notes = [ln for ln in jsonl.stderr.splitlines() if ln.startswith("note: ")]
     assert notes == ["note: question 1 has no results: the question has no letters or digits (only punctuation), "
                      "so there is nothing to match"], jsonl.stderr[-2000:]
+
+
+def test_zoomrag_on_one_document_gives_it_a_meaningful_score(tmp_path):
+    """Eq. 2 keeps no document of a one-document corpus (nothing lies 3 std above the mean); the question links to
+    its best document instead, so the walk starts there and its score is not 0."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"title": "Paris", "text": "Paris is the capital of France. It lies on the Seine."})
+                      + "\n")
+    args = ("method=zoomrag", "dataset=jsonl", f"dataset.path={corpus}", f"artifacts_dir={tmp_path / 'artifacts'}")
+    built = dagrag("index", *args)
+    assert built.returncode == 0, built.stderr[-3000:]
+    out = ask(args, "What is the capital of France?", fmt="jsonl").stdout
+    (hit,) = json.loads(out)["results"]
+    assert hit["title"] == "Paris" and hit["score"] > 0, hit
