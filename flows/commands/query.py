@@ -18,6 +18,7 @@ per question (``question``, ``results``, ``trace``; ``answer`` with ``query.answ
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -78,36 +79,63 @@ def trace_line(trace: dict[str, Any], width: int = 200) -> str:
 
 def _short(value: Any, n: int = 40) -> str:
     text = f"{value:.4g}" if isinstance(value, float) else " ".join(str(value).split())
-    return text if len(text) <= n else text[:n - 1] + "…"
+    return visible(text if len(text) <= n else text[:n - 1] + "…")
+
+
+# C0 and C1 control characters (ESC, BEL, NUL, DEL, CSI …): a terminal acts on them instead of showing them
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """``text`` with every control character written as its escape (ESC → ``\\x1b``), so a passage cannot recolour,
+    ring or clear the terminal (the human format only; JSONL keeps the text exact)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def snippet(text: str, n: int) -> str:
     flat = " ".join(text.split())
-    return flat if len(flat) <= n else flat[:max(n - 1, 0)] + "…"
+    return visible(flat if len(flat) <= n else flat[:max(n - 1, 0)] + "…")
 
 
-def cited(title: str, lineage: dict | None) -> str:
+def cited(title: str, lineage: dict | None, title_chars: int = 100) -> str:
     """A passage's label: its citation (``guide.md § Install › Linux``, ``report.pdf p. 12``) when it comes from a
-    file, else its title."""
-    return lineage["citation"] if lineage and lineage.get("source") else title
+    file, else its title cut to ``title_chars``; control characters made visible either way."""
+    return visible(lineage["citation"]) if lineage and lineage.get("source") else snippet(title, title_chars)
 
 
-def render_text(number: int, ranked: Ranked, snippet_chars: int, answer: str | None = None) -> str:
-    """The human-readable block of one question."""
-    lines = [f"Q{number}  {ranked.question}"]
+def no_results_reason(question: str) -> str:
+    """Why a question got no passage: nothing in it a passage can match, or no passage shares its words."""
+    words = re.findall(r"\w+", question.lower())
+    if not words:
+        return "the question has no letters or digits (only punctuation), so there is nothing to match"
+    from bm25s.stopwords import STOPWORDS_EN  # the lexical methods' stopwords (method.stopwords=en)
+
+    if all(w in STOPWORDS_EN for w in words):
+        return "the question has only stopwords, which the lexical index leaves out, so there is nothing to match"
+    return "no passage shares a word with the question"
+
+
+def render_text(number: int, ranked: Ranked, snippet_chars: int, answer: str | None = None,
+                title_chars: int = 100) -> str:
+    """The human-readable block of one question (control characters made visible, titles cut to
+    ``title_chars``)."""
+    lines = [f"Q{number}  {visible(ranked.question)}"]
     if answer is not None:
-        lines.append(f"    answer: {answer}")
+        lines.append(f"    answer: {visible(answer)}")
     if ranked.group == "document":
         for d in ranked.documents:
-            lines.append(f"  {d['rank']:>3}  {d['score']:9.4f}  {d['citation']}")
+            lines.append(f"  {d['rank']:>3}  {d['score']:9.4f}  {visible(d['citation'])}")
             for p in d["passages"]:
-                lines.append(f"       {p['rank']:>3}  {p['score']:9.4f}  {cited(p['title'], p['lineage'])}")
+                label = cited(p['title'], p['lineage'], title_chars)
+                lines.append(f"       {p['rank']:>3}  {p['score']:9.4f}  {label}")
                 if snippet_chars:
                     lines.append(f"                       {snippet(p['text'], snippet_chars)}")
     for p in ranked if ranked.group != "document" else ():
-        lines.append(f"  {p.rank:>3}  {p.score:9.4f}  {cited(p.title, p.lineage)}")
+        lines.append(f"  {p.rank:>3}  {p.score:9.4f}  {cited(p.title, p.lineage, title_chars)}")
         if snippet_chars:
             lines.append(f"                  {snippet(p.text, snippet_chars)}")
+    if not ranked:
+        lines.append(f"    no results: {no_results_reason(ranked.question)}")
     if ranked.trace:
         lines.append(f"    trace: {trace_line(ranked.trace)}")
     return "\n".join(lines) + "\n"
@@ -135,8 +163,12 @@ def ask(index: Index, questions: Iterable[str], conf: Config, out: Any = None) -
             n += 1
             if q.format == "jsonl":
                 out.write(render_jsonl(ranked, answer) + "\n")
+                if not ranked:  # stdout stays one JSON object per question; the why on stderr
+                    print(f"note: question {n} has no results: {no_results_reason(ranked.question)}",
+                          file=sys.stderr)
             else:
-                out.write(render_text(n, ranked, q.snippet_chars, answer.answer if answer else None) + "\n")
+                out.write(render_text(n, ranked, q.snippet_chars, answer.answer if answer else None,
+                                      q.title_chars) + "\n")
         out.flush()
     return n
 

@@ -115,6 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     if "--cfg" in overrides:  # as Hydra's flag: the composed config, nothing run
         return print_config(overrides)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # the service's own lines (a hot swap with both fingerprints, a failed watch) on stderr: basicConfig does
+    # nothing where an import (Prefect's) has configured the root logger already, which left them unprinted
+    service_log = logging.getLogger("dagrag.serve")
+    if not service_log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        service_log.addHandler(handler)
+    service_log.setLevel(logging.INFO)
+    service_log.propagate = False
     for noisy in ("httpx", "httpcore", "httpx2", "faiss.loader", "sentence_transformers"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     cfg: dict[str, Any] = {}

@@ -182,6 +182,7 @@ class QueryParams:
     snippet_chars: int = field(default=160, metadata=COUNT0)
     # passage: ranked passages; document: the same passages grouped by document, best document first
     group: str = field(default="passage", metadata=one_of(("passage", "document")))
+    title_chars: int = field(default=100, metadata=COUNT)
 
 
 @dataclass(frozen=True)

@@ -177,7 +177,7 @@ class Service:
             self.index = new  # one assignment: every request after it is queued on the new index
             self.reloads += 1
             self.metrics.index_loaded(new.info)
-            log.info("now serving index %s (built %s); was %s", new.info.fingerprint, new.info.built_at,
+            log.info("hot swap: now serving index %s (built %s), was %s", new.info.fingerprint, new.info.built_at,
                      old.info.fingerprint)
             return {"reloaded": True, "index": new.info.to_dict(), "previous": old.info.fingerprint}
 

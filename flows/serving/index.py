@@ -248,6 +248,9 @@ def resolve(conf: Config, overrides: Sequence[str] = ()) -> tuple[dict[str, Arti
             data = ingest(ctx, conf.dataset, conf.data_dir)
             index = METHODS[conf.method.name].index(ctx, data, conf)
     except StageNotBuilt as missing:
+        if missing.damage:
+            raise IndexNotBuilt(f"the {conf.method.name} index on {ctx.dataset} is damaged (stage {missing.stage!r}: "
+                                f"{missing.damage}); rebuild it with: {build_command(overrides)}") from None
         raise IndexNotBuilt(f"the {conf.method.name} index on {ctx.dataset} with these settings is not built "
                             f"(stage {missing.stage!r} is not in {root / CATALOG}); {how}") from None
     return data, index

@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from contextlib import contextmanager
@@ -64,12 +65,51 @@ CREATE TABLE IF NOT EXISTS store_root (root VARCHAR);
 ALTER TABLE stages ADD COLUMN IF NOT EXISTS bytes BIGINT;
 ALTER TABLE stages ADD COLUMN IF NOT EXISTS digest VARCHAR;
 CREATE TABLE IF NOT EXISTS row_parts (path VARCHAR, bytes BIGINT, digest VARCHAR, created_at TIMESTAMP);
+ALTER TABLE stages ADD COLUMN IF NOT EXISTS outputs JSON;
 """
+# The fault hook of the kill-anywhere tests (tests/faults/test_kill_anywhere.py), not a setting: where this variable
+# holds N, the process SIGKILLs itself just before its Nth catalog write statement (COMMIT included; counted from
+# its start), so a test can stop a real command at every write of a stage record, not only where timing lands.
+FAULT_KILL_AT_WRITE = "DAGRAG_FAULT_KILL_AT_WRITE"
+# ... and where this one names a file, each write statement is appended to it as "N<TAB>statement" (the points a
+# test may kill at)
+FAULT_TRACE = "DAGRAG_FAULT_TRACE"
+_writes = 0
 # how the fix for a catalog that cannot be read is worded, wherever that is found
 REBUILD_HINT = "run `dagrag doctor doctor.repair=true artifacts_dir={root}` to rebuild it from the files it can verify"
 # what DuckDB says of a damaged database file (a truncated one, a failed block checksum, a foreign file)
 _DAMAGED_CATALOG = ("could not read enough bytes", "corrupt database", "checksum", "not a valid duckdb",
                     "invalid database", "failed to read database header")
+
+
+def fault_point(sql: str = "COMMIT") -> None:
+    """Count one catalog write statement; SIGKILL this process at the one :data:`FAULT_KILL_AT_WRITE` names, and
+    trace it where :data:`FAULT_TRACE` asks (both unset outside the fault tests: nothing happens)."""
+    global _writes
+    at, trace = os.environ.get(FAULT_KILL_AT_WRITE), os.environ.get(FAULT_TRACE)
+    if not (at or trace):
+        return
+    _writes += 1
+    if trace:
+        with open(trace, "a") as fh:
+            fh.write(f"{_writes}\t{' '.join(sql.split())[:60]}\n")
+    if at and _writes == int(at):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _Writer:
+    """The connection of a write transaction (:meth:`Catalog.writing`): each statement passes the fault hook."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self._con = con
+
+    def execute(self, sql: str, params: Any = None) -> duckdb.DuckDBPyConnection:
+        fault_point(sql)
+        return self._con.execute(sql, params) if params is not None else self._con.execute(sql)
+
+    def executemany(self, sql: str, params: Any) -> duckdb.DuckDBPyConnection:
+        fault_point(sql)
+        return self._con.executemany(sql, params)
 
 
 class CatalogDamaged(StoreError):
@@ -242,6 +282,25 @@ class Catalog:
             finally:
                 _detach(con, self._catalog_alias)
 
+    @contextmanager
+    def writing(self) -> Iterator[Any]:
+        """A catalog session whose statements are one transaction: all of them are recorded, or (an error, a
+        kill at any point before the COMMIT) none. Every write to the catalog goes through here, so no reader ever
+        sees a stage with part of its outputs recorded, or a half-made run or metrics record."""
+        with self.catalog() as con:
+            con.execute("BEGIN TRANSACTION")
+            try:
+                yield _Writer(con)
+                fault_point()
+                con.execute("COMMIT")
+                fault_point("(committed, not yet detached)")
+            except BaseException:
+                try:
+                    con.execute("ROLLBACK")
+                except duckdb.Error:  # already ended by the error: detaching discards it all the same
+                    pass
+                raise
+
     def _rebase_catalog(self, con: duckdb.DuckDBPyConnection) -> None:
         """Make a catalog written under another root (the folder was moved, or copied by ``cp -r`` or rsync) name
         the files under this one: every path under the old root that it holds (stage outputs, run manifests,
@@ -313,7 +372,7 @@ class Catalog:
     def event(self, run_id: str, stage: str, fp: str, dataset: str, status: str, *, rows: int,
               rows_computed: int, seconds: float, peak_rss_mb: float) -> None:
         """Log one stage execution ('computed') or skip ('cached') within a run."""
-        with self.catalog() as con:
+        with self.writing() as con:
             con.execute("INSERT INTO stage_events (run_id, stage, fp, dataset, status, rows, rows_computed, seconds, "
                         "peak_rss_mb, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
                         [run_id, stage, fp, dataset, status, rows, rows_computed, seconds,
@@ -321,7 +380,7 @@ class Catalog:
 
     def record_run(self, run_id: str, command: str, manifest: Mapping[str, Any]) -> None:
         """Register a run and its manifest; its status is ``running`` until :meth:`end_run`."""
-        with self.catalog() as con:
+        with self.writing() as con:
             con.execute("INSERT INTO runs (run_id, command, started_at, manifest, status) VALUES (?,?,?,?,?)",
                         [run_id, command, dt.datetime.now(), json.dumps(manifest, default=json_default),
                          "running"])
@@ -329,14 +388,14 @@ class Catalog:
     def end_run(self, run_id: str, status: str) -> None:
         """Record how a run ended (``completed``, ``failed``, ``crashed``: Ctrl-C or a crash, ``cancelled``) and
         when. A run killed outright stays ``running``; one recorded before this column existed has no status."""
-        with self.catalog() as con:
+        with self.writing() as con:
             con.execute("UPDATE runs SET status = ?, ended_at = ? WHERE run_id = ?",
                         [status, dt.datetime.now(), run_id])
 
     def record_metrics(self, run_id: str, kind: str, method: str, dataset: str, metrics: Mapping[str, Any],
                        overrides: Mapping[str, str] | None = None) -> None:
         """Store one evaluation/benchmark result, with the command-line overrides of its run."""
-        with self.catalog() as con:
+        with self.writing() as con:
             con.execute("INSERT INTO metrics (run_id, kind, method, dataset, created_at, metrics, overrides) "
                         "VALUES (?,?,?,?,?,?,?)",
                         [run_id, kind, method, dataset, dt.datetime.now(), json.dumps(metrics, default=json_default),
@@ -344,7 +403,7 @@ class Catalog:
 
     def record_ledger(self, run_id: str, stage: str, summary: Mapping[str, Any]) -> None:
         """Token ledger of one stage in one run (calls, cache hits, tokens, seconds, failed requests)."""
-        with self.catalog() as con:
+        with self.writing() as con:
             con.execute("INSERT INTO llm_ledger (run_id, stage, llm_calls, llm_cache_hits, prompt_tokens, "
                         "completion_tokens, seconds, created_at, llm_failed) VALUES (?,?,?,?,?,?,?,?,?)",
                         [run_id, stage, summary["llm_calls"], summary["llm_cache_hits"], summary["prompt_tokens"],
@@ -366,14 +425,14 @@ class Catalog:
     def record_part(self, path: Path) -> None:
         """Register a row-cache part with its size and content hash (once, whoever registers it first)."""
         size, digest = file_digest(path)
-        with self.catalog() as con:
+        with self.writing() as con:
             con.execute("INSERT INTO row_parts SELECT ?, ?, ?, ? WHERE NOT EXISTS "
                         "(SELECT 1 FROM row_parts WHERE path = ?)", [str(path), size, digest, dt.datetime.now(),
                                                                       str(path)])
 
     def forget_part(self, path: Path) -> None:
         """Remove a row-cache part's registration (it was dropped)."""
-        with self.catalog() as con:
+        with self.writing() as con:
             con.execute("DELETE FROM row_parts WHERE path = ?", [str(path)])
 
     def recorded_parts(self, folder: Path) -> dict[str, int]:

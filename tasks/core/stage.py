@@ -57,11 +57,12 @@ class RunContext:
 
 
 class StageNotBuilt(LookupError):
-    """A stage of the index being opened is not in the catalog (``RunContext.resolve_only``)."""
+    """A stage of the index being opened is not in the catalog (``RunContext.resolve_only``), or is recorded but
+    cannot be trusted (``damage``: what is wrong with its record or a file)."""
 
-    def __init__(self, stage: str, fp: str) -> None:
-        super().__init__(f"stage {stage!r} [{fp}] is not in the catalog")
-        self.stage, self.fp = stage, fp
+    def __init__(self, stage: str, fp: str, damage: str | None = None) -> None:
+        super().__init__(f"stage {stage!r} [{fp}] " + (f"is damaged: {damage}" if damage else "is not in the catalog"))
+        self.stage, self.fp, self.damage = stage, fp, damage
 
 
 # ----------------------------------------------------------------------------- declared stages
@@ -314,11 +315,12 @@ def run_named_stage(ctx: RunContext, stage: str, code: str, params: Any, inputs:
     store = ctx.store
     fp = fingerprint(stage, code, params_dict(params), inputs)
     t0 = time.perf_counter()
+    if ctx.resolve_only:  # nothing is computed here, so a damaged stage is named, not announced as computed again
+        found, damage = store.examine_record(stage, fp)
+        if found is None:
+            raise StageNotBuilt(stage, fp, damage)
+        return found
     hit = store.lookup(stage, fp)
-    if ctx.resolve_only:
-        if hit is None:
-            raise StageNotBuilt(stage, fp)
-        return hit
     if hit is None:
         def waiting(pid: int | None) -> None:
             log.info("waiting for %s [%s], being computed by another run%s", stage, fp,

@@ -71,6 +71,25 @@ class ArtifactRef:
     digest: str | None = None
 
 
+def incomplete(fp: str, rows: list[tuple[str, str, str | None]]) -> str | None:
+    """Why the catalog record of one stage (its ``(name, path, outputs)`` rows) is not whole, or None.
+
+    A record is whole when it holds every output its stage declared (``outputs``, written on each row since
+    records are made in one transaction) and no output file of this fingerprint lies unrecorded beside its
+    recorded ones (``<name>-<fp>.<ext>``: outputs are written before their record, so such a file is an output
+    a record made before that transaction lost to a kill; the only sign such a record leaves)."""
+    names = {name for name, _, _ in rows}
+    declared = {n for _, _, d in rows if d is not None for n in json.loads(d)}
+    lost = sorted(declared - names)
+    folders = {Path(path).parent for _, path, _ in rows}
+    recorded = {Path(path).name for _, path, _ in rows}
+    lost += sorted(p.name for folder in folders if folder.is_dir() for p in folder.glob(f"*-{fp}.*")
+                   if not p.name.startswith(".") and p.name not in recorded)
+    if not lost:
+        return None
+    return f"its record is incomplete ({', '.join(lost)} not recorded: a run was killed while recording it)"
+
+
 class Store(Catalog):
     """All I/O under ``artifacts_dir``: the catalog (:class:`Catalog`), stage outputs' paths and reads, the
     records of finished stages, row caches, and copies of the whole store."""
@@ -158,21 +177,31 @@ class Store(Catalog):
 
     # -- stage records -----------------------------------------------------------
     def lookup(self, stage: str, fp: str, warn: bool = True) -> dict[str, ArtifactRef] | None:
-        """Outputs of a finished stage with this fingerprint, if every file passes the cheap check
-        (:func:`tasks.core.files.file_problem`: there, the recorded size, a readable Parquet footer with the recorded rows). A file
-        that fails it is named in one log line (``warn``), and the stage is to be computed again."""
+        """Outputs of a finished stage with this fingerprint, if its record is whole (:func:`incomplete`) and every
+        file passes the cheap check (:func:`tasks.core.files.file_problem`: there, the recorded size, a readable
+        Parquet footer with the recorded rows). A record or file that fails is named in one log line (``warn``),
+        and the stage is to be computed again."""
+        refs, problem = self.examine_record(stage, fp)
+        if problem is not None and warn:
+            log.warning("%s [%s]: %s, so the stage is computed again", stage, fp, problem)
+        return refs
+
+    def examine_record(self, stage: str, fp: str) -> tuple[dict[str, ArtifactRef] | None, str | None]:
+        """``(outputs, None)`` of a recorded stage a run may trust; ``(None, None)`` when none is recorded;
+        ``(None, what is wrong)`` when its record is incomplete or one of its files fails the cheap check."""
         with self.catalog() as con:  # plain tuples: a pandas frame per lookup cost more than the query
-            rows = con.execute("SELECT name, path, rows, bytes, digest FROM stages WHERE stage = ? AND fp = ?",
+            rows = con.execute("SELECT name, path, rows, bytes, digest, outputs FROM stages WHERE stage = ? AND fp = ?",
                                [stage, fp]).fetchall()
         if not rows:
-            return None
-        for _, path, n, size, _ in rows:
+            return None, None
+        gap = incomplete(fp, [(name, path, declared) for name, path, _, _, _, declared in rows])
+        if gap is not None:
+            return None, gap
+        for _, path, n, size, _, _ in rows:
             problem = file_problem(path, size, n)
             if problem is not None:
-                if warn:
-                    log.warning("%s [%s]: %s %s, so the stage is computed again", stage, fp, path, problem)
-                return None
-        return {name: ArtifactRef(name, path, fp, int(n), digest) for name, path, n, _, digest in rows}
+                return None, f"{path} {problem}"
+        return {name: ArtifactRef(name, path, fp, int(n), digest) for name, path, n, _, digest, _ in rows}, None
 
     def record(self, stage: str, fp: str, dataset: str, refs: Mapping[str, ArtifactRef], *,
                input_fps: Mapping[str, str], params: Any, rows_computed: int,
@@ -181,15 +210,16 @@ class Store(Catalog):
         content hash; returns ``refs`` with those hashes (what a later lookup returns)."""
         now = dt.datetime.now()
         sums = {name: file_digest(ref.path) for name, ref in refs.items()}
-        with self.catalog() as con:
+        declared = json.dumps(sorted(refs))  # every output's name on each row: what a whole record holds
+        with self.writing() as con:  # one transaction: the stage is recorded whole, or not at all
             con.execute("DELETE FROM stages WHERE stage = ? AND fp = ?", [stage, fp])
             for ref in refs.values():
                 con.execute(
                     "INSERT INTO stages (stage, name, fp, dataset, path, input_fps, params, rows, rows_computed, seconds, "
-                    "peak_rss_mb, created_at, run_id, bytes, digest) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    "peak_rss_mb, created_at, run_id, bytes, digest, outputs) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     [stage, ref.name, fp, dataset, ref.path, json.dumps(dict(input_fps)),
                      json.dumps(params, default=json_default), ref.rows, rows_computed,
-                     seconds, peak_rss_mb, now, run_id, *sums[ref.name]])
+                     seconds, peak_rss_mb, now, run_id, *sums[ref.name], declared])
             self._refresh_views(con, {ref.name: ref.path for ref in refs.values()})
         return {name: dataclasses.replace(ref, digest=sums[name][1]) for name, ref in refs.items()}
 

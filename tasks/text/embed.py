@@ -152,6 +152,14 @@ def stored_code(params: EmbedderParams) -> str:
     return code_version(_stored_encoder(params))
 
 
+def stored_row_identity(params: EmbedderParams) -> dict[str, str | int]:
+    """What makes one stored embedding's value, which names every row cache of stored embeddings (the embed
+    stage's and :func:`cached_encode`'s): the model, its input length, the code computing it, its runtime and
+    precision."""
+    return {"model": params.model, "max_seq_length": params.max_seq_length, "code": stored_code(params),
+            **params.stored_identity()}
+
+
 def _stored_encoder(params: EmbedderParams) -> Callable[[list[str], EmbedderParams], np.ndarray]:
     if params.precision == "bf16":
         return encode_bf16
@@ -243,14 +251,15 @@ def encode_queries_beside(texts: list[str], params: EmbedderParams) -> Future[np
 def cached_encode(store: Store, texts: list[str], params: EmbedderParams, cache: str) -> np.ndarray:
     """Encode texts through the content-keyed row cache ``cache``: a text is embedded once per model.
 
-    Rows are keyed by :func:`text_key` under a fingerprint of (``cache``, model, max_seq_length),
-    so identical texts share one row and only texts never seen before reach the encoder.
+    Rows are keyed by :func:`text_key` under a fingerprint of (``cache``, :func:`stored_row_identity`: model,
+    input length, the encoder's code, runtime and precision), so identical texts share one row and only texts never
+    seen before reach the encoder. (Until 2026-11-28 the encoder's code was left out, so a store that lived
+    through an encoder change kept serving the old code's vectors: a fresh store disagreed with it.)
     """
     if not texts:
         return encode_stored([], params)
     keys = [text_key(t) for t in texts]
-    fp = short_hash({"stage": cache, "model": params.model, "max_seq_length": params.max_seq_length,
-                     **params.stored_identity()})
+    fp = short_hash({"stage": cache, **stored_row_identity(params)})
     wanted = list(dict.fromkeys(keys))
     rows_cache = store.row_cache(cache, fp, "key")
     missing = rows_cache.missing(wanted)
@@ -349,8 +358,7 @@ def embed(ctx: RunContext, params: EmbedParams, table: ArtifactRef) -> dict[str,
 
     # a row's identity: the model, its input length, the code and runtime computing it (not the template: rows are
     # keyed by the text they embed)
-    row_params = {"model": params.model, "max_seq_length": params.max_seq_length,
-                  "code": stored_code(encoder), **encoder.stored_identity()}
+    row_params = stored_row_identity(encoder)
     return run_row_stage(ctx, params, row_params, input_fps(table=table), keys, compute_rows, "key", assemble)
 
 

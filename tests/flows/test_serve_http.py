@@ -195,7 +195,9 @@ def test_swap_under_load_fails_no_request(grown, tmp_path):
         info = httpx.get(f"{server.url}/index", headers=auth).json()
         assert info["fingerprint"] == swap["index"]["fingerprint"] and info["n_documents"] == 80
         assert info["reloads"] == 1
-        assert server.stop()[0] == 0
+        code, err = server.stop()
+        assert code == 0
+        assert f"hot swap: now serving index {swap['index']['fingerprint']}" in err and f"was {before}" in err, err
 
 
 def test_sigterm_finishes_requests_in_flight_and_exits_0(grown):

@@ -8,6 +8,7 @@ every run, so an unchanged community is never summarised twice (what ``flows.com
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import asdict, dataclass, field, fields
@@ -212,6 +213,15 @@ def report_text(title: str, summary: str, findings: list[str]) -> str:
     return body + ("".join(f"\n- {f}" for f in findings) if findings else "")
 
 
+def summary_key(c: Community) -> str:
+    """A community summary's row-cache key: everything it is made from. The extractive summary ranks the first
+    ``n_extractive`` lines by their embeddings' closeness to the centroid, so the embeddings and that count are
+    part of it, not only the lines and title (keyed by those alone, a store that lived through another encoder or
+    another entity text kept the summaries it made then: a fresh store disagreed with it)."""
+    emb = hashlib.blake2b(np.ascontiguousarray(c.line_emb, dtype=np.float32).tobytes(), digest_size=16).hexdigest()
+    return short_hash({"lines": c.lines, "title": c.title_hint, "n_extractive": c.n_extractive, "line_emb": emb})
+
+
 class Summaries:
     """Alg. 1 line 7 with a content-addressed cache: one summary per community, extractive or an LLM report."""
 
@@ -224,7 +234,9 @@ class Summaries:
 
             from tasks.llm.client import make_client
             self.client = make_client(llm, Path(ctx.artifacts_dir) / "llm_cache.duckdb")
-        identity: dict[str, Any] = {"kind": kind, "code": code_version(report_messages, report_text)}
+        # the code that makes a summary: the LLM's prompt and report text, and (this class, hashed whole) the
+        # extractive summary, also an invalid report's fallback (until 2026-11-28 only the first two were here)
+        identity: dict[str, Any] = {"kind": kind, "code": code_version(report_messages, report_text, Summaries)}
         if kind == "llm":
             identity.update(llm=llm_identity(params), max_tokens=params.report_max_tokens)
         else:
@@ -237,7 +249,7 @@ class Summaries:
 
     def __call__(self, communities: list[Community]) -> pd.DataFrame:
         """title, summary, report, rating, source per community (cached by content), in order."""
-        keys = [short_hash({"lines": c.lines, "title": c.title_hint}) for c in communities]
+        keys = [summary_key(c) for c in communities]
         self.total += len(keys)
         wanted = list(dict.fromkeys(keys))
         missing = set(self.cache.missing(wanted))

@@ -66,6 +66,8 @@ class ZoomParams:
     omega: float = field(default=0.5, metadata=PROB)
     keep_ratio: float = field(default=0.7, metadata=within("(0, 1]"))
     k_std: float = 3.0
+    # beyond the paper: a query eq. 2 links to no document (always so on 10 documents or fewer) links to its best one
+    query_doc_best: bool = True
     # beyond the paper, for 100,000 passages: a per-row cap on the doc-doc rule, so the block grows with n, not n²
     # 0: the paper's rule alone (about 1% of every row is kept: n² cells)
     doc_doc_max_neighbors: int = field(default=64, metadata=COUNT0)
@@ -145,9 +147,21 @@ def doc_doc_block(doc_emb: np.ndarray, k_std: float = 3.0, block_rows: int = 102
                      exact_max=exact_max, ivf_nlist=ivf_nlist, ivf_nprobe=ivf_nprobe)
 
 
-def query_doc_block(cos: np.ndarray, k_std: float = 3.0) -> sp.csr_array:
-    """A_doc->qry = exp(cos(q, p)) kept above each query's mean + k*std (ZoomRAG eq. 2, §3.1); (q x n) cosines in."""
-    return sparsify(cos, k_std=k_std, transform=np.exp)
+def query_doc_block(cos: np.ndarray, k_std: float = 3.0, best_when_none: bool = True) -> sp.csr_array:
+    """A_doc->qry = exp(cos(q, p)) kept above each query's mean + k*std (ZoomRAG eq. 2, §3.1); (q x n) cosines in.
+
+    ``best_when_none`` (beyond the paper): a query whose row keeps no document links to its best one instead. No
+    value of n <= 10 can lie 3 standard deviations above their mean, so on such a corpus (one document, say)
+    eq. 2 keeps nothing, the walk has no start from the documents and every score is 0."""
+    block = sparsify(cos, k_std=k_std, transform=np.exp)
+    if not best_when_none or cos.shape[1] == 0:
+        return block
+    empty = np.flatnonzero(np.diff(block.indptr) == 0)
+    if empty.size == 0:
+        return block
+    best = np.argmax(np.where(np.isnan(cos[empty]), -np.inf, cos[empty]), axis=1)
+    extra = sp.csr_array((np.exp(cos[empty, best]).astype(np.float64), (empty, best)), shape=cos.shape)
+    return sp.csr_array(block + extra)
 
 
 # ---------------------------------------------------------------- global graph

@@ -103,7 +103,7 @@ class ZoomRetriever:
     def query_doc(self, q_emb: np.ndarray) -> tuple[np.ndarray, sp.csr_array]:
         """(q x n) cosines (the tie-break) and A_doc->qry = exp(cos) kept above mean + k_std·std (eq. 2)."""
         cos = q_emb @ self.doc_emb.T
-        return cos, zoom.query_doc_block(cos, self.walk.k_std)
+        return cos, zoom.query_doc_block(cos, self.walk.k_std, self.walk.query_doc_best)
 
     def search(self, questions: list[str], k: int) -> Hits:
         """Rank documents by DocZoom (ties by cosine); ChunkZoom picks each query's evidence chunks."""

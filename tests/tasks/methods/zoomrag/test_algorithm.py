@@ -119,7 +119,7 @@ def test_query_doc_block_equals_dense():
     rng = np.random.default_rng(2)
     docs, queries = unit_rows(rng, 300, 16), unit_rows(rng, 9, 16)
     ref = dense_reference_sparsify(np.exp(queries @ docs.T), 3.0, skip_diagonal=False)
-    got = query_doc_block(queries @ docs.T, 3.0)
+    got = query_doc_block(queries @ docs.T, 3.0, best_when_none=False)  # eq. 2 alone
     assert np.array_equal(got.toarray() != 0, ref != 0)
     assert np.abs(got.toarray() - ref).max() < 1e-6
 
@@ -628,3 +628,20 @@ def test_relation_gate_sends_the_walk_to_the_title_the_question_asks_about():
     gated = doc_zoom(M, query_doc, query_entity, params, weighted_entities=True, gate=gate, q_emb=q_emb)[0, 1:4]
     assert plain[1] == pytest.approx(plain[2], rel=1e-6)  # M's D is 0/1: the walk alone cannot tell b from c
     assert gated[2] == gated.max() and gated[2] > 5 * gated[1]
+
+
+def test_a_query_that_eq2_links_to_no_document_links_to_its_best_one():
+    """On 10 documents or fewer no cosine lies 3 std above the row mean, so eq. 2 keeps nothing; the best document
+    is linked instead (beyond the paper), and rows that keep something are left as eq. 2 made them."""
+    rng = np.random.default_rng(0)
+    one = np.array([[0.3], [0.8]])
+    assert query_doc_block(one, 3.0, best_when_none=False).nnz == 0
+    got = query_doc_block(one, 3.0).toarray()
+    np.testing.assert_allclose(got, np.exp(one))
+    cos = rng.normal(size=(6, 400))
+    cos[0, 17] = 50.0  # one row with a clear outlier: eq. 2 keeps it alone
+    few = rng.normal(size=(6, 7))
+    np.testing.assert_array_equal(query_doc_block(cos, 3.0).toarray()[0], query_doc_block(cos, 3.0, False).toarray()[0])
+    kept = query_doc_block(few, 3.0).toarray()
+    assert (kept > 0).sum(axis=1).tolist() == [1] * 6
+    np.testing.assert_array_equal(kept.argmax(axis=1), few.argmax(axis=1))
