@@ -29,6 +29,13 @@ class Source:
         self._batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, MicroBatcher] = \
             weakref.WeakKeyDictionary()
 
+    def with_k(self, k: int | None) -> "Source":
+        """The same target and batchers, searched ``k`` deep."""
+        other = object.__new__(Source)
+        other.__dict__.update(self.__dict__)
+        other.k = k
+        return other
+
     def retrieve(self, questions: Sequence[str]) -> list[Ranked]:
         return self.target.retrieve(list(questions), self.k)
 
