@@ -21,12 +21,12 @@ from pydantic import BaseModel, Field
 from flows.integrations.source import Source
 from flows.runtime.preflight import NoLLM
 from flows.serving.index import Index, Ranked
-from flows.serving.schema import PassageOut
+from flows.serving import schema
 
 INDEX_URI = "dagrag://index"
 
 
-class Cited(PassageOut):
+class Cited(schema.Passage):
     """A ranked passage and the string to cite it by."""
 
     citation: str = Field(description="the lineage's citation when the index has lineage, else 'title (doc id)'")

@@ -37,7 +37,7 @@ from flows.runtime.config import ServeParams
 from flows.serving.batcher import BatchStats, MicroBatcher, QueueFull
 from flows.serving.index import Index, IndexNotBuilt, NoLLM
 from flows.serving.metrics import ServeMetrics
-from flows.serving.schema import (NOT_BLANK, AnswerResponse, Health, IndexOut, ReloadResponse, RetrieveResponse,
+from flows.serving.schema import (NOT_BLANK, AnswerResponse, Health, IndexInfo, ReloadResponse, RetrieveResponse,
                                   errors, retrieve_request)
 
 log = logging.getLogger("dagrag.serve")
@@ -297,7 +297,7 @@ def create_app(service: Service) -> FastAPI:
         return {"status": "ok", "index": service.index.info.fingerprint}
 
     @app.get("/index", summary="The served index: method, dataset, settings, fingerprint, build time",
-             response_model=None, responses={200: {"model": IndexOut}, **errors(401)})
+             response_model=None, responses={200: {"model": IndexInfo}, **errors(401)})
     async def index_info() -> JSONResponse:
         return JSONResponse(index_payload(service.index, service))
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from flows.runtime.config import ServeParams
 
-# a question is not blank: it has a character that is not whitespace (the server checks the same pattern)
-NOT_BLANK = r"\S"
+# a question is not blank: it has a character that is not whitespace (Python's str.isspace set, spelled out:
+# `\S` means different sets to Python's re and to ECMA regex, which JSON Schema tools use). The server checks
+# the same pattern.
+NOT_BLANK = (r"[^\u0009-\u000d\u001c-\u0020\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f"
+             r"\u3000]")
 
 
 class Error(BaseModel):
@@ -36,10 +39,9 @@ class Lineage(BaseModel):
     citation: str = Field(description="the human citation, e.g. 'docs/guide.md § Install › Linux'")
 
 
-class PassageOut(BaseModel):
+class Passage(BaseModel):
     """One ranked passage (:class:`flows.serving.index.Passage`)."""
 
-    model_config = ConfigDict(title="Passage")
     doc_id: str
     title: str
     text: str
@@ -48,10 +50,9 @@ class PassageOut(BaseModel):
     lineage: Lineage | None = None
 
 
-class IndexOut(BaseModel):
+class IndexInfo(BaseModel):
     """What is served (``GET /index``): method, dataset, fingerprint, build time and settings."""
 
-    model_config = ConfigDict(title="IndexInfo")
     method: str
     dataset: str
     fingerprint: str = Field(description="hash of the fingerprints of the stages the retriever reads")
@@ -67,28 +68,27 @@ class IndexOut(BaseModel):
 class RetrieveResponse(BaseModel):
     """``POST /retrieve``: per question (in request order) its passages, best first, and the method's trace."""
 
-    results: list[list[PassageOut]]
+    results: list[list[Passage]]
     traces: list[dict[str, Any]] = Field(description="per question: the method's own trace (seeds, kept chunks, …)")
-    index: IndexOut
+    index: IndexInfo
 
 
-class AnswerOut(BaseModel):
+class Answer(BaseModel):
     """One question's answer (:class:`flows.serving.index.Answer`)."""
 
-    model_config = ConfigDict(title="Answer")
     question: str
     answer: str
     raw: str = Field(description="the LLM's whole reply")
     context: list[str] = Field(description="what the reader was given")
-    results: list[PassageOut]
+    results: list[Passage]
     trace: dict[str, Any]
 
 
 class AnswerResponse(BaseModel):
     """``POST /answer``: per question its answer and passages."""
 
-    answers: list[AnswerOut]
-    index: IndexOut
+    answers: list[Answer]
+    index: IndexInfo
 
 
 class Health(BaseModel):
@@ -100,7 +100,7 @@ class ReloadResponse(BaseModel):
     """``POST /admin/reload``: whether a newer build was swapped in."""
 
     reloaded: bool
-    index: IndexOut
+    index: IndexInfo
     previous: str | None = Field(default=None, description="the fingerprint served before, when reloaded")
 
 

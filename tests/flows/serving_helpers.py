@@ -95,3 +95,22 @@ class ServeProcess:
 
 def post(url: str, payload, **kwargs) -> httpx.Response:
     return httpx.post(url, json=payload, timeout=60, **kwargs)
+
+
+def build_bm25(root: Path, n_passages: int = 120, n_questions: int = 12) -> list[str]:
+    """A bm25 index of a small sample corpus under ``root``, built by the index flow; its overrides."""
+    from flows.runtime.pipeline import index_flow
+    from tests.flows.conftest import make_config
+
+    overrides = ["method=bm25", "dataset=sample", f"dataset.n_passages={n_passages}",
+                 f"dataset.n_questions={n_questions}", f"artifacts_dir={root / 'artifacts'}"]
+    index_flow(make_config(root, *overrides))
+    return overrides
+
+
+def sample_questions(overrides: list[str]) -> list[str]:
+    """The sample corpus's own questions (from the ingested questions table)."""
+    import pandas as pd
+
+    root = Path(next(o for o in overrides if o.startswith("artifacts_dir=")).split("=", 1)[1])
+    return pd.read_parquet(next(root.glob("sample-*/ingest/questions-*.parquet")))["question"].tolist()
