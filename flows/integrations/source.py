@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections import deque
 from typing import Any, Sequence
 
 from flows.serving.batcher import MicroBatcher
@@ -26,6 +27,7 @@ class Source:
                             f"(flows.serving.remote), not a {type(target).__name__}")
         self.target, self.k = target, k
         self.max_batch, self.max_wait_ms = max_batch, max_wait_ms
+        self.batch_sizes: deque[int] = deque(maxlen=1024)  # the in-process batches' sizes, newest last
         self._batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, MicroBatcher] = \
             weakref.WeakKeyDictionary()
 
@@ -51,7 +53,8 @@ class Source:
         batcher = self._batchers.get(loop)
         if batcher is None or batcher._task is None or batcher._task.done():
             batcher = MicroBatcher(lambda index, questions, k: index.retrieve(questions, k), self.max_batch,
-                                   self.max_wait_ms, max_queue=1 << 30)
+                                   self.max_wait_ms, max_queue=1 << 30,
+                                   on_batch=lambda stats: self.batch_sizes.append(stats.size))
             batcher.start()
             self._batchers[loop] = batcher
             weakref.finalize(loop, batcher._pool.shutdown, False)  # its worker thread ends with the loop
