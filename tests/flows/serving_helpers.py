@@ -44,13 +44,14 @@ def uvicorn_thread(service, port: int | None = None) -> Iterator[str]:
 
 
 class ServeProcess:
-    """``dagrag serve`` started as a user starts it (``python -m flows.cli serve …``), on a free port."""
+    """``dagrag serve`` (or ``dagrag mcp``) started as a user starts it (``python -m flows.cli serve …``), on a free
+    port."""
 
-    def __init__(self, overrides: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, overrides: list[str], env: dict[str, str] | None = None, command: str = "serve") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", "serve", *overrides, f"serve.port={self.port}"],
+            [sys.executable, "-m", "flows.cli", command, *overrides, f"serve.port={self.port}"],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, **(env or {})}, start_new_session=True)
         self.lines: list[str] = []
@@ -67,7 +68,7 @@ class ServeProcess:
             line = self.proc.stdout.readline()
             if line:
                 self.lines.append(line)
-                if re.match(r"serving \S+ on ", line):
+                if re.match(r"serving (MCP for )?\S+ on ", line):
                     threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
                     return self
         raise RuntimeError("dagrag serve did not print its address in time")
