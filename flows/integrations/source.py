@@ -1,9 +1,9 @@
 """What the LangChain and LlamaIndex retrievers search: an opened index (in process) or a served one (remote),
 with one synchronous and one asynchronous ``retrieve``.
 
-In process, the async path queues on :class:`~flows.serving.batcher.MicroBatcher`, the batcher ``dagrag serve``
-uses: concurrent ``ainvoke``/``aretrieve`` calls on one event loop are searched as one batch, exactly as
-concurrent HTTP requests are on the server. Remote, each call is one request and the server batches them.
+The async path queues on :class:`~flows.serving.batcher.MicroBatcher`, the batcher ``dagrag serve`` uses:
+concurrent ``ainvoke``/``aretrieve`` calls on one event loop are searched as one batch, exactly as concurrent HTTP
+requests are on the server. Remote, one batch is one request (64 concurrent calls cost one round trip, not 64).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class Source:
                             f"(flows.serving.remote), not a {type(target).__name__}")
         self.target, self.k = target, k
         self.max_batch, self.max_wait_ms = max_batch, max_wait_ms
-        self.batch_sizes: deque[int] = deque(maxlen=1024)  # the in-process batches' sizes, newest last
+        self.batch_sizes: deque[int] = deque(maxlen=1024)  # the async batches' sizes, newest last
         self._batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, MicroBatcher] = \
             weakref.WeakKeyDictionary()
 
@@ -42,10 +42,7 @@ class Source:
         return self.target.retrieve(list(questions), self.k)
 
     async def aretrieve(self, questions: Sequence[str]) -> list[Ranked]:
-        if isinstance(self.target, Remote):
-            return await self.target.aretrieve(list(questions), self.k)
-        k = self.target.default_k if self.k is None else self.k
-        return await self._batcher().submit(self.target, list(questions), k)
+        return await self._batcher().submit(self.target, list(questions), self.k)
 
     def _batcher(self) -> MicroBatcher:
         """This event loop's batcher (started on first use; a loop that ended takes its batcher with it)."""
@@ -57,8 +54,16 @@ class Source:
                                    on_batch=lambda stats: self.batch_sizes.append(stats.size))
             batcher.start()
             self._batchers[loop] = batcher
-            weakref.finalize(loop, batcher._pool.shutdown, False)  # its worker thread ends with the loop
+            weakref.finalize(loop, batcher._pool.shutdown, False)  # its worker thread ends with the loop ...
+            weakref.finalize(self, _stop, loop, batcher._task)     # ... and its task with this source
         return batcher
+
+
+def _stop(loop: asyncio.AbstractEventLoop, task: asyncio.Task) -> None:
+    """Cancel a batcher's task (from any thread) once nothing can queue on it; a loop holds only weak references
+    to its tasks, so one left pending would be destroyed with a warning."""
+    if not loop.is_closed():
+        loop.call_soon_threadsafe(task.cancel)
 
 
 def metadata(passage: Any, ranked: Ranked, skip: Sequence[str]) -> dict[str, Any]:

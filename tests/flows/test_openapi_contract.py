@@ -135,7 +135,7 @@ def test_a_client_generated_from_the_schema_types_a_real_answer(served, tmp_path
     (tmp_path / "openapi.json").write_text(httpx.get(f"{served}/openapi.json", headers=auth()).text)
     subprocess.run([str(BIN / "datamodel-codegen"), "--input", str(tmp_path / "openapi.json"), "--input-file-type",
                     "openapi", "--output", str(tmp_path / "models.py"), "--output-model-type",
-                    "pydantic_v2.BaseModel", "--disable-timestamp", "--formatters", "black"],
+                    "pydantic_v2.BaseModel", "--disable-timestamp", "--formatters", "builtin"],
                    check=True, capture_output=True, timeout=120)
     spec = importlib.util.spec_from_file_location("generated_models", tmp_path / "models.py")
     models = importlib.util.module_from_spec(spec)
@@ -148,7 +148,7 @@ def test_a_client_generated_from_the_schema_types_a_real_answer(served, tmp_path
     assert isinstance(first, models.Passage) and isinstance(first.score, float) and first.rank == 1
     assert isinstance(typed.index, models.IndexInfo) and typed.index.method == "bm25"
     assert [[p.doc_id for p in r] for r in typed.results] == [[p["doc_id"] for p in r] for r in reply["results"]]
-    shown = re.search(r"```python\n(class Passage\(BaseModel\):.*?)```",
+    shown = re.search(r"```py\n(class Passage\(BaseModel\):.*?)```",
                       (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text(), re.S)
     generated = re.search(r"(class Passage\(BaseModel\):.*?)\n\n\n", (tmp_path / "models.py").read_text(), re.S)
     assert shown and generated and shown.group(1).strip() == generated.group(1).strip()
