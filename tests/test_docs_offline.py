@@ -72,14 +72,14 @@ def test_a_method_page_draws_its_stage_diagram_offline(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     with loopback_site(tmp_path / "site") as url:
         with chromium(binary, f"{url}/methods/zoomrag/", OFFLINE) as page:
-            page.wait_for("document.querySelector('div.mermaid') && !document.querySelector('pre.mermaid')")
+            page.wait_for("!!document.querySelector('div.mermaid')")  # material swaps the block for a drawn one
             texts = svg_texts(page.send("DOM.getDocument", depth=-1, pierce=True)["root"])
             assert "ingest" in texts and any(t.startswith("chunk") for t in texts), texts
-        with chromium(binary, "about:blank", OFFLINE) as page:  # the control: no vendored file, no diagram
+        with chromium(binary, f"{url}/", OFFLINE) as page:  # the control: no vendored file, no diagram
             page.send("Network.enable")
             page.send("Network.setBlockedURLs", urls=["*mermaid.min.js"])
             page.send("Page.navigate", url=f"{url}/methods/zoomrag/")
             page.wait_for("document.readyState === 'complete' && location.pathname.includes('zoomrag')")
             with pytest.raises(TimeoutError):
-                page.wait_for("!document.querySelector('pre.mermaid')", timeout_s=5)
+                page.wait_for("!!document.querySelector('div.mermaid')", timeout_s=5)
             assert svg_texts(page.send("DOM.getDocument", depth=-1, pierce=True)["root"]) == []
