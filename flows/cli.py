@@ -25,6 +25,7 @@ COMMANDS = {
     "report": ("flows.commands.report", "results table and figures from the catalog → artifacts/reports/<name>/report.md"),
     "query": ("flows.commands.query", "ranked passages (and answers) for your own questions from a built index"),
     "serve": ("flows.commands.serve", "an HTTP service over a built index: micro-batched /retrieve, /answer, a search page"),
+    "mcp": ("flows.commands.mcp", "an MCP server over a built index (stdio or streamable HTTP): retrieve/answer tools"),
     "loadtest": ("flows.commands.loadtest", "served throughput and latency at several concurrencies, batching on and off"),
     "schedule": ("flows.commands.schedule", "serve index/evaluate as Prefect deployments on cron schedules (conf/schedule.yaml)"),
     "doctor": ("flows.commands.doctor", "check every stored file against its hash; doctor.repair=true quarantines and repairs"),
@@ -34,7 +35,7 @@ COMMANDS = {
 # (scale, growth: one server that each child process inherits, instead of one started per child)
 NEEDS_API = {"evaluate", "index", "update", "benchmark", "compare", "scale", "growth", "report"}
 # commands that only read a built index (and `dagrag query` without a questions file): a read-only store serves
-READ_ONLY = {"serve", "loadtest"}
+READ_ONLY = {"serve", "mcp", "loadtest"}
 NO_RUN_FLAGS = {"-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "--shell-completion", "-sc"}
 
 USAGE = "usage: dagrag COMMAND [overrides] [hydra flags]\n\ncommands:\n" + "\n".join(

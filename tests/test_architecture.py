@@ -103,7 +103,8 @@ def test_no_import_cycles():
 # each folder and the folders it may import: the store and stage machinery, generic graph algorithms, text tools,
 # a corpus's readers, splitting and ingest (data: it counts tokens with the embedder's tokenizer, from text),
 # the LLM client and its prompts, evaluation, the methods; then flows/: each method's DAG and record, the runtime
-# every command runs on, a built index opened for questions, the commands, and the console script over them
+# every command runs on, a built index opened for questions, that index in other libraries (LangChain, LlamaIndex,
+# MCP), the commands, and the console script over them
 _TASKS = frozenset({"core", "graph", "text", "data", "llm", "eval", "methods"})
 LAYERS: dict[str, frozenset[str]] = {
     "core": frozenset(),
@@ -116,8 +117,9 @@ LAYERS: dict[str, frozenset[str]] = {
     "flows/methods": _TASKS,
     "flows/runtime": _TASKS | {"flows/methods"},
     "flows/serving": _TASKS | {"flows/methods", "flows/runtime"},
-    "flows/commands": _TASKS | {"flows/methods", "flows/runtime", "flows/serving"},
-    "flows": _TASKS | {"flows/methods", "flows/runtime", "flows/serving", "flows/commands"},
+    "flows/integrations": _TASKS | {"flows/methods", "flows/runtime", "flows/serving"},
+    "flows/commands": _TASKS | {"flows/methods", "flows/runtime", "flows/serving", "flows/integrations"},
+    "flows": _TASKS | {"flows/methods", "flows/runtime", "flows/serving", "flows/integrations", "flows/commands"},
 }
 
 

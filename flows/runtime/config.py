@@ -201,6 +201,8 @@ class ServeParams:
     watch: bool = False
     watch_s: float = field(default=10.0, metadata=POSITIVE)
     drain_s: float = field(default=10.0, metadata=COUNT0)
+    mcp_transport: Literal["stdio", "http"] = "stdio"  # dagrag mcp: stdio, or streamable HTTP at host:port
+    mcp_path: str = "/mcp"                                # dagrag mcp over HTTP: the endpoint's path
 
 
 @functools.cache

@@ -2,18 +2,23 @@
 
 Endpoints: ``POST /retrieve`` and ``POST /answer`` (micro-batched, :mod:`flows.serving.batcher`), ``GET /health``,
 ``GET /index`` (what is served), ``GET /metrics`` (Prometheus text), ``POST /admin/reload`` (hot swap),
-``GET /`` (the search page), ``GET /docs`` (OpenAPI).
+``GET /`` (the search page), ``GET /docs`` (OpenAPI; the contract is :mod:`flows.serving.schema`).
 
 Bad input is answered with a 4xx status and ``{"error": "<one line>"}``, never a 500: the body is read here
 (size-limited, UTF-8, JSON) and checked against a strict schema (unknown fields, wrong types, empty or
 over-long questions, ``k`` out of range). With an API key (``DAGRAG_API_KEY``) every endpoint but
 ``/health`` needs ``Authorization: Bearer <key>``; ``/admin/*`` always needs it. The key is never logged.
+A method an endpoint does not declare gets 405 (before the key is checked: what a path allows is no secret).
+Without an LLM, ``/answer`` answers 501 and is left out of ``/openapi.json``: the schema lists what this server
+can do, so a generated client has no method that always fails (and a contract fuzzer no operation that can only
+answer 5xx).
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import re
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,13 +28,17 @@ from typing import Any, Callable, Literal
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
+from starlette.exceptions import HTTPException
 
 from flows.runtime.config import ServeParams
 from flows.serving.batcher import BatchStats, MicroBatcher, QueueFull
 from flows.serving.index import Index, IndexNotBuilt, NoLLM, by_document
 from flows.serving.metrics import ServeMetrics
+from flows.serving.schema import (NOT_BLANK, AnswerResponse, Health, IndexInfo, ReloadResponse, RetrieveResponse,
+                                  errors, retrieve_request)
 
 log = logging.getLogger("dagrag.serve")
 
@@ -39,13 +48,17 @@ PUBLIC = frozenset({"/health"})
 
 class RetrieveRequest(BaseModel):
     """``{"questions": [...], "k": 5}`` or ``{"question": "...", "k": 5}``; ``k`` defaults to ``method.top_k``;
-    ``"group": "document"`` also returns the passages grouped by their document, best document first."""
+    ``"group": "document"`` also returns the passages grouped by their document, best document first. Absent
+    fields are None; an explicit ``null`` is refused, as the schema (:func:`retrieve_request`) says."""
 
     model_config = ConfigDict(extra="forbid")
-    questions: list[StrictStr] | None = None
-    question: StrictStr | None = None
-    k: StrictInt | None = None
-    group: Literal["passage", "document"] | None = None
+    questions: list[StrictStr] = None  # type: ignore[assignment]  # (defaults are not validated: None = absent)
+    question: StrictStr = None  # type: ignore[assignment]
+    k: StrictInt = None  # type: ignore[assignment]
+    group: Literal["passage", "document"] = None  # type: ignore[assignment]
+
+
+_NOT_BLANK = re.compile(NOT_BLANK)
 
 
 class BadRequest(Exception):
@@ -111,6 +124,9 @@ class Service:
         """(questions, k) of a checked request body."""
         if not isinstance(payload, dict):
             raise BadRequest(422, f"body must be a JSON object, not {type(payload).__name__}")
+        k = payload.get("k")
+        if isinstance(k, float) and k.is_integer():  # 5.0 is an integer to JSON Schema, so to this API too
+            payload = {**payload, "k": int(k)}
         try:
             req = RetrieveRequest.model_validate(payload)
         except ValidationError as err:
@@ -126,8 +142,12 @@ class Service:
         if len(questions) > p.max_questions:
             raise BadRequest(422, f"{len(questions)} questions in one request; serve.max_questions={p.max_questions}")
         for i, q in enumerate(questions):
-            if not q.strip():
+            if not _NOT_BLANK.search(q):
                 raise BadRequest(422, f"question {i + 1} is empty")
+            try:
+                q.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadRequest(422, f"question {i + 1} is not valid Unicode (a lone surrogate escape)") from None
             if len(q) > p.max_question_chars:
                 raise BadRequest(422, f"question {i + 1} has {len(q)} characters; "
                                       f"serve.max_question_chars={p.max_question_chars}")
@@ -167,19 +187,19 @@ class Service:
                 if not force and self.resolve_fp is not None:
                     fp = await loop.run_in_executor(self._loader, self.resolve_fp)
                     if fp == self.index.info.fingerprint:
-                        return {"reloaded": False, "index": self.index.info.to_dict()}
+                        return {"reloaded": False, "index": index_payload(self.index, self)}
                 new = await loop.run_in_executor(self._loader, self.reopen)
             except IndexNotBuilt as err:
                 raise BadRequest(409, str(err)) from None
             old = self.index
             if new.info.fingerprint == old.info.fingerprint and not force:
-                return {"reloaded": False, "index": old.info.to_dict()}
+                return {"reloaded": False, "index": index_payload(old, self)}
             self.index = new  # one assignment: every request after it is queued on the new index
             self.reloads += 1
             self.metrics.index_loaded(new.info)
             log.info("hot swap: now serving index %s (built %s), was %s", new.info.fingerprint, new.info.built_at,
                      old.info.fingerprint)
-            return {"reloaded": True, "index": new.info.to_dict(), "previous": old.info.fingerprint}
+            return {"reloaded": True, "index": index_payload(new, self), "previous": old.info.fingerprint}
 
     async def watch(self) -> None:
         """``serve.watch``: reload when the catalog holds a newer build of the same settings."""
@@ -221,7 +241,8 @@ def create_app(service: Service) -> FastAPI:
     app = FastAPI(title="dagrag", version="1", lifespan=lifespan,
                   description="Retrieve from a built dagrag index: micro-batched, one method, one index at a time.")
 
-    app.add_middleware(Guard, service=service)
+    allowed: dict[str, frozenset[str]] = {}  # path → its methods (HEAD with GET), filled once the routes exist
+    app.add_middleware(Guard, service=service, allowed=allowed)
 
     @app.exception_handler(Exception)
     async def internal(request: Request, err: Exception) -> JSONResponse:  # a bug: still one line; serving goes on
@@ -235,11 +256,18 @@ def create_app(service: Service) -> FastAPI:
             service.metrics.errors.labels(f"http_{err.status}").inc()
         return JSONResponse({"error": err.reason}, err.status, headers=err.headers)
 
-    schema = {"requestBody": {"required": True, "content": {"application/json": {
-        "schema": RetrieveRequest.model_json_schema()}}}}
+    @app.exception_handler(HTTPException)
+    async def not_found(request: Request, err: HTTPException) -> JSONResponse:  # an unknown path: the same body
+        return JSONResponse({"error": f"{err.detail}: {request.method} {request.url.path}"}, err.status_code,
+                            headers=err.headers)
 
-    @app.post("/retrieve", openapi_extra=schema, summary="Ranked passages for one or several questions")
-    async def retrieve(request: Request) -> JSONResponse:
+    body = {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": retrieve_request(service.params)}}}}
+    asking = errors(400, 401, 413, 422, 503)
+
+    @app.post("/retrieve", openapi_extra=body, summary="Ranked passages for one or several questions",
+              response_model=None, responses={200: {"model": RetrieveResponse}, **asking})
+    async def retrieve(request: Request) -> Response:
         service.arriving += 1
         try:
             payload = await service.body(request)
@@ -256,7 +284,9 @@ def create_app(service: Service) -> FastAPI:
         service.metrics.serialise.inc(time.perf_counter() - started)
         return Response(body, media_type="application/json")
 
-    @app.post("/answer", openapi_extra=schema, summary="Answers from the configured LLM, with their passages")
+    @app.post("/answer", openapi_extra=body, summary="Answers from the configured LLM, with their passages",
+              response_model=None, responses={200: {"model": AnswerResponse}, **asking, **errors(501)},
+              include_in_schema=has_llm(service.index))
     async def answer(request: Request) -> JSONResponse:
         index = service.index
         try:
@@ -268,38 +298,84 @@ def create_app(service: Service) -> FastAPI:
         answers = await asyncio.get_running_loop().run_in_executor(None, index.answer_ranked, results)
         return JSONResponse({"answers": [a.to_dict() for a in answers], "index": index_payload(index, service)})
 
-    @app.get("/health", summary="Liveness: the process serves")
+    @app.get("/health", summary="Liveness: the process serves", response_model=Health)
     async def health() -> dict[str, Any]:
         return {"status": "ok", "index": service.index.info.fingerprint}
 
-    @app.get("/index", summary="The served index: method, dataset, settings, fingerprint, build time")
-    async def index_info() -> dict[str, Any]:
-        return index_payload(service.index, service)
+    @app.get("/index", summary="The served index: method, dataset, settings, fingerprint, build time",
+             response_model=None, responses={200: {"model": IndexInfo}, **errors(401)})
+    async def index_info() -> JSONResponse:
+        return JSONResponse(index_payload(service.index, service))
 
-    @app.get("/metrics", summary="Prometheus metrics")
+    @app.get("/metrics", summary="Prometheus metrics (the text exposition format)", response_class=PlainTextResponse,
+             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **errors(401)})
     async def metrics() -> Response:
         service.metrics.queue_depth.set(service.batcher.depth if service.batcher else 0)
         body, kind = service.metrics.render()
         return Response(body, media_type=kind)
 
-    @app.post("/admin/reload", summary="Load the newest build of the served settings and swap it in")
-    async def reload(request: Request) -> dict[str, Any]:
-        force = request.query_params.get("force", "false").lower() in ("1", "true", "yes")
-        return await service.reload(force=force)
+    force = {"parameters": [{"name": "force", "in": "query", "required": False,
+                             "schema": {"type": "boolean", "default": False},
+                             "description": "reload even when the fingerprint is unchanged"}]}
 
-    @app.get("/", response_class=HTMLResponse, summary="The search page")
+    @app.post("/admin/reload", summary="Load the newest build of the served settings and swap it in",
+              openapi_extra=force, response_model=None,
+              responses={200: {"model": ReloadResponse}, **errors(401, 403, 409, 422, 501)})
+    async def reload(request: Request) -> JSONResponse:
+        flag = request.query_params.get("force", "false")
+        if flag.lower() not in ("true", "false"):
+            raise BadRequest(422, f"force must be true or false, got {flag!r}")
+        return JSONResponse(await service.reload(force=flag.lower() == "true"))
+
+    @app.get("/", response_class=HTMLResponse, summary="The search page", responses=errors(401))
     async def page() -> HTMLResponse:
         return HTMLResponse(search_page())
 
+    for route in app.routes:
+        methods = getattr(route, "methods", None)
+        if methods:
+            allowed[route.path] = frozenset(allowed.get(route.path, frozenset()) | methods)
+    app.openapi = lambda: contract(app, service)  # type: ignore[method-assign]
     return app
 
 
-class Guard:
-    """ASGI middleware around every HTTP request: the API key, then metrics (endpoint, status, seconds).
-    Plain ASGI rather than ``@app.middleware``: no stream wrapping of each response, so it costs microseconds."""
+def has_llm(index: Index) -> bool:
+    """Whether ``index`` has an LLM to answer with (decides whether ``/answer`` is in the schema)."""
+    try:
+        index.llm_client()
+    except NoLLM:
+        return False
+    return True
 
-    def __init__(self, app: Any, service: Service) -> None:
-        self.app, self.service = app, service
+
+def contract(app: FastAPI, service: Service) -> dict[str, Any]:
+    """``/openapi.json``: FastAPI's schema of the routes, plus the bearer scheme on every endpoint that needs
+    the key (all but ``/health`` when one is set; ``/admin/*`` always)."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        schema.setdefault("components", {})["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer", "description": f"the server's {API_KEY_ENV}"}}
+        for path, operations in schema["paths"].items():
+            for op in operations.values():
+                keyed = path.startswith("/admin/") or (service.api_key is not None and path not in PUBLIC)
+                op["security"] = [{"bearer": []}] if keyed else []
+                responses = op.get("responses", {})
+                if not keyed:
+                    responses.pop("401", None)
+                for status, response in responses.items():  # errors are JSON whatever the success is
+                    if int(status) >= 400:
+                        response["content"] = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
+class Guard:
+    """ASGI middleware around every HTTP request: a method the path does not declare (405), the API key, then
+    metrics (endpoint, status, seconds). Plain ASGI rather than ``@app.middleware``: no stream wrapping of each
+    response, so it costs microseconds."""
+
+    def __init__(self, app: Any, service: Service, allowed: dict[str, frozenset[str]]) -> None:
+        self.app, self.service, self.allowed = app, service, allowed
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -315,7 +391,11 @@ class Guard:
 
         try:
             auth = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), "")
+            methods = self.allowed.get(path)
             try:
+                if methods is not None and scope["method"] not in methods:
+                    raise BadRequest(405, f"{path} does not take {scope['method']}; it takes "
+                                          f"{', '.join(sorted(methods))}", {"Allow": ", ".join(sorted(methods))})
                 self.service.authorise(path, auth)
             except BadRequest as err:
                 self.service.metrics.errors.labels(f"http_{err.status}").inc()

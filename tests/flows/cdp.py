@@ -17,6 +17,9 @@ from typing import Any, Iterator
 import httpx
 from websockets.sync.client import connect
 
+# the network off: every host name fails to resolve, and only the loopback address a test serves from is reached
+OFFLINE = ("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1", "--proxy-server=127.0.0.1:9",
+           "--proxy-bypass-list=127.0.0.1")
 FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--disable-extensions", "--hide-scrollbars",
          "--window-size=1280,1000", "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0"]
@@ -71,10 +74,11 @@ class Page:
 
 
 @contextlib.contextmanager
-def chromium(binary: str, url: str) -> Iterator[Page]:
-    """Headless Chromium on ``url``; yields its first tab once the page has loaded."""
+def chromium(binary: str, url: str, flags: tuple[str, ...] = ()) -> Iterator[Page]:
+    """Headless Chromium on ``url`` (with ``flags`` beside :data:`FLAGS`); yields its first tab once the page has
+    loaded."""
     with tempfile.TemporaryDirectory(prefix="dagrag-cdp-", ignore_cleanup_errors=True) as profile:
-        proc = subprocess.Popen([binary, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
+        proc = subprocess.Popen([binary, *FLAGS, *flags, f"--user-data-dir={profile}", "about:blank"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             port_file = Path(profile) / "DevToolsActivePort"

@@ -44,13 +44,14 @@ def uvicorn_thread(service, port: int | None = None) -> Iterator[str]:
 
 
 class ServeProcess:
-    """``dagrag serve`` started as a user starts it (``python -m flows.cli serve …``), on a free port."""
+    """``dagrag serve`` (or ``dagrag mcp``) started as a user starts it (``python -m flows.cli serve …``), on a free
+    port."""
 
-    def __init__(self, overrides: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, overrides: list[str], env: dict[str, str] | None = None, command: str = "serve") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", "serve", *overrides, f"serve.port={self.port}"],
+            [sys.executable, "-m", "flows.cli", command, *overrides, f"serve.port={self.port}"],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, **(env or {})}, start_new_session=True)
         self.lines: list[str] = []
@@ -67,7 +68,7 @@ class ServeProcess:
             line = self.proc.stdout.readline()
             if line:
                 self.lines.append(line)
-                if re.match(r"serving \S+ on ", line):
+                if re.match(r"serving (MCP for )?\S+ on ", line):
                     threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
                     return self
         raise RuntimeError("dagrag serve did not print its address in time")
@@ -95,3 +96,22 @@ class ServeProcess:
 
 def post(url: str, payload, **kwargs) -> httpx.Response:
     return httpx.post(url, json=payload, timeout=60, **kwargs)
+
+
+def build_bm25(root: Path, n_passages: int = 120, n_questions: int = 12) -> list[str]:
+    """A bm25 index of a small sample corpus under ``root``, built by the index flow; its overrides."""
+    from flows.runtime.pipeline import index_flow
+    from tests.flows.conftest import make_config
+
+    overrides = ["method=bm25", "dataset=sample", f"dataset.n_passages={n_passages}",
+                 f"dataset.n_questions={n_questions}", f"artifacts_dir={root / 'artifacts'}"]
+    index_flow(make_config(root, *overrides))
+    return overrides
+
+
+def sample_questions(overrides: list[str]) -> list[str]:
+    """The sample corpus's own questions (from the ingested questions table)."""
+    import pandas as pd
+
+    root = Path(next(o for o in overrides if o.startswith("artifacts_dir=")).split("=", 1)[1])
+    return pd.read_parquet(next(root.glob("sample-*/ingest/questions-*.parquet")))["question"].tolist()
