@@ -83,8 +83,8 @@ def head(text: str, chars: int) -> str:
     """``text`` up to the first word end at or after ``chars`` characters (the whole text if there is none).
 
     The cut falls between a non-space and a space, where every pre-tokeniser of the ``tokenizers`` library
-    (BERT's, whitespace, metaspace, byte-level) ends a pre-token, and normalisers act per character, so the head's
-    tokens are the first tokens of the whole text.
+    (BERT's, whitespace, metaspace, byte-level) ends a pre-token, and the usual normalisers (BERT's, lower case,
+    Unicode forms) act per character and its combining marks, so the head's tokens are the whole text's first ones.
     """
     if len(text) <= chars:
         return text
