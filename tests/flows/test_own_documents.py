@@ -23,7 +23,6 @@ from tasks.data.ingest import IngestError
 from tasks.data.readers import read_document
 from tests.flows.conftest import make_config
 from tests.flows.serving_helpers import REPO, uvicorn_thread
-from tests.flows.test_runners import count_submissions  # noqa: F401 - the fixture counting Dask submissions
 from tests.tasks.data.test_readers import fpdf_bytes, scanned_pdf_bytes
 
 GUIDE = ("# Guide\n\nThis guide covers the frobnicator tool.\n\n## Install\n\n### Linux\n\n"
