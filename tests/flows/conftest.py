@@ -64,3 +64,19 @@ def _compose(overrides: tuple[str, ...]) -> dict:
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         cfg = compose("config", overrides=list(overrides))
     return OmegaConf.to_container(cfg, resolve=True)
+
+
+@pytest.fixture
+def count_submissions(monkeypatch):
+    """The labels of the partitions submitted to Dask in this test (``DaskPartitionRunner.submit_partition``)."""
+    from flows.runtime.runners import DaskPartitionRunner
+
+    calls = []
+    real = DaskPartitionRunner.submit_partition
+
+    def counted(self, *args):
+        calls.append(args[-1])
+        return real(self, *args)
+
+    monkeypatch.setattr(DaskPartitionRunner, "submit_partition", counted)
+    return calls

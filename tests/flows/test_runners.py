@@ -54,21 +54,6 @@ async def artifacts(flow_run_id):
         return await client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
 
 
-@pytest.fixture
-def count_submissions(monkeypatch):
-    from flows.runtime.runners import DaskPartitionRunner
-
-    calls = []
-    real = DaskPartitionRunner.submit_partition
-
-    def counted(self, *args):
-        calls.append(args[-1])
-        return real(self, *args)
-
-    monkeypatch.setattr(DaskPartitionRunner, "submit_partition", counted)
-    return calls
-
-
 def test_an_existing_scheduler_is_used_by_address(tmp_path):
     from distributed import Client, LocalCluster
 
