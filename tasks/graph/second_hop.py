@@ -110,21 +110,22 @@ def second_hop(scores: np.ndarray, links: sp.csr_array, query_emb: np.ndarray, p
     """The first hop's ``scores`` (Q x P) re-scored by title links from its top passages, round after round.
 
     Returns ``(scores, rounds)``: rank prior (:func:`rank_prior` of the first hop's top ``second_hop_depth``) plus
-    ``second_hop_weight`` × :func:`hop_scores` from the current top ``second_hop_sources``; ``rounds`` (Q,) counts
-    the rounds each question took. A question stops when a round leaves its top sources as they were (nothing new
+    ``second_hop_weight`` × the best :func:`hop_scores` any round gave (each round starts from the top
+    ``second_hop_sources`` of the last); ``rounds`` (Q,) counts the rounds each question took. A question stops when a round leaves its top sources as they were (nothing new
     entered), or after ``second_hop_rounds``.
     """
     n_q, n_p = scores.shape
     m = min(params.second_hop_sources, n_p)
     prior = rank_prior(top_k_rows(scores, min(params.second_hop_depth, n_p)), n_p, params.second_hop_rank_offset)
-    out, rounds = prior.copy(), np.zeros(n_q, np.int64)
+    out, rounds, best = prior.copy(), np.zeros(n_q, np.int64), np.zeros_like(prior)
     active = np.arange(n_q)
     sources = top_k_rows(prior, m)
     for _ in range(params.second_hop_rounds):
         if active.size == 0:
             break
         hop = hop_scores(sources[active], links, query_emb[active], passage_emb, params.second_hop_source_decay)
-        out[active] = prior[active] + params.second_hop_weight * hop.toarray()
+        best[active] = np.maximum(best[active], hop.toarray())  # what an earlier round found stays found
+        out[active] = prior[active] + params.second_hop_weight * best[active]
         rounds[active] += 1
         moved = top_k_rows(out[active], m)
         changed = np.any(np.sort(moved, axis=1) != np.sort(sources[active], axis=1), axis=1)

@@ -28,6 +28,7 @@ from tasks.text.embed import EmbedderParams, encode_queries, encode_queries_besi
 from tasks.text.gazetteer import Gazetteer, aliases_of, lowercase_only, mask_names
 from tasks.text.linking import LinkingParams, name_idf, query_seeds
 from tasks.text.linking_stages import masked_relation_gate
+from tasks.text.question_parse import load_parser, parse_questions, rest_of_question
 from tasks.text.title_index import TitleIndex
 from tasks.llm.ner_backends import QueryRecogniser
 
@@ -82,8 +83,9 @@ class LinearRetriever:
     """Online LinearRAG for a batch: query NER + encoding -> eq. (3) seeds -> bridging -> eq. (7) + PPR."""
 
     def __init__(self, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], params: LinearParams,
-                 embedder: EmbedderParams, recogniser: QueryRecogniser | None) -> None:
+                 embedder: EmbedderParams, recogniser: QueryRecogniser | None, parser_model: str | None = None) -> None:
         self.params, self.algo, self.embedder, self.recogniser = params, params.retrieval(), embedder, recogniser
+        self.parser_model = parser_model  # second_hop_query=parsed: the spaCy pipeline that parses questions
         self.doc_ids, self.passage_emb = load_embeddings(index["passage_embeddings"], "doc_id")
         sentence_ids, self.sentence_emb = load_embeddings(index["sentence_embeddings"], "chunk_id")
         sentences = Store.read(index["sentences"], ["chunk_id", "doc_id"])
@@ -135,6 +137,10 @@ class LinearRetriever:
                 self.gate = masked_relation_gate(self.gate, index, chunks)
         if params.second_hop:  # beyond the paper: the passages the first hop's top passages are title-linked to
             self.links = title_links(self.contain, self.titles.titled, params.second_hop_links)
+            if params.second_hop_query == "parsed":
+                if parser_model is None:
+                    raise ValueError("method.second_hop_query=parsed needs a spaCy pipeline with a parser (ner.model)")
+                load_parser(parser_model)
         encode_queries(["warm-up"], embedder)
         self.queries = self.fallbacks = self.seeds_total = self.active_total = self.hop_rounds = 0
 
@@ -167,6 +173,12 @@ class LinearRetriever:
         seeds.eliminate_zeros()
         return seeds
 
+    def rests(self, questions: list[str]) -> list[str]:
+        """Each question without the bridge it describes (:func:`tasks.text.question_parse.rest_of_question`), else
+        whole, and then masked (the names it writes capitalised left out)."""
+        parsed = parse_questions(questions, self.parser_model)
+        return mask_names([rest_of_question(t) or q for q, t in zip(questions, parsed)], self.gazetteer)
+
     @property
     def dot_via_torch(self) -> bool:
         """Products after a question encode run on torch only when torch encoded the questions (see :func:`_dot`)."""
@@ -185,7 +197,11 @@ class LinearRetriever:
         masked = self.gate is not None and self.params.relation_gate_masked  # the gate reads the relation alone
         if masked or (self.params.second_hop and self.params.second_hop_query == "masked"):
             gate_emb = encode_queries(mask_names(questions, self.gazetteer), self.embedder)
-        hop_emb = {"whole": q_emb, "masked": gate_emb}.get(self.params.second_hop_query) if self.params.second_hop else None
+        hop_emb = None
+        if self.params.second_hop:  # what the second hop matches a candidate with (SecondHopParams)
+            hop_emb = {"whole": q_emb, "masked": gate_emb}.get(self.params.second_hop_query)
+            if self.params.second_hop_query == "parsed":
+                hop_emb = encode_queries(self.rests(questions), self.embedder)
         t2 = time.perf_counter()
         seeds = self.seed_activation(n_q, q_idx, col, unseen_emb, questions)
         a = self.algo
