@@ -40,7 +40,8 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
 def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> LinearRetriever:
     """Online side of ``method=linearrag``."""
     return LinearRetriever(data, index, cfg.method, cfg.embedder,
-                          QueryRecogniser(cfg.ner, cfg.llm, cfg.artifacts_dir) if cfg.method.query_ner else None)
+                          QueryRecogniser(cfg.ner, cfg.llm, cfg.artifacts_dir) if cfg.method.query_ner else None,
+                          cfg.ner.model)
 
 
 METHOD = Method("linearrag", LinearParams, index, retriever, disk_bytes_per_passage=10_500, runs_ner=always)

@@ -83,3 +83,26 @@ def test_masked_relation_gate_shares_zoomrags_relation_sentences_and_changes_the
     assert (a["score"] - b["score"]).abs().max() > 1e-6
     with pytest.raises(Exception, match="ppr_sweeps=alternating"):
         evaluate_flow(make_config(tmp_path, "method=linearrag", *gate, "method.ppr_sweeps=power"), str(tmp_path / "bad"))
+
+
+def test_second_hop_runs_on_the_stored_index_and_counts_its_rounds(tmp_path):
+    """The second hop (beyond the paper) re-ranks at query time: the preset's index is reused, each question's
+    rounds are traced, and the parsed reading (spaCy's parse of the question) runs too."""
+    base = ["method=linearrag", "experiment=beyond_paper", *SMALL]
+    off = evaluate_flow(make_config(tmp_path, *base, "method.second_hop_weight=0"), str(tmp_path / "off"))
+    hops = {}
+    for query in ("masked", "parsed"):
+        run = f"hop-{query}"
+        hops[query] = evaluate_flow(make_config(tmp_path, *base, "method.second_hop_weight=0.2",
+                                                "method.second_hop_rounds=3", f"method.second_hop_query={query}"),
+                                    str(tmp_path / run))
+        assert hops[query]["stages_computed"] == 0 and hops[query]["n_questions"] == 12
+        trace = pd.read_parquet(tmp_path / run / "trace.parquet")
+        assert trace["second_hop_rounds"].between(1, 3).all()
+        assert hops[query]["second_hop_rounds_per_query"] == pytest.approx(trace["second_hop_rounds"].mean(), abs=1e-3)
+    assert off["second_hop_rounds_per_query"] == 0
+    a, b = (pd.read_parquet(tmp_path / r / "hits.parquet") for r in ("off", "hop-masked"))
+    assert not a[["qid", "doc_id", "rank"]].equals(b[["qid", "doc_id", "rank"]])
+    with pytest.raises(Exception, match="graph_linking=gazetteer"):
+        evaluate_flow(make_config(tmp_path, "method=linearrag", *SMALL, "method.second_hop_weight=0.2"),
+                      str(tmp_path / "bad"))

@@ -20,6 +20,7 @@ from tasks.core.store import ArtifactRef, Store
 from tasks.eval.retrieve import Hits
 from tasks.graph.title_walk import check_title_walk
 from tasks.graph.relation_gate import relation_gate
+from tasks.graph.second_hop import SecondHopParams, second_hop, title_links
 from tasks.graph.sparse import coo_matrix, group_positions, log1p_transposed, transposed_csr
 from tasks.graph.walk import random_walk
 from tasks.methods.linearrag import algorithm as lr
@@ -27,12 +28,13 @@ from tasks.text.embed import EmbedderParams, encode_queries, encode_queries_besi
 from tasks.text.gazetteer import Gazetteer, aliases_of, lowercase_only, mask_names
 from tasks.text.linking import LinkingParams, name_idf, query_seeds
 from tasks.text.linking_stages import masked_relation_gate
+from tasks.text.question_parse import load_parser, parse_questions, rest_of_question
 from tasks.text.title_index import TitleIndex
 from tasks.llm.ner_backends import QueryRecogniser
 
 
 @dataclass(frozen=True)
-class LinearParams(lr.LinearRAGParams, LinkingParams):
+class LinearParams(lr.LinearRAGParams, LinkingParams, SecondHopParams):
     """``method=linearrag``: the retrieval settings of :class:`tasks.methods.linearrag.algorithm.LinearRAGParams`,
     a name, and the entity linking (:class:`tasks.text.linking.LinkingParams`, beyond the paper when not ``ner``).
 
@@ -46,6 +48,10 @@ class LinearParams(lr.LinearRAGParams, LinkingParams):
     def __post_init__(self) -> None:
         lr.LinearRAGParams.__post_init__(self)
         LinkingParams.__post_init__(self)
+        SecondHopParams.__post_init__(self)
+        if self.second_hop and self.graph_linking != "gazetteer":
+            raise ValueError("method.second_hop_weight > 0 follows title links: it needs method.graph_linking=gazetteer "
+                             "(e.g. experiment=beyond_paper)")
         check_title_walk(self.title_walk, self.graph_linking == "gazetteer", "method.graph_linking=gazetteer",
                          self.relation_gate_temperature, self.ppr_sweeps == "alternating", "method.ppr_sweeps=alternating")
 
@@ -77,8 +83,9 @@ class LinearRetriever:
     """Online LinearRAG for a batch: query NER + encoding -> eq. (3) seeds -> bridging -> eq. (7) + PPR."""
 
     def __init__(self, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], params: LinearParams,
-                 embedder: EmbedderParams, recogniser: QueryRecogniser | None) -> None:
+                 embedder: EmbedderParams, recogniser: QueryRecogniser | None, parser_model: str | None = None) -> None:
         self.params, self.algo, self.embedder, self.recogniser = params, params.retrieval(), embedder, recogniser
+        self.parser_model = parser_model  # second_hop_query=parsed: the spaCy pipeline that parses questions
         self.doc_ids, self.passage_emb = load_embeddings(index["passage_embeddings"], "doc_id")
         sentence_ids, self.sentence_emb = load_embeddings(index["sentence_embeddings"], "chunk_id")
         sentences = Store.read(index["sentences"], ["chunk_id", "doc_id"])
@@ -128,8 +135,14 @@ class LinearRetriever:
                                       self.sentence_emb, self.algo.relation_gate_temperature)
             if params.relation_gate_masked:  # the naming sentences without their names (relation_sentences)
                 self.gate = masked_relation_gate(self.gate, index, chunks)
+        if params.second_hop:  # beyond the paper: the passages the first hop's top passages are title-linked to
+            self.links = title_links(self.contain, self.titles.titled, params.second_hop_links)
+            if params.second_hop_query == "parsed":
+                if parser_model is None:
+                    raise ValueError("method.second_hop_query=parsed needs a spaCy pipeline with a parser (ner.model)")
+                load_parser(parser_model)
         encode_queries(["warm-up"], embedder)
-        self.queries = self.fallbacks = self.seeds_total = self.active_total = 0
+        self.queries = self.fallbacks = self.seeds_total = self.active_total = self.hop_rounds = 0
 
     def lookup(self, names: list[list[str]]) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """Query entity strings -> (query of each, vocabulary index or -1, the strings not in the vocabulary)."""
@@ -160,6 +173,12 @@ class LinearRetriever:
         seeds.eliminate_zeros()
         return seeds
 
+    def rests(self, questions: list[str]) -> list[str]:
+        """Each question without the bridge it describes (:func:`tasks.text.question_parse.rest_of_question`), else
+        whole, and then masked (the names it writes capitalised left out)."""
+        parsed = parse_questions(questions, self.parser_model)
+        return mask_names([rest_of_question(t) or q for q, t in zip(questions, parsed)], self.gazetteer)
+
     @property
     def dot_via_torch(self) -> bool:
         """Products after a question encode run on torch only when torch encoded the questions (see :func:`_dot`)."""
@@ -175,8 +194,14 @@ class LinearRetriever:
         q_idx, col, unseen = self.lookup(names)
         unseen_emb = encode_queries(unseen, self.embedder)
         q_emb = gate_emb = pending.result()
-        if self.gate is not None and self.params.relation_gate_masked:  # the gate reads the relation alone
+        masked = self.gate is not None and self.params.relation_gate_masked  # the gate reads the relation alone
+        if masked or (self.params.second_hop and self.params.second_hop_query == "masked"):
             gate_emb = encode_queries(mask_names(questions, self.gazetteer), self.embedder)
+        hop_emb = None
+        if self.params.second_hop:  # what the second hop matches a candidate with (SecondHopParams)
+            hop_emb = {"whole": q_emb, "masked": gate_emb}.get(self.params.second_hop_query)
+            if self.params.second_hop_query == "parsed":
+                hop_emb = encode_queries(self.rests(questions), self.embedder)
         t2 = time.perf_counter()
         seeds = self.seed_activation(n_q, q_idx, col, unseen_emb, questions)
         a = self.algo
@@ -191,23 +216,28 @@ class LinearRetriever:
             patch = lr.relation_gate_patch(self.gate, gate_emb, len(self.doc_ids), len(self.entity_names))
         scores = lr.global_importance(similarity, bridging, self.contain, self.walk, self.algo, patch,
                                       self.entity_passage_log)
-        if self.params.cover_named_min_seed > 0:  # beyond the paper: each named entity's passage first
-            ranked, _ = lr.rank_passages(self.titles.cover(scores, seeds, questions, self.params.cover_named_min_seed),
-                                         k)
-            top = np.take_along_axis(scores, ranked, axis=1)
-        else:
-            ranked, top = lr.rank_passages(scores, k)
-        t4 = time.perf_counter()
+        cover = self.params.cover_named_min_seed
+        ranking = self.titles.cover(scores, seeds, questions, cover) if cover > 0 else scores  # beyond the paper:
+        t4 = time.perf_counter()  # each named entity's passage first
+        rounds = np.zeros(n_q, np.int64)
+        if self.params.second_hop:  # beyond the paper: follow the titles the top passages name, and what names them
+            scores, rounds = second_hop(ranking, self.links, hop_emb, self.passage_emb, self.params)
+            ranking = self.titles.cover(scores, seeds, questions, cover) if cover > 0 else scores  # named stay first
+        ranked, _ = lr.rank_passages(ranking, k)
+        top = np.take_along_axis(scores, ranked, axis=1)
+        t5 = time.perf_counter()
         fallback = np.diff(seeds.indptr) == 0
         self.queries += n_q
         self.fallbacks += int(fallback.sum())
         self.seeds_total += int(seeds.nnz)
         self.active_total += int(bridging.activation.nnz)
-        parts = {"query_ner": t1 - t0, "query_encoding": t2 - t1, "bridging": t3 - t2, "ppr": t4 - t3}
-        return Hits(ranked, top, parts, self._trace(names, seeds, bridging, fallback, ranked, top))
+        parts = {"query_ner": t1 - t0, "query_encoding": t2 - t1, "bridging": t3 - t2, "ppr": t4 - t3,
+                 "second_hop": t5 - t4}
+        self.hop_rounds += int(rounds.sum())
+        return Hits(ranked, top, parts, self._trace(names, seeds, bridging, fallback, ranked, top, rounds))
 
     def _trace(self, names: list[list[str]], seeds: sp.csr_array, bridging: lr.Bridging, fallback: np.ndarray,
-               ranked: np.ndarray, top: np.ndarray) -> list[dict]:
+               ranked: np.ndarray, top: np.ndarray, rounds: np.ndarray) -> list[dict]:
         """Per query: its entity strings, seeds with eq. (3) scores, entities new at each step, top passages."""
         n_q = len(names)
         steps = [[e[g] for g in group_positions(q, n_q)] for q, e in bridging.trace]  # per query, stable
@@ -218,7 +248,7 @@ class LinearRetriever:
             trace.append({"query_entities": names[i],
                           "seeds": self.entity_names[cols].tolist(), "seed_scores": np.round(vals, 4).tolist(),
                           "activated": [self.entity_names[s[i]].tolist() for s in steps],
-                          "dense_fallback": bool(fallback[i]),
+                          "dense_fallback": bool(fallback[i]), "second_hop_rounds": int(rounds[i]),
                           "top_passages": self.doc_ids[ranked[i]].tolist(), "top_scores": top[i].tolist()})
         return trace
 
@@ -228,7 +258,8 @@ class LinearRetriever:
         return {"dense_fallback_queries": self.fallbacks, "n_entities": len(self.entity_names),
                 "n_sentences": self.sentence_emb.shape[0], "contain_nnz": int(self.contain.nnz),
                 "mention_nnz": int(self.mention.nnz), "seeds_per_query": round(self.seeds_total / q, 3),
-                "active_entities_per_query": round(self.active_total / q, 3)}
+                "active_entities_per_query": round(self.active_total / q, 3),
+                "second_hop_rounds_per_query": round(self.hop_rounds / q, 3)}
 
 
 __all__ = ["LinearParams", "LinearRetriever"]
