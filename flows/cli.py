@@ -27,6 +27,7 @@ COMMANDS = {
     "serve": ("flows.commands.serve", "an HTTP service over a built index: micro-batched /retrieve, /answer, a search page"),
     "loadtest": ("flows.commands.loadtest", "served throughput and latency at several concurrencies, batching on and off"),
     "schedule": ("flows.commands.schedule", "serve index/evaluate as Prefect deployments on cron schedules (conf/schedule.yaml)"),
+    "plan": ("flows.commands.plan", "what a run with these overrides would reuse and compute, before it runs"),
     "doctor": ("flows.commands.doctor", "check every stored file against its hash; doctor.repair=true quarantines and repairs"),
 }
 

@@ -183,6 +183,14 @@ class QueryParams:
 
 
 @dataclass(frozen=True)
+class PlanParams:
+    """``plan/``: what ``dagrag plan`` shows (:mod:`flows.commands.plan`)."""
+
+    format: str = field(default="text", metadata=one_of(("text", "json", "mermaid")))
+    command: str = field(default="index", metadata=one_of(("index", "update")))  # whose stage DAG is planned
+
+
+@dataclass(frozen=True)
 class ServeParams:
     """``serve/``: ``dagrag serve``'s address, micro-batching, limits and reloads (:mod:`flows.commands.serve`)."""
 
@@ -333,9 +341,10 @@ class Config:
     query: QueryParams = QueryParams()
     serve: ServeParams = ServeParams()
     doctor: DoctorParams = DoctorParams()
+    plan: PlanParams = PlanParams()
 
 
-ONE_METHOD_COMMANDS = frozenset({"evaluate", "index", "update", "benchmark", "query", "serve"})
+ONE_METHOD_COMMANDS = frozenset({"evaluate", "index", "update", "benchmark", "query", "serve", "plan"})
 
 
 def run_folder_label(command: str, method: str, dataset: str) -> str:
@@ -351,8 +360,8 @@ OmegaConf.register_new_resolver("run_label", run_folder_label, replace=True)
 
 # conf/config.yaml's keys: its groups, then its own values
 TOP_LEVEL_KEYS = frozenset({"dataset", "method", "embedder", "ner", "kg", "llm", "runner", "eval", "benchmark", "report",
-                            "compare", "scale", "growth", "doctor", "query", "serve", "data_dir", "artifacts_dir",
-                            "verbose"})
+                            "compare", "scale", "growth", "doctor", "query", "serve", "plan", "data_dir",
+                            "artifacts_dir", "verbose"})
 
 
 def check_top_level_keys(keys: Iterable[str]) -> None:
@@ -386,7 +395,8 @@ def params_classes() -> dict[str, tuple[type, ...]]:
             "embedder": (EmbedderParams,), "ner": (NERParams,), "kg": (KGParams,), "llm": (LLMParams,),
             "runner": (RunnerParams,), "eval": (EvalParams,), "benchmark": (BenchmarkParams,),
             "report": (ReportParams,), "compare": (CompareParams,), "scale": (ScaleParams,),
-            "growth": (GrowthParams,), "query": (QueryParams,), "serve": (ServeParams,), "doctor": (DoctorParams,)}
+            "growth": (GrowthParams,), "query": (QueryParams,), "serve": (ServeParams,), "doctor": (DoctorParams,),
+            "plan": (PlanParams,)}
 
 
 def load_config(cfg: Mapping[str, Any]) -> Config:
@@ -425,6 +435,7 @@ def load_config(cfg: Mapping[str, Any]) -> Config:
         query=build(QueryParams, "query", cfg.get("query", {})),
         serve=build(ServeParams, "serve", cfg.get("serve", {})),
         doctor=build(DoctorParams, "doctor", cfg.get("doctor", {})),
+        plan=build(PlanParams, "plan", cfg.get("plan", {})),
     )
     method = METHODS[name]
     if method.check is not None:

@@ -2,10 +2,12 @@
 entry point (:func:`run_command`)."""
 from __future__ import annotations
 
+import contextlib
 import logging
+import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from prefect import flow
 
@@ -16,11 +18,15 @@ from flows.runtime.output import print_last_line
 from flows.runtime.provenance import git_sha, job_overrides, run_id, versions
 from flows.runtime.tables import stage_counts, stage_split, stage_table
 from tasks.core.ingest import content_hash, dataset_label, ingest, raw_sources
+from tasks.core.files import CATALOG
 from tasks.core.memory import release_arrow_memory
 from tasks.core.progress import timed
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
 from tasks.llm.params import LLMDryRun
+
+if TYPE_CHECKING:
+    from tasks.core.plan import Plan
 
 log = logging.getLogger("dagrag")
 
@@ -48,6 +54,26 @@ def build_index(ctx: RunContext, conf: Config) -> tuple[dict[str, ArtifactRef], 
     data = ingest(ctx, conf.dataset, conf.data_dir)
     index = METHODS[conf.method.name].index(ctx, data, conf)
     return data, index, time.perf_counter() - t0
+
+
+def plan_run(conf: Config, command: str = "index") -> "Plan":
+    """What ``command`` (``index``: the index phase every command runs; ``update``: the method's update DAG) would
+    reuse and compute with ``conf``: the same flow code, its stages planned, none computed (:mod:`tasks.core.plan`).
+    """
+    from tasks.core.plan import Plan
+
+    root = str(Path(conf.artifacts_dir).resolve())
+    method = METHODS[conf.method.name]
+    plan = Plan(root, dataset_label(conf.dataset), title=f"{command} of method={conf.method.name} on "
+                f"{dataset_label(conf.dataset)} in {root}")
+    dag = method.update if command == "update" and method.update is not None else method.index
+    with contextlib.ExitStack() as stack:
+        where = root
+        if not (Path(root) / CATALOG).is_file():  # an update's search for stored versions would create one: such
+            where = stack.enter_context(tempfile.TemporaryDirectory(prefix="dagrag-plan-"))  # stages read an empty one
+        ctx = RunContext(where, plan.dataset, "plan", plan=plan)
+        dag(ctx, ingest(ctx, conf.dataset, conf.data_dir), conf)
+    return plan
 
 
 def load_retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], conf: Config) -> tuple[Any, float]:

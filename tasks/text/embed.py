@@ -333,16 +333,21 @@ def embed(ctx: RunContext, params: EmbedParams, table: ArtifactRef) -> dict[str,
     """
     id_col, encoder = params.id_col, params.encoder()
     cols = [id_col, "text"] + (["title"] if params.use_template else [])
-    frame = ctx.store.read(table, cols)
-    texts = render_texts(frame, params.doc_template if params.use_template else None)
-    keys = pd.Series([text_key(t) for t in texts])
+
+    @functools.cache
+    def read() -> tuple[pd.DataFrame, list[str], pd.Series]:  # only when the stage computes
+        frame = Store.read(table, cols)
+        texts = render_texts(frame, params.doc_template if params.use_template else None)
+        return frame, texts, pd.Series([text_key(t) for t in texts])
 
     def compute_rows(missing: list[str]) -> pa.Table:
+        _, texts, keys = read()
         by_key = dict(zip(keys.tolist(), texts))
         emb = encode_stored([by_key[k] for k in missing], encoder)
         return pa.table({"key": missing, "emb": embeddings_to_arrow(emb)})
 
     def assemble(rows: pa.Table) -> dict[str, pa.Table]:
+        frame, _, keys = read()
         pos = {k: i for i, k in enumerate(rows.column("key").to_pylist())}
         emb = arrow_to_embeddings(rows.column("emb"))[[pos[k] for k in keys.tolist()]]
         return {"embeddings": pa.table({id_col: frame[id_col].tolist(), "emb": embeddings_to_arrow(emb)})}
@@ -351,7 +356,8 @@ def embed(ctx: RunContext, params: EmbedParams, table: ArtifactRef) -> dict[str,
     # keyed by the text they embed)
     row_params = {"model": params.model, "max_seq_length": params.max_seq_length,
                   "code": stored_code(encoder), **encoder.stored_identity()}
-    return run_row_stage(ctx, params, row_params, input_fps(table=table), keys, compute_rows, "key", assemble)
+    return run_row_stage(ctx, params, row_params, input_fps(table=table), lambda: read()[2], compute_rows, "key",
+                         assemble)
 
 
 def text_starts(frame: pd.DataFrame, template: str | None) -> list[int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -165,10 +166,14 @@ def extract_stage(ctx: RunContext, params: ExtractParams, documents: ArtifactRef
     from tasks.llm.params import LLMDryRun
     from tasks.llm.schema import JSON_FORMAT, check_empty_fraction
 
-    frame = Store.read(chunks, ["chunk_id", "text"])
-    keys = frame["text"].map(text_key)
+
+    @functools.cache
+    def read() -> tuple[pd.DataFrame, pd.Series]:  # only when the stage computes (a cached one reads nothing)
+        frame = Store.read(chunks, ["chunk_id", "text"])
+        return frame, frame["text"].map(text_key)
 
     def compute_rows(missing: list[str]) -> pa.Table:
+        frame, keys = read()
         texts = frame.assign(key=keys).drop_duplicates("key").set_index("key").loc[missing, "text"].tolist()
         if ctx.llm_dry_run:
             fmt = {"response_format": JSON_FORMAT} if params.json_mode else {}
@@ -183,6 +188,7 @@ def extract_stage(ctx: RunContext, params: ExtractParams, documents: ArtifactRef
         return rows
 
     def assemble(rows: pa.Table | None) -> dict[str, pd.DataFrame]:
+        frame, keys = read()
         if rows is None:
             cached = kg.EXTRACTION_SCHEMA.empty_table().to_pandas()
         else:
@@ -192,7 +198,8 @@ def extract_stage(ctx: RunContext, params: ExtractParams, documents: ArtifactRef
 
     row_params = {"builder": "llm", "llm": llm_identity(params), "max_tokens": params.extract_max_tokens,
                   "code": code_version(kg.llm_extract, kg.extraction_rows)}
-    return run_row_stage(ctx, params, row_params, input_fps(documents=documents, chunks=chunks), keys, compute_rows,
+    return run_row_stage(ctx, params, row_params, input_fps(documents=documents, chunks=chunks), lambda: read()[1],
+                         compute_rows,
                          "key", assemble)
 
 
