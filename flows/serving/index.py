@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -335,6 +336,9 @@ def open_index(*overrides: str, config: Mapping[str, Any] | None = None, build: 
     except IndexNotBuilt:
         if not build:
             raise
+        from flows.runtime.pipeline import plan_run
+
+        print(f"building the index first: {plan_run(conf).text()}", file=sys.stderr, flush=True)  # dagrag plan's
         run_index_flow(cfg)
         data, refs = resolve(conf, overrides)
     from flows.runtime.pipeline import spacy_without_torch

@@ -153,8 +153,16 @@ class StageParams:
         return values
 
     def identity(self) -> dict[str, Any]:
-        """The fingerprinted part: every field but the :func:`run_setting` ones, as plain data."""
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self) if _role(f)["role"] != "run"}
+        """The fingerprinted part: every field but the :func:`run_setting` ones and those :meth:`unused` names, as
+        plain data."""
+        unused = self.unused()
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if _role(f)["role"] != "run" and f.name not in unused}
+
+    def unused(self) -> frozenset[str]:
+        """The fields these values make the stage ignore (an embed that renders no template ignores the template),
+        left out of the fingerprint so that changing them rebuilds nothing. None by default."""
+        return frozenset()
 
 
 _ABSENT = object()

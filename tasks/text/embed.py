@@ -289,6 +289,10 @@ class EmbedParams(StageParams):
     batch_size: int = run_setting()
     device: str = run_setting()
 
+    def unused(self) -> frozenset[str]:
+        """Rows embedded as their text (``use_template`` false) never read ``doc_template``."""
+        return frozenset() if self.use_template else frozenset({"doc_template"})
+
     def encoder(self) -> EmbedderParams:
         """The encoder settings :func:`encode_stored` takes."""
         return stored_encoder(self.model, self.max_seq_length, self.doc_runtime, self.precision, self.int8_keep_fp32,
