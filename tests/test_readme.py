@@ -210,7 +210,7 @@ def plan_dagrag(cmd: Command, sub: str, args: list[str]) -> Plan:
     if sub == "report":
         return Plan(skip="reads the evaluate runs of a catalog (made by `dagrag compare` or `dagrag evaluate` first)")
     if sub == "serve":
-        return Plan(skip="a long-lived server (runs until stopped; tests/flows/test_serve_http.py runs it)")
+        return Plan(skip="a long-lived server (runs until stopped; tests/flows/serving/test_serve_http.py runs it)")
     if sub == "loadtest":
         return Plan(skip="minutes of load on every setup's server (needs their indexes)")
     if dataset["kind"] == "hipporag":

@@ -20,7 +20,7 @@ from tasks.core.plan import CACHED, COMPUTES
 from tasks.core.store import Store
 from tests.flows.conftest import make_config
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DOCS = {f"Note {i}": f"Note {i} records that the guild of {name} met in the {where} hall in year {1900 + i}."
         for i, (name, where) in enumerate(zip(
             ["Vell", "Ormand", "Tarsk", "Quill", "Brenn", "Ashby", "Corva", "Dunmore", "Elst", "Farro"],
