@@ -121,19 +121,26 @@ class ExtractCount:
         self.chunks_extracted = 0
 
 
-def archrag_kg(ctx: RunContext, cfg: Any, documents: ArtifactRef, chunks: ArtifactRef,
-               mentions: ArtifactRef | None) -> dict[str, ArtifactRef]:
-    """ArchRAG's KG ``{"entities", "relations", "kg_meta"}`` by ``cfg.kg.builder``.
+def kg_params(config: Any) -> "CooccurKGParams | LLMKGParams":
+    """The KG stage's params for ``config.kg.builder``: the projection a flow hands :func:`archrag_kg`."""
+    return (CooccurKGParams if config.kg.builder == "cooccur" else LLMKGParams).of(config)
+
+
+def archrag_kg(ctx: RunContext, params: "CooccurKGParams | LLMKGParams", documents: ArtifactRef, chunks: ArtifactRef,
+               mentions: ArtifactRef | None, llm: LLMParams | None = None) -> dict[str, ArtifactRef]:
+    """ArchRAG's KG ``{"entities", "relations", "kg_meta"}`` by the builder these params are for (:func:`kg_params`).
 
     ``mentions`` (the shared ``ner`` stage's document mentions) is required by ``cooccur`` and
-    ignored by ``llm``; ``llm`` needs a configured chat model (``cfg.llm``). ``documents`` is recorded as an
+    ignored by ``llm``; ``llm`` needs a configured chat model (the ``llm`` group). ``documents`` is recorded as an
     input (chunks and mentions derive from it).
     """
-    if cfg.kg.builder == "cooccur":
+    if isinstance(params, CooccurKGParams):
         if mentions is None:
             raise ValueError("archrag kg builder=cooccur needs the ner stage's mentions")
-        return cooccur_stage(ctx, CooccurKGParams.of(cfg), documents, chunks, mentions)
-    return llm_stage(ctx, LLMKGParams.of(cfg), documents, chunks, cfg.llm)
+        return cooccur_stage(ctx, params, documents, chunks, mentions)
+    if llm is None:
+        raise TypeError("archrag kg builder=llm needs the llm group's settings: archrag_kg(..., cfg.llm)")
+    return llm_stage(ctx, params, documents, chunks, llm)
 
 
 @stage(KG_STAGES["cooccur"], params=CooccurKGParams)
