@@ -7,12 +7,12 @@ import functools
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Mapping, Union
+from typing import Any, Callable, Iterable, Literal, Mapping, Union
 
 from omegaconf import OmegaConf
 
 from flows.methods import NAMES as METHOD_NAMES
-from tasks.core.ingest import DATASET_KINDS, DatasetParams
+from tasks.core.ingest import DATASET_KINDS
 from tasks.core.limits import COUNT, COUNT0, POSITIVE, in_interval, limits_of, one_of, within
 from tasks.text.embed import EmbedderParams
 from tasks.text.ner import NERParams
@@ -319,29 +319,81 @@ def build(cls: type, group: str, values: Mapping[str, Any]) -> Any:
 
 
 @dataclass(frozen=True)
-class Config:
-    """The whole run configuration, typed."""
+class Group:
+    """A config group of ``conf/config.yaml``: which params class its values build, and every class it may build."""
 
-    dataset: DatasetParams
-    method: Any
-    embedder: EmbedderParams
-    ner: NERParams
-    kg: Any  # tasks.methods.archrag.kg_stages.KGParams (read by method=archrag only)
-    llm: Any
-    runner: RunnerParams
-    eval: EvalParams
-    benchmark: BenchmarkParams
-    data_dir: str
-    artifacts_dir: str
-    raw: dict
-    report: ReportParams = ReportParams()
-    compare: CompareParams = CompareParams()
-    scale: ScaleParams = ScaleParams()
-    growth: GrowthParams = GrowthParams()
-    query: QueryParams = QueryParams()
-    serve: ServeParams = ServeParams()
-    doctor: DoctorParams = DoctorParams()
-    plan: PlanParams = PlanParams()
+    choose: Callable[[Mapping[str, Any]], type]   # the group's values -> its params class
+    classes: Callable[[], tuple[type, ...]]       # every class it may build (for tests and docs)
+    required: bool = True                         # a composed config must hold it (else: the class's defaults)
+
+
+def _fixed(cls: type, required: bool = True) -> Group:
+    return Group(lambda values: cls, lambda: (cls,), required)
+
+
+def _dataset(values: Mapping[str, Any]) -> type:
+    kind = values.get("kind")
+    if kind not in DATASET_KINDS:
+        raise ConfigError(f"dataset.kind must be one of {sorted(DATASET_KINDS)}, got {kind!r}")
+    return DATASET_KINDS[kind]
+
+
+def _method(values: Mapping[str, Any]) -> type:
+    from flows.methods import METHODS
+
+    name = values.get("name")
+    if name not in METHODS:
+        raise ConfigError(f"method.name must be one of {sorted(METHODS)}, got {name!r}")
+    return METHODS[name].params
+
+
+def _all_methods() -> tuple[type, ...]:
+    from flows.methods import METHODS
+
+    return tuple(METHODS[n].params for n in METHODS)
+
+
+def _kg() -> type:
+    from tasks.methods.archrag.kg_stages import KGParams
+
+    return KGParams
+
+
+def _llm() -> type:
+    from tasks.llm.params import LLMParams
+
+    return LLMParams
+
+
+# conf/config.yaml's groups, in its order: the one list of them; Config, TOP_LEVEL_KEYS, params_classes and
+# load_config are derived from it
+GROUPS: dict[str, Group] = {
+    "dataset": Group(_dataset, lambda: tuple(DATASET_KINDS.values())),
+    "method": Group(_method, _all_methods),
+    "embedder": _fixed(EmbedderParams),
+    "ner": _fixed(NERParams),
+    "kg": Group(lambda values: _kg(), lambda: (_kg(),), required=False),  # read by method=archrag only
+    "llm": Group(lambda values: _llm(), lambda: (_llm(),)),
+    "runner": _fixed(RunnerParams),
+    "eval": _fixed(EvalParams),
+    "benchmark": _fixed(BenchmarkParams, required=False),
+    "report": _fixed(ReportParams, required=False),
+    "compare": _fixed(CompareParams, required=False),
+    "scale": _fixed(ScaleParams, required=False),
+    "growth": _fixed(GrowthParams, required=False),
+    "query": _fixed(QueryParams, required=False),
+    "serve": _fixed(ServeParams, required=False),
+    "doctor": _fixed(DoctorParams, required=False),
+    "plan": _fixed(PlanParams, required=False),
+}
+SCALARS = ("data_dir", "artifacts_dir", "verbose")  # conf/config.yaml's own values (verbose: read before loading)
+
+# The whole run configuration, typed: one field per group (its params), the two folders, and the raw dict.
+Config = dataclasses.make_dataclass(
+    "Config", [(g, Any) for g in GROUPS] + [("data_dir", str), ("artifacts_dir", str), ("raw", dict)],
+    frozen=True)
+Config.__module__ = __name__  # pickled by name, as a class written here would be
+Config.__doc__ = "The whole run configuration, typed: one field per config group (:data:`GROUPS`)."
 
 
 ONE_METHOD_COMMANDS = frozenset({"evaluate", "index", "update", "benchmark", "query", "serve", "plan"})
@@ -359,9 +411,7 @@ def run_folder_label(command: str, method: str, dataset: str) -> str:
 OmegaConf.register_new_resolver("run_label", run_folder_label, replace=True)
 
 # conf/config.yaml's keys: its groups, then its own values
-TOP_LEVEL_KEYS = frozenset({"dataset", "method", "embedder", "ner", "kg", "llm", "runner", "eval", "benchmark", "report",
-                            "compare", "scale", "growth", "doctor", "query", "serve", "plan", "data_dir",
-                            "artifacts_dir", "verbose"})
+TOP_LEVEL_KEYS = frozenset(GROUPS) | frozenset(SCALARS)
 
 
 def check_top_level_keys(keys: Iterable[str]) -> None:
@@ -387,56 +437,25 @@ def override_keys(args: Iterable[str]) -> list[str]:
 
 def params_classes() -> dict[str, tuple[type, ...]]:
     """Every params class a config group builds, by group (imports every method: for tests and docs, not commands)."""
-    from flows.methods import METHODS
-    from tasks.llm.params import LLMParams
-    from tasks.methods.archrag.kg_stages import KGParams
-
-    return {"dataset": tuple(DATASET_KINDS.values()), "method": tuple(METHODS[n].params for n in METHODS),
-            "embedder": (EmbedderParams,), "ner": (NERParams,), "kg": (KGParams,), "llm": (LLMParams,),
-            "runner": (RunnerParams,), "eval": (EvalParams,), "benchmark": (BenchmarkParams,),
-            "report": (ReportParams,), "compare": (CompareParams,), "scale": (ScaleParams,),
-            "growth": (GrowthParams,), "query": (QueryParams,), "serve": (ServeParams,), "doctor": (DoctorParams,),
-            "plan": (PlanParams,)}
+    return {group: spec.classes() for group, spec in GROUPS.items()}
 
 
 def load_config(cfg: Mapping[str, Any]) -> Config:
-    """A resolved Hydra config (plain dict) → :class:`Config`."""
+    """A resolved Hydra config (plain dict) → :class:`Config`, one :data:`GROUPS` entry at a time."""
     from flows.methods import METHODS
-    from tasks.llm.params import LLMParams
-    from tasks.methods.archrag.kg_stages import KGParams
 
     check_top_level_keys(cfg)  # `+artifact_dir=…` passes Hydra (the `+` adds a key) but would configure nothing
-    kind = cfg["dataset"].get("kind")
-    if kind not in DATASET_KINDS:
-        raise ConfigError(f"dataset.kind must be one of {sorted(DATASET_KINDS)}, got {kind!r}")
-    name = cfg["method"].get("name")
-    if name not in METHODS:
-        raise ConfigError(f"method.name must be one of {sorted(METHODS)}, got {name!r}")
+    for group, spec in GROUPS.items():
+        if spec.required and group not in cfg:
+            raise ConfigError(f"the config has no {group!r} group: compose it from conf/ (conf/config.yaml)")
+    _dataset(cfg["dataset"]), _method(cfg["method"])  # the kind and the method named first, before any value
     if cfg["ner"].get("backend") == "llm" and cfg["llm"].get("provider") == "none":
         raise ConfigError("ner=llm extracts entities with the chat model: add llm=local llm.base_url=... "
                           "or llm=openai, or use ner=spacy")
-    conf = Config(
-        dataset=build(DATASET_KINDS[kind], "dataset", cfg["dataset"]),
-        method=build(METHODS[name].params, "method", cfg["method"]),
-        embedder=build(EmbedderParams, "embedder", cfg["embedder"]),
-        ner=build(NERParams, "ner", cfg["ner"]),
-        kg=build(KGParams, "kg", cfg.get("kg", {})),
-        llm=build(LLMParams, "llm", cfg["llm"]),
-        runner=build(RunnerParams, "runner", cfg["runner"]),
-        eval=build(EvalParams, "eval", cfg["eval"]),
-        benchmark=build(BenchmarkParams, "benchmark", cfg.get("benchmark", {})),
-        data_dir=str(cfg["data_dir"]),
-        artifacts_dir=str(cfg["artifacts_dir"]),
-        raw=dict(cfg),
-        report=build(ReportParams, "report", cfg.get("report", {})),
-        compare=build(CompareParams, "compare", cfg.get("compare", {})),
-        scale=build(ScaleParams, "scale", cfg.get("scale", {})),
-        growth=build(GrowthParams, "growth", cfg.get("growth", {})),
-        query=build(QueryParams, "query", cfg.get("query", {})),
-        serve=build(ServeParams, "serve", cfg.get("serve", {})),
-        doctor=build(DoctorParams, "doctor", cfg.get("doctor", {})),
-        plan=build(PlanParams, "plan", cfg.get("plan", {})),
-    )
+    groups = {group: build(spec.choose(cfg.get(group) or {}), group, cfg.get(group) or {})
+              for group, spec in GROUPS.items()}
+    conf = Config(**groups, data_dir=str(cfg["data_dir"]), artifacts_dir=str(cfg["artifacts_dir"]), raw=dict(cfg))
+    name = cfg["method"]["name"]
     method = METHODS[name]
     if method.check is not None:
         try:
