@@ -80,13 +80,7 @@ class EmbedderParams:
     # of short texts then loads no torch; README)
     bf16_min_tokens: int = field(default=48, metadata=COUNT0)
 
-    def __post_init__(self) -> None:
-        if self.query_runtime not in QUERY_RUNTIMES:
-            raise ValueError(f"embedder.query_runtime must be one of {QUERY_RUNTIMES}, got {self.query_runtime!r}")
-        if self.doc_runtime not in DOC_RUNTIMES:
-            raise ValueError(f"embedder.doc_runtime must be one of {DOC_RUNTIMES}, got {self.doc_runtime!r}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"embedder.precision must be one of {PRECISIONS}, got {self.precision!r}")
+    def __post_init__(self) -> None:  # each field's own choices are its one_of metadata (the config check)
         int8_kept(self.precision, self.int8_keep_fp32)  # refuses an unknown kind
         on_onnx = [name for name in ("query_runtime", "doc_runtime") if getattr(self, name) == "onnxruntime"]
         if on_onnx and self.device != "cpu":  # one message naming every setting to change

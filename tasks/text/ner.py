@@ -52,11 +52,6 @@ class NERParams:
     max_empty_fraction: float = field(default=0.5, metadata=PROB)
     matmul: str = field(default="numpy", metadata=one_of(MATMULS))  # backend=spacy: numpy | blis, see MATMULS
 
-    def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"ner.backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.matmul not in MATMULS:
-            raise ValueError(f"ner.matmul must be one of {MATMULS}, got {self.matmul!r}")
 
 
 _ARTICLE = re.compile(r"^(?:the|a|an)\s+")

@@ -55,8 +55,6 @@ class KGParams:
     extract_max_tokens: int = field(default=1500, metadata=COUNT)
 
     def __post_init__(self) -> None:
-        if self.builder not in kg.BUILDERS:
-            raise ValueError(f"archrag kg builder must be one of {kg.BUILDERS}, got {self.builder!r}")
         if self.description_tokens < 1 or self.describe_max_tokens < 1 or self.extract_max_tokens < 1:
             raise ValueError("description_tokens, describe_max_tokens and extract_max_tokens must be >= 1")
 

@@ -79,13 +79,7 @@ class EraParams(erarag.EraRAGParams):
     recall_view: str = field(default="leaves", metadata=one_of(VIEWS))
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.recall_view not in VIEWS:
-            raise ValueError(f"recall_view must be one of {VIEWS}, got {self.recall_view!r}")
-        if self.summariser not in SUMMARISERS:
-            raise ValueError(f"summariser must be one of {SUMMARISERS}, got {self.summariser!r}")
-        if self.extractive_rank not in {"centroid", "lead"}:
-            raise ValueError("extractive_rank must be centroid or lead")
+        super().__post_init__()  # recall_view, summariser, extractive_rank: their one_of metadata (the config check)
 
 
 # ---------------------------------------------------------------- leaves and hyperplanes

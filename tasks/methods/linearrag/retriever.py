@@ -44,7 +44,6 @@ class LinearParams(lr.LinearRAGParams, LinkingParams):
     relation_gate_masked: bool = False  # beyond the paper: the gate (if on) reads question and sentence without names
 
     def __post_init__(self) -> None:
-        lr.LinearRAGParams.__post_init__(self)
         LinkingParams.__post_init__(self)
         check_title_walk(self.title_walk, self.graph_linking == "gazetteer", "method.graph_linking=gazetteer",
                          self.relation_gate_temperature, self.ppr_sweeps == "alternating", "method.ppr_sweeps=alternating")
