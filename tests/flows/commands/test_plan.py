@@ -145,3 +145,16 @@ def test_plan_command_prints_text_json_and_mermaid(corpus: Path):
     bad = subprocess.run([*args, "plan.format=svg"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert bad.returncode == 2 and "plan.format" in bad.stderr
     assert not (corpus / "store" / CATALOG).exists()
+
+
+def test_open_index_with_build_says_what_it_will_compute_first(corpus: Path, capsys):
+    """``query.build=true`` (``open_index(build=True)``) prints the plan of the index it is about to build."""
+    from flows.serving.index import open_index
+
+    cfg = config(corpus, "bm25")
+    index = open_index(config=cfg, build=True)
+    said = capsys.readouterr().err
+    assert "building the index first" in said
+    for step in plan_of(cfg).steps:  # now built: the steps it announced, by fingerprint
+        assert f"[{step.fp}]" in said and step.state == CACHED
+    assert "never built" in said and index.retrieve(["Which guild met in the river hall?"], k=1)[0]
