@@ -359,7 +359,7 @@ def run_stage(ctx: RunContext, params: StageParams, inputs: Mapping[str, str],
 
 
 def run_row_stage(ctx: RunContext, params: StageParams, row_params: Any, inputs: Mapping[str, str],
-                  keys: Callable[[], pd.Series],
+                  keys: Callable[[], pd.Series] | pd.Series,
                   compute_rows: Callable[[list[str]], pa.Table | pd.DataFrame], key: str,
                   assemble: Callable[[pa.Table], Mapping[str, Output]]) -> dict[str, ArtifactRef]:
     """A per-row stage whose params these are (:func:`run_named_row_stage`); ``row_params`` derive from them."""
@@ -481,7 +481,7 @@ def _write_outputs(store: Store, dataset: str, stage: str, fp: str, outputs: Map
 
 
 def run_named_row_stage(ctx: RunContext, stage: str, code: str, params: Any, row_params: Any,
-                        inputs: Mapping[str, str], keys: Callable[[], pd.Series],
+                        inputs: Mapping[str, str], keys: Callable[[], pd.Series] | pd.Series,
                         compute_rows: Callable[[list[str]], pa.Table | pd.DataFrame],
                         key: str, assemble: Callable[[pa.Table], Mapping[str, Output]]) -> dict[str, ArtifactRef]:
     """A per-row stage: compute rows only for keys missing from the row cache, then assemble outputs.
@@ -496,6 +496,8 @@ def run_named_row_stage(ctx: RunContext, stage: str, code: str, params: Any, row
     """
     store = ctx.store
     param_fp = short_hash({"stage": stage, "params": params_dict(row_params)})
+    if not callable(keys):  # the keys themselves, already read (the stage pays for the read either way)
+        keys = functools.partial(lambda given: given, keys)
 
     def compute() -> tuple[Mapping[str, Output], int]:
         wanted = list(dict.fromkeys(keys().tolist()))
