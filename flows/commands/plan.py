@@ -25,7 +25,7 @@ DIAGRAM = "stages of method={method}"  # the diagram's first comment, which test
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: print the plan of the run these overrides describe."""
     from flows.runtime.exits import USER_ERRORS, discard_job_folder, fail_before_flow
-    from flows.runtime.pipeline import plan_run
+    from flows.runtime.dag import plan_run
 
     plain = OmegaConf.to_container(cfg, resolve=True)
     try:
@@ -40,7 +40,7 @@ def main(cfg: DictConfig) -> None:
 
 def diagram(conf: Config) -> str:
     """The stage DAG of ``conf``'s index as mermaid: what ``plan.format=mermaid`` prints (the method pages' drawing)."""
-    from flows.runtime.pipeline import plan_run
+    from flows.runtime.dag import plan_run
 
     return plan_run(conf, conf.plan.command).mermaid(DIAGRAM.format(method=conf.method.name))
 

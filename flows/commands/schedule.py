@@ -116,7 +116,7 @@ def _checked(cfg: dict[str, Any], command: str) -> None:
     """What ``dagrag COMMAND`` checks before a run (:mod:`flows.runtime.preflight`); a failure fails the flow run."""
     from flows.runtime.preflight import preflight
 
-    from flows.runtime.pipeline import plan_run
+    from flows.runtime.dag import plan_run
 
     conf = load_config(cfg)  # imports the method's flow module
     name_task_runs()  # this run's process imported the tasks afresh
@@ -196,7 +196,7 @@ def serve(schedule: Schedule) -> None:
                           "and export PREFECT_API_URL=http://127.0.0.1:4200/api in this shell")
     if not schedule.entries:
         raise ConfigError("the schedule has no entries")
-    from flows.runtime.pipeline import plan_run
+    from flows.runtime.dag import plan_run
 
     runs = planned_runs(schedule)
     # Runner.add_flow, not prefect.serve(deployments): only a flow added this way is run as the object built

@@ -2,9 +2,7 @@
 entry point (:func:`run_command`)."""
 from __future__ import annotations
 
-import contextlib
 import logging
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -13,12 +11,12 @@ from prefect import flow
 
 from flows.methods import METHODS
 from flows.runtime.config import Config, load_config
+from flows.runtime.dag import build_index, plan_run, spacy_without_torch  # noqa: F401 - the index phase, re-exported
 from flows.runtime.observe import RUN_END_HOOKS, untagged_tasks
 from flows.runtime.output import print_last_line
 from flows.runtime.provenance import git_sha, job_overrides, run_id, versions
 from flows.runtime.tables import stage_counts, stage_split, stage_table
-from tasks.core.ingest import content_hash, dataset_label, ingest, raw_sources
-from tasks.core.files import CATALOG
+from tasks.core.ingest import content_hash, dataset_label, raw_sources
 from tasks.core.memory import release_arrow_memory
 from tasks.core.progress import timed
 from tasks.core.stage import RunContext
@@ -26,7 +24,7 @@ from tasks.core.store import ArtifactRef
 from tasks.llm.params import LLMDryRun
 
 if TYPE_CHECKING:
-    from tasks.core.plan import Plan
+    pass
 
 log = logging.getLogger("dagrag")
 
@@ -46,34 +44,6 @@ def start_run(conf: Config, command: str) -> tuple[RunContext, dict[str, Any]]:
     }
     ctx.store.record_run(ctx.run_id, command, manifest)
     return ctx, manifest
-
-
-def build_index(ctx: RunContext, conf: Config) -> tuple[dict[str, ArtifactRef], dict[str, ArtifactRef], float]:
-    """Ingest + the method's index stages → (data refs, index refs, wall seconds of this phase)."""
-    t0 = time.perf_counter()
-    data = ingest(ctx, conf.dataset, conf.data_dir)
-    index = METHODS[conf.method.name].index(ctx, data, conf)
-    return data, index, time.perf_counter() - t0
-
-
-def plan_run(conf: Config, command: str = "index") -> "Plan":
-    """What ``command`` (``index``: the index phase every command runs; ``update``: the method's update DAG) would
-    reuse and compute with ``conf``: the same flow code, its stages planned, none computed (:mod:`tasks.core.plan`).
-    """
-    from tasks.core.plan import Plan
-
-    root = str(Path(conf.artifacts_dir).resolve())
-    method = METHODS[conf.method.name]
-    plan = Plan(root, dataset_label(conf.dataset), title=f"{command} of method={conf.method.name} on "
-                f"{dataset_label(conf.dataset)} in {root}")
-    dag = method.update if command == "update" and method.update is not None else method.index
-    with contextlib.ExitStack() as stack:
-        where = root
-        if not (Path(root) / CATALOG).is_file():  # an update's search for stored versions would create one: such
-            where = stack.enter_context(tempfile.TemporaryDirectory(prefix="dagrag-plan-"))  # stages read an empty one
-        ctx = RunContext(where, plan.dataset, "plan", plan=plan)
-        dag(ctx, ingest(ctx, conf.dataset, conf.data_dir), conf)
-    return plan
 
 
 def load_retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], conf: Config) -> tuple[Any, float]:
@@ -138,16 +108,6 @@ def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any,
         interrupted()
     print_last_line(prefix, result)
     return result
-
-
-def spacy_without_torch(ner: dict[str, Any]) -> bool:
-    """Let spaCy load without torch (1.4 s) when the command's NER is a spaCy pipeline that needs none
-    (:mod:`tasks.text.spacy_without_torch`); True if switched on."""
-    from tasks.text.spacy_without_torch import pipeline_needs_torch, skip_torch_in_thinc
-
-    if ner.get("backend") != "spacy" or pipeline_needs_torch(str(ner.get("model", ""))):
-        return False
-    return skip_torch_in_thinc()
 
 
 @flow(name="index", **RUN_END_HOOKS)

@@ -7,7 +7,7 @@
 :func:`open_index` composes ``conf/`` with the overrides (as a command does), then *resolves* the index: the
 method's index DAG is walked with every stage looked up in the catalog by its fingerprint and none computed
 (:attr:`tasks.core.stage.RunContext.resolve_only`): the ``index`` flow's own :func:`flows.runtime.pipeline.build_index`,
-its stages called as plain functions (:class:`tasks.core.stage.StageTask`: no Prefect run, no server). The
+(:func:`flows.runtime.dag.build_index`), its stages called as plain functions (:class:`tasks.core.stage.StageTask`: no Prefect run, no server). The
 refs it finds are exactly the ones ``dagrag index`` with the same overrides would reuse, so a retriever opened
 here is the one ``dagrag evaluate`` ranks with. A stage that is missing raises :class:`IndexNotBuilt`, whose
 message is the ``dagrag index …`` command that builds it; ``build=True`` builds it instead (a flow run).
@@ -156,7 +156,7 @@ def resolve(conf: Config, overrides: Sequence[str] = ()) -> tuple[dict[str, Arti
     how = f"build it with: {build_command(overrides)}"
     if not (root / CATALOG).is_file():
         raise IndexNotBuilt(f"no index in {root} (no {CATALOG} there); {how}")
-    from flows.runtime.pipeline import build_index
+    from flows.runtime.dag import build_index
 
     ctx = RunContext(str(root), dataset_label(conf.dataset), "open-index", resolve_only=True)
     try:
@@ -336,12 +336,12 @@ def open_index(*overrides: str, config: Mapping[str, Any] | None = None, build: 
     except IndexNotBuilt:
         if not build:
             raise
-        from flows.runtime.pipeline import plan_run
+        from flows.runtime.dag import plan_run
 
         print(f"building the index first: {plan_run(conf).text()}", file=sys.stderr, flush=True)  # dagrag plan's
         run_index_flow(cfg)
         data, refs = resolve(conf, overrides)
-    from flows.runtime.pipeline import spacy_without_torch
+    from flows.runtime.dag import spacy_without_torch
 
     spacy_without_torch(cfg.get("ner") or {})  # the query NER's spaCy without torch's 1.4 s import, as commands do
     retriever = METHODS[conf.method.name].retriever(data, refs, conf)
