@@ -28,6 +28,7 @@ COMMANDS = {
     "mcp": ("flows.commands.mcp", "an MCP server over a built index (stdio or streamable HTTP): retrieve/answer tools"),
     "loadtest": ("flows.commands.loadtest", "served throughput and latency at several concurrencies, batching on and off"),
     "schedule": ("flows.commands.schedule", "serve index/evaluate as Prefect deployments on cron schedules (conf/schedule.yaml)"),
+    "plan": ("flows.commands.plan", "what a run with these overrides would reuse and compute, before it runs"),
     "doctor": ("flows.commands.doctor", "check every stored file against its hash; doctor.repair=true quarantines and repairs"),
 }
 

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -175,3 +176,56 @@ def test_the_layer_rule_sees_function_level_imports(tmp_path):
     probe.write_text("def f():\n    from tasks.methods import dense\n    return dense\n")
     modules = {**_project_modules(), "tasks.core.probe": probe}
     assert "tasks.core.probe -> tasks.methods.dense" in _folder_imports(modules)["core"]["methods"]
+
+
+def _library_names(tree: ast.AST) -> set[str]:
+    """Names a module binds to an installed library's module or object (``from prefect import Task``, ``import
+    pandas as pd``): anything imported from outside ``tasks``, ``flows`` and the standard library (whose process
+    state, ``sys.argv``, a command may set)."""
+    own = {"tasks", "flows", *sys.stdlib_module_names}
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] not in own}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split(".")[0] not in own:
+            out |= {a.asname or a.name for a in node.names}
+    return out
+
+
+def library_patches(source: str) -> list[str]:
+    """Where ``source`` assigns an attribute of a library's module or class (``Task.__call__ = …``,
+    ``setattr(Task, "submit", …)``): patching a library at run time, which changes it for the whole process."""
+    tree = ast.parse(source)
+    libraries, found = _library_names(tree), []
+
+    def root(node: ast.AST) -> str | None:
+        while isinstance(node, ast.Attribute):
+            node = node.value
+        return node.id if isinstance(node, ast.Name) else None
+
+    for node in ast.walk(tree):
+        targets: list[ast.AST] = []
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            targets = [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("setattr", "delattr") and node.args:
+            targets = [ast.Attribute(node.args[0], "?")]
+        found += [f"line {t.lineno if hasattr(t, 'lineno') else node.lineno}: {ast.unparse(t)}"
+                  for t in targets if isinstance(t, ast.Attribute) and root(t) in libraries]
+    return found
+
+
+def test_no_code_patches_a_library_at_run_time():
+    """A stage's run mode is the stage object's own (tasks.core.stage.StageTask), never a patched Prefect class."""
+    bad = {str(p.relative_to(REPO)): hits for top in ("tasks", "flows") for p in sorted((REPO / top).rglob("*.py"))
+           if (hits := library_patches(p.read_text()))}
+    assert not bad, f"library objects patched at run time: {bad}"
+
+
+def test_the_patch_check_finds_the_old_monkeypatch():
+    old = ("def install():\n    from prefect import Task\n    call = Task.__call__\n"
+           "    Task.__call__, Task.submit = call, call\n")
+    assert library_patches(old) == ["line 4: Task.__call__", "line 4: Task.submit"]
+    assert library_patches("import prefect\nsetattr(prefect.Task, 'map', None)\n")
+    assert not library_patches("from prefect import Task\nclass Mine:\n    pass\nx = Mine()\nx.submit = 1\n")

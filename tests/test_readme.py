@@ -210,9 +210,9 @@ def plan_dagrag(cmd: Command, sub: str, args: list[str]) -> Plan:
     if sub == "report":
         return Plan(skip="reads the evaluate runs of a catalog (made by `dagrag compare` or `dagrag evaluate` first)")
     if sub == "serve":
-        return Plan(skip="a long-lived server (runs until stopped; tests/flows/test_serve_http.py runs it)")
+        return Plan(skip="a long-lived server (runs until stopped; tests/flows/serving/test_serve_http.py runs it)")
     if sub == "mcp":
-        return Plan(skip="a long-lived MCP server (runs until stopped; tests/flows/test_mcp.py runs it)")
+        return Plan(skip="a long-lived MCP server (runs until stopped; tests/flows/integrations/test_mcp.py runs it)")
     if sub == "loadtest":
         return Plan(skip="minutes of load on every setup's server (needs their indexes)")
     if dataset["kind"] == "hipporag":

@@ -90,7 +90,7 @@ def headline_rows(runs: pd.DataFrame) -> list[dict[str, Any]]:
 
 def write_headline(rows: list[dict[str, Any]], conf: Config) -> list[str]:
     """``docs/results/headline.json`` and the table between the markers of README.md and docs/results.md."""
-    from flows.runtime.config import METHOD_NAMES
+    from flows.methods import NAMES as METHOD_NAMES
     from tasks.eval.headline import headline_table, replace_between
 
     root = Path(conf.report.headline_root or next(p for p in Path(__file__).resolve().parents

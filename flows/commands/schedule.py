@@ -116,9 +116,12 @@ def _checked(cfg: dict[str, Any], command: str) -> None:
     """What ``dagrag COMMAND`` checks before a run (:mod:`flows.runtime.preflight`); a failure fails the flow run."""
     from flows.runtime.preflight import preflight
 
+    from flows.runtime.dag import plan_run
+
     conf = load_config(cfg)  # imports the method's flow module
     name_task_runs()  # this run's process imported the tasks afresh
     preflight(conf, command)
+    log.info("%s", plan_run(conf).text())  # what its index phase will reuse and compute (dagrag plan)
 
 
 def _summarise(cfg: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
@@ -193,6 +196,8 @@ def serve(schedule: Schedule) -> None:
                           "and export PREFECT_API_URL=http://127.0.0.1:4200/api in this shell")
     if not schedule.entries:
         raise ConfigError("the schedule has no entries")
+    from flows.runtime.dag import plan_run
+
     runs = planned_runs(schedule)
     # Runner.add_flow, not prefect.serve(deployments): only a flow added this way is run as the object built
     # here (task runner, hooks, run name); a deployment alone is re-imported from its module, bare
@@ -203,8 +208,8 @@ def serve(schedule: Schedule) -> None:
             await runner.aadd_flow(flow_fn, name=entry.name, schedule=Cron(entry.cron, timezone=entry.timezone),
                                    parameters={"cfg": cfg}, tags=tags_for(cfg),
                                    description=f"dagrag {entry.command} {' '.join(entry.overrides)}")
-            log.info("serving %s/%s at %r (%s): %s", entry.command, entry.name, entry.cron, entry.timezone,
-                     " ".join(entry.overrides))
+            log.info("serving %s/%s at %r (%s): %s; its index now: %s", entry.command, entry.name, entry.cron,
+                     entry.timezone, " ".join(entry.overrides), plan_run(load_config(cfg)).summary())
         await runner.start()
 
     try:

@@ -46,7 +46,10 @@ def build_service(overrides: list[str], cfg: dict[str, Any], key: str | None) ->
     from flows.serving.app import Service
     from flows.serving.index import index_fingerprint, open_index, resolve
 
+    from flows.runtime.dag import plan_run
+
     conf = load_config(cfg)
+    print(f"serving: {plan_run(conf).summary()}", file=sys.stderr, flush=True)  # what dagrag plan says it opens
     index = open_index(*overrides, config=cfg)
 
     def reopen():

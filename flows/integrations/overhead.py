@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
     from flows.integrations.langchain import DagragRetriever as LangChain
     from flows.integrations.llamaindex import DagragRetriever as LlamaIndex
     from flows.serving import open_index, remote
-    from tasks.core.sample import generate_sample
+    from tasks.data.sample import generate_sample
 
     index = open_index(*argv)
     pool = [q["question"] for q in generate_sample(300, 64, 0)[1]]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from flows.methods import Method
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
-from tasks.methods.archrag.kg_stages import archrag_kg
+from tasks.methods.archrag.kg_stages import archrag_kg, kg_params
 from tasks.methods.archrag.retriever import ArchRetriever, answer
 from tasks.methods.archrag.stages import (
     ArchParams,
@@ -24,7 +24,7 @@ from tasks.methods.archrag.stages import (
 )
 from tasks.text.chunk import ChunkParams, chunk
 from tasks.text.embed import EmbedParams, embed
-from tasks.llm.ner_backends import ner
+from tasks.llm.ner_backends import ner, ner_params
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
@@ -32,8 +32,9 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
     row-incremental, communities are recomputed, unchanged communities keep their cached summaries)."""
     p, documents = cfg.method, data["documents"]
     chunks = chunk(ctx, ChunkParams.of(cfg), documents)["chunks"]
-    mentions = ner(ctx, documents, "doc_id", cfg)["mentions"] if cfg.kg.builder == "cooccur" else None
-    kg = archrag_kg(ctx, cfg, documents, chunks, mentions)
+    mentions = (ner(ctx, ner_params(cfg, "doc_id"), documents, cfg.llm)["mentions"] if cfg.kg.builder == "cooccur"
+                else None)
+    kg = archrag_kg(ctx, kg_params(cfg), documents, chunks, mentions, cfg.llm)
     texts = entity_texts_stage(ctx, EntityAttributeTextsParams.of(cfg), kg["entities"])["entity_texts"]
     entity_embeddings = embed(ctx, EmbedParams.of(cfg, id_col="entity_id"), texts)["embeddings"]
     hierarchy = hierarchy_stage(ctx, hierarchy_params(cfg), kg["entities"], kg["relations"], entity_embeddings,

@@ -11,15 +11,20 @@ from tasks.core.store import ArtifactRef
 from tasks.methods.linearrag.retriever import LinearParams, LinearRetriever
 from tasks.text.chunk import ChunkParams, chunk
 from tasks.text.embed import EmbedParams, embed
-from tasks.text.linking_stages import LinkedGraphParams, index_relation_embeddings, linked_entity_graph
+from tasks.text.linking_stages import (
+    LinkedGraphParams,
+    RelationSentencesParams,
+    index_relation_embeddings,
+    linked_entity_graph,
+)
 from tasks.text.entities import EntityGraphParams, EntityTextsParams, entity_graph, entity_texts
-from tasks.llm.ner_backends import QueryRecogniser, ner
+from tasks.llm.ner_backends import QueryRecogniser, ner, ner_params
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
     """Index stages of ``method=linearrag``."""
     p, documents = cfg.method, data["documents"]
-    mentions = ner(ctx, documents, "doc_id", cfg, submit=True)
+    mentions = ner(ctx, ner_params(cfg, "doc_id"), documents, cfg.llm, submit=True)
     sentences = chunk(ctx, ChunkParams.of(cfg), documents)["chunks"]  # sentences (section 3.1)
     passage_embeddings = embed(ctx, EmbedParams.of(cfg, id_col="doc_id", use_template=True), documents)["embeddings"]
     sentence_embeddings = embed(ctx, EmbedParams.of(cfg, id_col="chunk_id"), sentences)["embeddings"]
@@ -33,7 +38,8 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
         entities = entity_texts(ctx, EntityTextsParams.of(cfg), graph["entities"])["entity_texts"]
         out["entity_embeddings"] = embed(ctx, EmbedParams.of(cfg, id_col="entity_id"), entities)["embeddings"]
     if p.relation_gate_temperature > 0 and p.relation_gate_masked:  # beyond the paper: the gate reads relations
-        out |= index_relation_embeddings(ctx, cfg, sentences, graph["entities"], graph["chunk_entity"])
+        out |= index_relation_embeddings(ctx, RelationSentencesParams.of(cfg), EmbedParams.of(cfg, id_col="chunk_id"),
+                                         sentences, graph["entities"], graph["chunk_entity"])
     return out
 
 

@@ -32,7 +32,7 @@ from tasks.text.entities import (
     passage_text_mentions,
 )
 from tasks.text.linking_stages import LinkedGraphParams, linked_entity_graph
-from tasks.llm.ner_backends import QueryRecogniser, ner
+from tasks.llm.ner_backends import QueryRecogniser, ner, ner_params
 
 
 def _dag(ctx: RunContext, data: dict[str, ArtifactRef], cfg, incremental: bool) -> dict[str, ArtifactRef]:
@@ -40,11 +40,11 @@ def _dag(ctx: RunContext, data: dict[str, ArtifactRef], cfg, incremental: bool) 
     p, documents = cfg.method, data["documents"]
     if p.ner_input == "embedded" and p.chunk_unit == "passage":  # NER reads the text embedded: title + text
         rendered = embedded_texts(ctx, EmbeddedTextsParams.of(cfg, id_col="doc_id"), documents)["embedded_texts"]
-        mentions = ner(ctx, rendered, "doc_id", cfg, submit=True)
+        mentions = ner(ctx, ner_params(cfg, "doc_id"), rendered, cfg.llm, submit=True)
         mentions = passage_text_mentions.submit(ctx, TextMentionsParams.of(cfg, id_col="doc_id"),
                                                 mentions.result()["mentions"], rendered)
     else:  # chunks are embedded as their text (or ner_input=text): NER reads the passage text
-        mentions = ner(ctx, documents, "doc_id", cfg, submit=True)
+        mentions = ner(ctx, ner_params(cfg, "doc_id"), documents, cfg.llm, submit=True)
     chunks = chunk(ctx, ChunkParams.of(cfg), documents)["chunks"]
     if p.chunk_unit == "passage":  # one chunk per passage, in passage order: embed it as dense does (title + text)
         chunk_embeddings = embed(ctx, EmbedParams.of(cfg, id_col="doc_id", use_template=True), documents)["embeddings"]

@@ -17,15 +17,20 @@ from tasks.methods.zoomrag.stages import (
 )
 from tasks.text.chunk import ChunkParams, chunk
 from tasks.text.embed import EmbedParams, embed
-from tasks.text.linking_stages import LinkedGraphParams, index_relation_embeddings, linked_entity_graph
+from tasks.text.linking_stages import (
+    LinkedGraphParams,
+    RelationSentencesParams,
+    index_relation_embeddings,
+    linked_entity_graph,
+)
 from tasks.text.entities import EntityGraphParams, entity_graph
-from tasks.llm.ner_backends import QueryRecogniser, ner
+from tasks.llm.ner_backends import QueryRecogniser, ner, ner_params
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:
     """Index stages of ``method=zoomrag``."""
     p, documents = cfg.method, data["documents"]
-    mentions = ner(ctx, documents, "doc_id", cfg, submit=True)
+    mentions = ner(ctx, ner_params(cfg, "doc_id"), documents, cfg.llm, submit=True)
     chunks = chunk(ctx, chunking(cfg), documents)["chunks"]
     doc_embeddings = embed(ctx, EmbedParams.of(cfg, id_col="doc_id", use_template=True), documents)["embeddings"]
     chunk_embeddings = embed(ctx, EmbedParams.of(cfg, id_col="chunk_id"), chunks)["embeddings"]
@@ -37,7 +42,8 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
                          documents.rows)
     out = {"chunks": chunks, "doc_embeddings": doc_embeddings, "chunk_embeddings": chunk_embeddings, **graph, **block}
     if p.relation_gate_temperature > 0 and p.relation_gate_masked:  # beyond the paper: the gate reads relations
-        out |= index_relation_embeddings(ctx, cfg, chunks, graph["entities"], graph["chunk_entity"])
+        out |= index_relation_embeddings(ctx, RelationSentencesParams.of(cfg), EmbedParams.of(cfg, id_col="chunk_id"),
+                                         chunks, graph["entities"], graph["chunk_entity"])
     return out
 
 

@@ -65,14 +65,14 @@ def name_task_runs() -> int:
     calls). Modules nothing imported are not imported for this."""
     import sys
 
-    from prefect import Task
+    from tasks.core.stage import StageTask
 
     named = 0
     for name, module in list(sys.modules.items()):
         if module is None or not (name.startswith(("tasks.", "flows.")) or name == "__main__"):
             continue
         for obj in vars(module).values():
-            if isinstance(obj, Task) and obj.task_run_name is None:
+            if isinstance(obj, StageTask) and obj.task_run_name is None:
                 obj.task_run_name = functools.partial(task_run_name, obj.name)
                 named += 1
     return named

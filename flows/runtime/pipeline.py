@@ -5,22 +5,27 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from prefect import flow
 
 from flows.methods import METHODS
 from flows.runtime.config import Config, load_config
+from flows.runtime.dag import build_index as index_phase
+from flows.runtime.dag import plan_run, spacy_without_torch  # noqa: F401 - re-exported
 from flows.runtime.observe import RUN_END_HOOKS, untagged_tasks
 from flows.runtime.output import print_last_line, write_json
 from flows.runtime.provenance import git_sha, job_overrides, run_id, versions
 from flows.runtime.tables import stage_counts, stage_split, stage_table
-from tasks.data.ingest import content_hash, dataset_label, ingest, raw_sources
+from tasks.data.ingest import content_hash, dataset_label, raw_sources
 from tasks.core.memory import release_arrow_memory
 from tasks.core.progress import timed
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef, Store
 from tasks.llm.params import LLMDryRun
+
+if TYPE_CHECKING:
+    pass
 
 log = logging.getLogger("dagrag")
 
@@ -43,12 +48,11 @@ def start_run(conf: Config, command: str) -> tuple[RunContext, dict[str, Any]]:
 
 
 def build_index(ctx: RunContext, conf: Config) -> tuple[dict[str, ArtifactRef], dict[str, ArtifactRef], float]:
-    """Ingest + the method's index stages → (data refs, index refs, wall seconds of this phase)."""
-    t0 = time.perf_counter()
-    data = ingest(ctx, conf.dataset, conf.data_dir)
+    """A command run's index phase (:func:`flows.runtime.dag.build_index`: ingest + the method's index stages →
+    data refs, index refs, wall seconds), then the files ingest skipped reported (:func:`report_skipped`)."""
+    data, index, seconds = index_phase(ctx, conf)
     report_skipped(data)
-    index = METHODS[conf.method.name].index(ctx, data, conf)
-    return data, index, time.perf_counter() - t0
+    return data, index, seconds
 
 
 def run_folder() -> Path | None:
@@ -141,16 +145,6 @@ def run_command(flow_fn: Any, cfg: Any, prefix: str, *args: Any,
         interrupted()
     print_last_line(prefix, result)
     return result
-
-
-def spacy_without_torch(ner: dict[str, Any]) -> bool:
-    """Let spaCy load without torch (1.4 s) when the command's NER is a spaCy pipeline that needs none
-    (:mod:`tasks.text.spacy_without_torch`); True if switched on."""
-    from tasks.text.spacy_without_torch import pipeline_needs_torch, skip_torch_in_thinc
-
-    if ner.get("backend") != "spacy" or pipeline_needs_torch(str(ner.get("model", ""))):
-        return False
-    return skip_torch_in_thinc()
 
 
 @flow(name="index", **RUN_END_HOOKS)

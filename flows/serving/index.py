@@ -6,22 +6,22 @@
 
 :func:`open_index` composes ``conf/`` with the overrides (as a command does), then *resolves* the index: the
 method's index DAG is walked with every stage looked up in the catalog by its fingerprint and none computed
-(:attr:`tasks.core.stage.RunContext.resolve_only`), as plain function calls (no Prefect run, no server). The
+(:attr:`tasks.core.stage.RunContext.resolve_only`): the ``index`` flow's own :func:`flows.runtime.pipeline.build_index`,
+(:func:`flows.runtime.dag.build_index`), its stages called as plain functions (:class:`tasks.core.stage.StageTask`: no Prefect run, no server). The
 refs it finds are exactly the ones ``dagrag index`` with the same overrides would reuse, so a retriever opened
 here is the one ``dagrag evaluate`` ranks with. A stage that is missing raises :class:`IndexNotBuilt`, whose
 message is the ``dagrag index …`` command that builds it; ``build=True`` builds it instead (a flow run).
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import datetime as dt
 import functools
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -30,7 +30,7 @@ from flows.runtime.config import Config, load_config
 from flows.methods import METHODS
 from flows.runtime.preflight import IndexNotBuilt, NoLLM
 from tasks.data.corpus import citation
-from tasks.data.ingest import dataset_label, ingest
+from tasks.data.ingest import dataset_label
 from tasks.core.stage import RunContext, StageNotBuilt
 from tasks.core.files import CATALOG
 from tasks.core.hashing import short_hash
@@ -43,53 +43,6 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 # overrides that configure the serving side only: they do not name an index, so they are left out of the
 # `dagrag index …` command an IndexNotBuilt error prints
 SERVING_GROUPS = ("query.", "serve.", "loadtest.", "eval.", "llm", "verbose", "report.", "hydra.")
-
-
-# ----------------------------------------------------------------------------- stages as plain calls
-
-_IN_PROCESS: contextvars.ContextVar[bool] = contextvars.ContextVar("dagrag_stages_in_process", default=False)
-
-
-class _Done:
-    """What ``task.submit(...)`` returns while stages run in process: the value, already computed."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def result(self, *args: Any, **kwargs: Any) -> Any:
-        return self.value
-
-    def wait(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-@functools.cache
-def _install_in_process_calls() -> None:
-    """Let :func:`stages_in_process` turn a Prefect task call into a call of its function. Outside that block
-    (this thread's context) every task behaves as Prefect's own: a flow run in the same process is untouched."""
-    from prefect import Task
-
-    call, submit = Task.__call__, Task.submit
-
-    def __call__(self: Task, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs) if _IN_PROCESS.get() else call(self, *args, **kwargs)
-
-    def submit_(self: Task, *args: Any, **kwargs: Any) -> Any:
-        return _Done(self.fn(*args, **kwargs)) if _IN_PROCESS.get() else submit(self, *args, **kwargs)
-
-    Task.__call__, Task.submit = __call__, submit_  # type: ignore[method-assign]
-
-
-@contextlib.contextmanager
-def stages_in_process() -> Iterator[None]:
-    """Within the block, in this thread, a method's index DAG runs its stage tasks as plain functions: resolving
-    an index is a few catalog lookups, and a Prefect task called outside a flow would start a temporary server."""
-    _install_in_process_calls()
-    token = _IN_PROCESS.set(True)
-    try:
-        yield
-    finally:
-        _IN_PROCESS.reset(token)
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -242,11 +195,11 @@ def resolve(conf: Config, overrides: Sequence[str] = ()) -> tuple[dict[str, Arti
     how = f"build it with: {build_command(overrides)}"
     if not (root / CATALOG).is_file():
         raise IndexNotBuilt(f"no index in {root} (no {CATALOG} there); {how}")
+    from flows.runtime.dag import build_index
+
     ctx = RunContext(str(root), dataset_label(conf.dataset), "open-index", resolve_only=True)
     try:
-        with stages_in_process():
-            data = ingest(ctx, conf.dataset, conf.data_dir)
-            index = METHODS[conf.method.name].index(ctx, data, conf)
+        data, index, _ = build_index(ctx, conf)  # the index flow's own stages, each resolved, none computed
     except StageNotBuilt as missing:
         if missing.damage:
             raise IndexNotBuilt(f"the {conf.method.name} index on {ctx.dataset} is damaged (stage {missing.stage!r}: "
@@ -444,9 +397,12 @@ def open_index(*overrides: str, config: Mapping[str, Any] | None = None, build: 
     except IndexNotBuilt:
         if not build:
             raise
-        build_index(cfg)
+        from flows.runtime.dag import plan_run
+
+        print(f"building the index first: {plan_run(conf).text()}", file=sys.stderr, flush=True)  # dagrag plan's
+        run_index_flow(cfg)
         data, refs = resolve(conf, overrides)
-    from flows.runtime.pipeline import spacy_without_torch
+    from flows.runtime.dag import spacy_without_torch
 
     spacy_without_torch(cfg.get("ner") or {})  # the query NER's spaCy without torch's 1.4 s import, as commands do
     retriever = METHODS[conf.method.name].retriever(data, refs, conf)
@@ -454,7 +410,7 @@ def open_index(*overrides: str, config: Mapping[str, Any] | None = None, build: 
     return Index(conf, data, refs, retriever, time.perf_counter() - t0)
 
 
-def build_index(cfg: Mapping[str, Any]) -> None:
+def run_index_flow(cfg: Mapping[str, Any]) -> None:
     """Build the index ``cfg`` names: the ``index`` flow, run as ``dagrag index`` runs it."""
     from flows.runtime.api_server import ensure_api
     from flows.runtime.config import with_runner

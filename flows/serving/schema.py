@@ -3,7 +3,7 @@ status with its ``{"error": ...}`` body, and the request schema with its own rul
 ``question``/``questions``, ``k``'s bounds, the length limits of ``serve.*``).
 
 The models describe what :mod:`flows.serving.app` sends; the app still writes its bodies with ``orjson`` (no
-per-response validation on the hot path), and ``tests/flows/test_openapi_contract.py`` fuzzes a real server
+per-response validation on the hot path), and ``tests/flows/serving/test_openapi_contract.py`` fuzzes a real server
 against this schema (schemathesis) so the two cannot drift. Beyond the papers: serving.
 """
 from __future__ import annotations

@@ -50,6 +50,14 @@ class RunContext:
     # open a built index: every stage is looked up in the catalog, none computed, no event recorded; a stage
     # that is not there raises StageNotBuilt (flows.serving.index)
     resolve_only: bool = False
+    # plan a run (flows.commands.plan): every stage is fingerprinted and looked up, none computed; what each would
+    # do is added to this plan (tasks.core.plan.Plan), and its outputs are placeholders with their fingerprints
+    plan: Any = None
+
+    @property
+    def direct(self) -> bool:
+        """Stages are called as plain functions (no Prefect task): nothing is computed in these modes."""
+        return self.resolve_only or self.plan is not None
 
     @property
     def store(self) -> Store:
@@ -146,8 +154,16 @@ class StageParams:
         return values
 
     def identity(self) -> dict[str, Any]:
-        """The fingerprinted part: every field but the :func:`run_setting` ones, as plain data."""
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self) if _role(f)["role"] != "run"}
+        """The fingerprinted part: every field but the :func:`run_setting` ones and those :meth:`unused` names, as
+        plain data."""
+        unused = self.unused()
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if _role(f)["role"] != "run" and f.name not in unused}
+
+    def unused(self) -> frozenset[str]:
+        """The fields these values make the stage ignore (an embed that renders no template ignores the template),
+        left out of the fingerprint so that changing them rebuilds nothing. None by default."""
+        return frozenset()
 
 
 _ABSENT = object()
@@ -192,7 +208,7 @@ def stage(name: str, *, params: type | tuple[type, ...]) -> Callable[[Callable],
     """Declare a stage: ``@stage("doc_doc_graph", params=DocDocParams)`` over ``def doc_doc_graph(ctx, params,
     *inputs)``.
 
-    The function becomes a Prefect task named ``name`` (no Prefect result cache: the catalog decides), is
+    The function becomes a :class:`StageTask` (a Prefect task named ``name`` in a run), is
     registered in :data:`STAGES` under its parameter class, and must be called with an instance of exactly that
     class as ``params``: the only configuration it reads. Its body hands its outputs to :func:`run_stage` (or
     :func:`run_row_stage`) with those params, which fingerprint them with the function's code identity and
@@ -213,10 +229,7 @@ def stage(name: str, *, params: type | tuple[type, ...]) -> Callable[[Callable],
             raise TypeError(f"stage {name!r}: params must be frozen dataclasses subclassing StageParams, got {cls!r}")
     expected = " or ".join(c.__name__ for c in classes)
 
-    def declare(fn: Callable) -> Any:
-        from prefect import task
-        from prefect.cache_policies import NO_CACHE
-
+    def declare(fn: Callable) -> "StageTask":
         signature = inspect.signature(fn)
         if "params" not in signature.parameters:
             raise TypeError(f"stage {name!r}: {fn.__qualname__} takes no 'params' argument")
@@ -234,9 +247,81 @@ def stage(name: str, *, params: type | tuple[type, ...]) -> Callable[[Callable],
 
         for cls in classes:
             STAGES[cls] = Stage(name, fn, cls)
-        return task(name=name, cache_policy=NO_CACHE)(checked)
+        return StageTask(name, checked)
 
     return declare
+
+
+class StageTask:
+    """What ``@stage`` makes of a function: called (or ``submit``-ted) as a flow calls a Prefect task.
+
+    Where a stage runs is decided here, from the :class:`RunContext` it is called with (its first argument):
+
+    * a normal run: the call is handed to a Prefect task named after the stage (no Prefect result cache: the
+      catalog decides what is skipped), made on first use, so a process that only resolves never imports Prefect;
+    * :attr:`RunContext.direct` (opening a built index, or a plan): the function is called in this thread, and
+      ``submit`` returns a :class:`Done` holding its value. Nothing is computed either way in those modes
+      (:func:`run_named_stage`), so there is nothing to run concurrently, and no Prefect run or server is started.
+
+    ``fn`` is the checked function itself, as a Prefect task's is (tests call ``stage.fn(ctx, params, …)``).
+    """
+
+    def __init__(self, name: str, fn: Callable) -> None:
+        self.name, self.fn = name, fn
+        self._task: Any = None
+        self._run_name: Any = None
+        functools.update_wrapper(self, fn)
+
+    @property
+    def task(self) -> Any:
+        """The Prefect task a normal run hands the call to."""
+        if self._task is None:
+            from prefect import task
+            from prefect.cache_policies import NO_CACHE
+
+            self._task = task(name=self.name, cache_policy=NO_CACHE, task_run_name=self._run_name)(self.fn)
+        return self._task
+
+    @property
+    def task_run_name(self) -> Any:
+        return self._run_name
+
+    @task_run_name.setter
+    def task_run_name(self, value: Any) -> None:
+        """How its task runs are named in the UI (``flows.runtime.observe``): set before or after the task exists."""
+        self._run_name = value
+        if self._task is not None:
+            self._task.task_run_name = value
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs) if _direct(args, kwargs) else self.task(*args, **kwargs)
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        """A future of the stage's outputs: a Prefect future in a run, an already computed :class:`Done` else."""
+        return Done(self.fn(*args, **kwargs)) if _direct(args, kwargs) else self.task.submit(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<stage {self.name} {self.fn.__module__}.{self.fn.__qualname__}>"
+
+
+def _direct(args: tuple, kwargs: Mapping[str, Any]) -> bool:
+    ctx = args[0] if args else kwargs.get("ctx")
+    if not isinstance(ctx, RunContext):
+        raise TypeError(f"a stage takes its RunContext first, got {type(ctx).__name__}")
+    return ctx.direct
+
+
+class Done:
+    """What ``submit`` returns where a stage is called directly: its value, already there (a future's API)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def result(self, *args: Any, **kwargs: Any) -> Any:
+        return self.value
+
+    def wait(self, *args: Any, **kwargs: Any) -> None:
+        return None
 
 
 def stage_of(params: StageParams) -> Stage:
@@ -274,13 +359,24 @@ def run_stage(ctx: RunContext, params: StageParams, inputs: Mapping[str, str],
     return run_named_stage(ctx, spec.name, spec.code(), params.identity(), inputs, compute, ext)
 
 
-def run_row_stage(ctx: RunContext, params: StageParams, row_params: Any, inputs: Mapping[str, str], keys: pd.Series,
+def run_row_stage(ctx: RunContext, params: StageParams, row_params: Any, inputs: Mapping[str, str],
+                  keys: Callable[[], pd.Series] | pd.Series,
                   compute_rows: Callable[[list[str]], pa.Table | pd.DataFrame], key: str,
                   assemble: Callable[[pa.Table], Mapping[str, Output]]) -> dict[str, ArtifactRef]:
     """A per-row stage whose params these are (:func:`run_named_row_stage`); ``row_params`` derive from them."""
     spec = stage_of(params)
     return run_named_row_stage(ctx, spec.name, spec.code(), params.identity(), row_params, inputs, keys,
                                compute_rows, key, assemble)
+
+
+# an input a stage's fingerprint reads from another stage's output (EraRAG's hyperplanes: the embeddings' width),
+# in a plan where that output is not built yet: the fingerprint is known once it is
+UNKNOWN_INPUT = "?"
+
+
+def planned(ref: ArtifactRef) -> bool:
+    """Whether ``ref`` is a plan's placeholder for an output not built yet (:mod:`tasks.core.plan`): no file."""
+    return ref.path == ""
 
 
 def params_dict(params: Any) -> Any:
@@ -303,7 +399,7 @@ def input_fps(**refs: ArtifactRef | Mapping[str, ArtifactRef] | None) -> dict[st
 
 def run_named_stage(ctx: RunContext, stage: str, code: str, params: Any, inputs: Mapping[str, str],
                     compute: Callable[[], tuple[Mapping[str, Output], int]], ext: Mapping[str, str] | None = None,
-              ) -> dict[str, ArtifactRef]:
+                    new_rows: Callable[[Store], tuple[int, int]] | None = None) -> dict[str, ArtifactRef]:
     """Run ``compute`` unless a stage with the same fingerprint is in the catalog; return output refs.
 
     ``compute`` returns ``({name: table-or-bytes}, rows_computed)``. After a catalog miss the stage's
@@ -311,9 +407,14 @@ def run_named_stage(ctx: RunContext, stage: str, code: str, params: Any, inputs:
     process computing the same stage waits for it and then reuses its outputs ('cached'), so
     concurrent runs on one ``artifacts_dir`` compute each stage once. If the other process fails or
     is killed, the lock is released and this run computes the stage itself.
+
+    In a plan (``ctx.plan``) nothing is looked up here or computed: the plan records the stage and returns its
+    refs, placeholders where it would compute (``new_rows(store)``: a per-row stage's ``(new, total)`` rows).
     """
-    store = ctx.store
     fp = fingerprint(stage, code, params_dict(params), inputs)
+    if ctx.plan is not None:
+        return ctx.plan.add(stage, fp, params_dict(params), inputs, new_rows)
+    store = ctx.store
     t0 = time.perf_counter()
     if ctx.resolve_only:  # nothing is computed here, so a damaged stage is named, not announced as computed again
         found, damage = store.examine_record(stage, fp)
@@ -382,22 +483,26 @@ def _write_outputs(store: Store, dataset: str, stage: str, fp: str, outputs: Map
 
 
 def run_named_row_stage(ctx: RunContext, stage: str, code: str, params: Any, row_params: Any,
-                        inputs: Mapping[str, str], keys: pd.Series,
+                        inputs: Mapping[str, str], keys: Callable[[], pd.Series] | pd.Series,
                         compute_rows: Callable[[list[str]], pa.Table | pd.DataFrame],
                         key: str, assemble: Callable[[pa.Table], Mapping[str, Output]]) -> dict[str, ArtifactRef]:
     """A per-row stage: compute rows only for keys missing from the row cache, then assemble outputs.
 
     ``row_params`` is what changes a row's value: the params that matter (a model name, not a batch
     size) and the code version of the functions computing a row (not of the whole module, so an
-    edit elsewhere in it keeps the cache): it names the row cache. ``keys`` are the content keys of the current input rows; ``compute_rows(missing_keys)`` returns
+    edit elsewhere in it keeps the cache): it names the row cache. ``keys()`` gives the content keys of the current
+    input rows, called only when the stage computes (or a plan counts its new rows): a cached stage, or an index
+    opened for questions, neither reads its input nor hashes a text. ``compute_rows(missing_keys)`` returns
     rows (with a ``key`` column) for exactly those; ``assemble(cached_rows_for_all_keys)`` builds the
     stage outputs for this input (in input order).
     """
     store = ctx.store
     param_fp = short_hash({"stage": stage, "params": params_dict(row_params)})
+    if not callable(keys):  # the keys themselves, already read (the stage pays for the read either way)
+        keys = functools.partial(lambda given: given, keys)
 
     def compute() -> tuple[Mapping[str, Output], int]:
-        wanted = list(dict.fromkeys(keys.tolist()))
+        wanted = list(dict.fromkeys(keys().tolist()))
         cache = store.row_cache(stage, param_fp, key)
         computed = 0
         for attempt in (1, 2):  # a part found damaged when read whole is dropped: its rows are computed again
@@ -413,7 +518,11 @@ def run_named_row_stage(ctx: RunContext, stage: str, code: str, params: Any, row
                     raise
         return assemble(rows), computed
 
-    return run_named_stage(ctx, stage, code, params, {**inputs, "_rows": param_fp}, compute)
+    def new_rows(store: Store) -> tuple[int, int]:
+        wanted = list(dict.fromkeys(keys().tolist()))
+        return len(store.row_cache(stage, param_fp, key).missing(wanted)), len(wanted)
+
+    return run_named_stage(ctx, stage, code, params, {**inputs, "_rows": param_fp}, compute, new_rows=new_rows)
 
 
 def partition_plan(n_rows: int, partition_rows: int) -> list[tuple[int, int]]:

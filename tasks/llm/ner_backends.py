@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -78,12 +79,22 @@ class LLMNERParams(LLMReplyParams):
     id_col: str = wired()
 
 
-def ner(ctx: RunContext, table: ArtifactRef, id_col: str, cfg, submit: bool = False):
-    """The NER stage of ``cfg.ner.backend`` over ``table``'s texts (``submit``: as a Prefect future)."""
-    if cfg.ner.backend == "llm":
-        run, args = llm_ner_stage, (ctx, LLMNERParams.of(cfg, id_col=id_col), table, cfg.llm)
+def ner_params(config: Any, id_col: str) -> "LLMNERParams | SpacyNERParams":
+    """The NER stage's params for ``config.ner.backend`` (the chat model's or spaCy's), over ``id_col`` rows: the
+    projection a flow hands :func:`ner`, as ``Params.of`` is for one stage."""
+    return (LLMNERParams if config.ner.backend == "llm" else SpacyNERParams).of(config, id_col=id_col)
+
+
+def ner(ctx: RunContext, params: "LLMNERParams | SpacyNERParams", table: ArtifactRef, llm: LLMParams | None = None,
+        submit: bool = False):
+    """The NER stage these params are for (:func:`ner_params`) over ``table``'s texts; the chat model's needs the
+    ``llm`` service (``submit``: as a future)."""
+    if isinstance(params, LLMNERParams):
+        if llm is None:
+            raise TypeError("the LLM NER stage needs the llm group's settings: ner(ctx, params, table, cfg.llm)")
+        run, args = llm_ner_stage, (ctx, params, table, llm)
     else:
-        run, args = spacy_ner_stage, (ctx, SpacyNERParams.of(cfg, id_col=id_col), table)
+        run, args = spacy_ner_stage, (ctx, params, table)
     return run.submit(*args) if submit else run(*args)
 
 

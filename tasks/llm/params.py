@@ -81,8 +81,6 @@ class LLMParams:
     json_mode: bool = True
 
     def __post_init__(self) -> None:
-        if self.provider not in PROVIDERS:
-            raise LLMConfigError(f"llm.provider must be one of {PROVIDERS}, got {self.provider!r}")
         if self.concurrency < 1 or self.max_retries < 0 or self.timeout_s <= 0:
             raise LLMConfigError("llm.concurrency >= 1, llm.max_retries >= 0 and llm.timeout_s > 0 required")
 

@@ -5,6 +5,7 @@ distance |i − j|) is available, while nothing links chunks of *different* docu
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ import pyarrow as pa
 
 from tasks.core.code_identity import code_version
 from tasks.core.stage import RunContext, StageParams, from_config, input_fps, run_row_stage, stage
-from tasks.core.store import ArtifactRef
+from tasks.core.store import ArtifactRef, Store
 from tasks.text import sentences
 
 CHUNK_UNITS = ("passage", "sentence", "window")  # how a document is cut into chunks (ChunkParams.unit)
@@ -84,14 +85,17 @@ def chunk_documents(docs: pd.DataFrame, params: ChunkParams) -> pd.DataFrame:
 @stage("chunk", params=ChunkParams)
 def chunk(ctx: RunContext, params: ChunkParams, documents: ArtifactRef) -> dict[str, ArtifactRef]:
     """Stage: chunk every document not chunked before with these params (row-incremental by doc_id)."""
-    store = ctx.store
-    docs = store.read(documents, ["doc_id", "text"])
+    @functools.cache
+    def read() -> pd.DataFrame:  # only when the stage computes (tasks.core.stage.run_named_row_stage)
+        return Store.read(documents, ["doc_id", "text"])
 
     def compute_rows(missing: list[str]) -> pa.Table:
+        docs = read()
         todo = docs[docs["doc_id"].isin(set(missing))].drop_duplicates("doc_id")
         return pa.Table.from_pandas(chunk_documents(todo, params), preserve_index=False)
 
     def assemble(rows: pa.Table | None) -> dict[str, pa.Table]:
+        docs = read()
         table = rows.to_pandas() if rows is not None else chunk_documents(docs.iloc[:0], params)
         order = {d: i for i, d in enumerate(docs["doc_id"].tolist())}
         table["_o"] = table["doc_id"].map(order)
@@ -99,5 +103,5 @@ def chunk(ctx: RunContext, params: ChunkParams, documents: ArtifactRef) -> dict[
         return {"chunks": table}
 
     row_params = {"params": params.identity(), "code": code_version(chunk_documents)}  # a row: its document's chunks
-    return run_row_stage(ctx, params, row_params, input_fps(documents=documents), docs["doc_id"],
+    return run_row_stage(ctx, params, row_params, input_fps(documents=documents), lambda: read()["doc_id"],
                          compute_rows, "doc_id", assemble)

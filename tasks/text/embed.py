@@ -80,13 +80,7 @@ class EmbedderParams:
     # of short texts then loads no torch; README)
     bf16_min_tokens: int = field(default=48, metadata=COUNT0)
 
-    def __post_init__(self) -> None:
-        if self.query_runtime not in QUERY_RUNTIMES:
-            raise ValueError(f"embedder.query_runtime must be one of {QUERY_RUNTIMES}, got {self.query_runtime!r}")
-        if self.doc_runtime not in DOC_RUNTIMES:
-            raise ValueError(f"embedder.doc_runtime must be one of {DOC_RUNTIMES}, got {self.doc_runtime!r}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"embedder.precision must be one of {PRECISIONS}, got {self.precision!r}")
+    def __post_init__(self) -> None:  # each field's own choices are its one_of metadata (the config check)
         int8_kept(self.precision, self.int8_keep_fp32)  # refuses an unknown kind
         on_onnx = [name for name in ("query_runtime", "doc_runtime") if getattr(self, name) == "onnxruntime"]
         if on_onnx and self.device != "cpu":  # one message naming every setting to change
@@ -298,6 +292,10 @@ class EmbedParams(StageParams):
     batch_size: int = run_setting()
     device: str = run_setting()
 
+    def unused(self) -> frozenset[str]:
+        """Rows embedded as their text (``use_template`` false) never read ``doc_template``."""
+        return frozenset() if self.use_template else frozenset({"doc_template"})
+
     def encoder(self) -> EmbedderParams:
         """The encoder settings :func:`encode_stored` takes."""
         return stored_encoder(self.model, self.max_seq_length, self.doc_runtime, self.precision, self.int8_keep_fp32,
@@ -342,16 +340,21 @@ def embed(ctx: RunContext, params: EmbedParams, table: ArtifactRef) -> dict[str,
     """
     id_col, encoder = params.id_col, params.encoder()
     cols = [id_col, "text"] + (["title"] if params.use_template else [])
-    frame = ctx.store.read(table, cols)
-    texts = render_texts(frame, params.doc_template if params.use_template else None)
-    keys = pd.Series([text_key(t) for t in texts])
+
+    @functools.cache
+    def read() -> tuple[pd.DataFrame, list[str], pd.Series]:  # only when the stage computes
+        frame = Store.read(table, cols)
+        texts = render_texts(frame, params.doc_template if params.use_template else None)
+        return frame, texts, pd.Series([text_key(t) for t in texts])
 
     def compute_rows(missing: list[str]) -> pa.Table:
+        _, texts, keys = read()
         by_key = dict(zip(keys.tolist(), texts))
         emb = encode_stored([by_key[k] for k in missing], encoder)
         return pa.table({"key": missing, "emb": embeddings_to_arrow(emb)})
 
     def assemble(rows: pa.Table) -> dict[str, pa.Table]:
+        frame, _, keys = read()
         pos = {k: i for i, k in enumerate(rows.column("key").to_pylist())}
         emb = arrow_to_embeddings(rows.column("emb"))[[pos[k] for k in keys.tolist()]]
         return {"embeddings": pa.table({id_col: frame[id_col].tolist(), "emb": embeddings_to_arrow(emb)})}
@@ -359,7 +362,8 @@ def embed(ctx: RunContext, params: EmbedParams, table: ArtifactRef) -> dict[str,
     # a row's identity: the model, its input length, the code and runtime computing it (not the template: rows are
     # keyed by the text they embed)
     row_params = stored_row_identity(encoder)
-    return run_row_stage(ctx, params, row_params, input_fps(table=table), keys, compute_rows, "key", assemble)
+    return run_row_stage(ctx, params, row_params, input_fps(table=table), lambda: read()[2], compute_rows, "key",
+                         assemble)
 
 
 def text_starts(frame: pd.DataFrame, template: str | None) -> list[int]:

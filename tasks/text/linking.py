@@ -42,10 +42,7 @@ class LinkingParams:
     title_aliases: bool = False  # graph_linking=gazetteer: a title's short forms name it too, where unambiguous
     alias_min_share: float = 0.5  # kept if at least this share of the passages writing a short form name its title
 
-    def __post_init__(self) -> None:
-        for key in ("graph_linking", "query_linking"):
-            if getattr(self, key) not in LINKINGS:
-                raise ValueError(f"method.{key} must be one of {LINKINGS}, got {getattr(self, key)!r}")
+    def __post_init__(self) -> None:  # each field's own choices are its one_of metadata (the config check)
         if self.cover_named_min_seed > 0 and (self.graph_linking, self.query_linking) != ("gazetteer", "gazetteer"):
             raise ValueError("method.cover_named_min_seed > 0 needs method.graph_linking=gazetteer and "
                              "method.query_linking=gazetteer: it lifts the passages the question's names title")

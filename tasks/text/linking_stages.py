@@ -106,9 +106,11 @@ def masked_relation_gate(gate: RelationGate, index: Mapping[str, ArtifactRef], c
     return replace(gate, chunk_emb=np.ascontiguousarray(emb[row.loc[wanted].to_numpy()], dtype=np.float32))
 
 
-def index_relation_embeddings(ctx: RunContext, cfg, chunks: ArtifactRef, entities: ArtifactRef,
-                              chunk_entity: ArtifactRef) -> dict[str, ArtifactRef]:
-    """The index's ``relation_embeddings`` for the masked relation gate: :func:`relation_sentences`, embedded."""
-    masked = relation_sentences(ctx, RelationSentencesParams.of(cfg), chunks, entities, chunk_entity)
-    embedded = embed(ctx, EmbedParams.of(cfg, id_col="chunk_id"), masked["relation_sentences"])
+def index_relation_embeddings(ctx: RunContext, params: RelationSentencesParams, embed_params: EmbedParams,
+                              chunks: ArtifactRef, entities: ArtifactRef, chunk_entity: ArtifactRef
+                              ) -> dict[str, ArtifactRef]:
+    """The index's ``relation_embeddings`` for the masked relation gate: :func:`relation_sentences`, embedded
+    (``embed_params``: over ``chunk_id`` rows)."""
+    masked = relation_sentences(ctx, params, chunks, entities, chunk_entity)
+    embedded = embed(ctx, embed_params, masked["relation_sentences"])
     return {"relation_embeddings": embedded["embeddings"]}

@@ -23,7 +23,7 @@ from tasks.core.code_identity import code_version
 from tasks.core.limits import COUNT, COUNT0, PROB, one_of
 from tasks.core.row_cache import text_key
 from tasks.core.stage import RunContext, StageParams, input_fps, run_row_stage, run_setting, stage, wired
-from tasks.core.store import ArtifactRef
+from tasks.core.store import ArtifactRef, Store
 BACKENDS = ("spacy", "llm")
 # what runs spaCy's matrix products on the CPU. numpy: numpy's BLAS (OpenBLAS), the default. blis: spaCy's own
 # default, BLIS, which falls back to its reference kernels on CPUs it does not detect (this AMD Zen 4: NER over
@@ -52,11 +52,6 @@ class NERParams:
     max_empty_fraction: float = field(default=0.5, metadata=PROB)
     matmul: str = field(default="numpy", metadata=one_of(MATMULS))  # backend=spacy: numpy | blis, see MATMULS
 
-    def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"ner.backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.matmul not in MATMULS:
-            raise ValueError(f"ner.matmul must be one of {MATMULS}, got {self.matmul!r}")
 
 
 _ARTICLE = re.compile(r"^(?:the|a|an)\s+")
@@ -183,10 +178,14 @@ def mention_rows(ctx: RunContext, params: StageParams, table: ArtifactRef,
     """The NER stages' rows: raw spans per distinct text (``spans_of``), cached; filtered and normalised on
     assembly (:func:`entity_mentions`), so ``keep_numeric`` and ``min_chars`` never re-run the recogniser."""
     id_col = params.id_col
-    frame = ctx.store.read(table, [id_col, "text"])
-    keys = frame["text"].map(text_key)
+
+    @functools.cache
+    def read() -> tuple[pd.DataFrame, pd.Series]:  # only when the stage computes (a cached one reads nothing)
+        frame = Store.read(table, [id_col, "text"])
+        return frame, frame["text"].map(text_key)
 
     def compute_rows(missing: list[str]) -> pa.Table:
+        frame, keys = read()
         first = frame.assign(key=keys).drop_duplicates("key").set_index("key").loc[missing]
         spans = spans_of(first["text"].tolist())
         grouped = spans.groupby("text_idx")
@@ -197,6 +196,7 @@ def mention_rows(ctx: RunContext, params: StageParams, table: ArtifactRef,
         return pa.Table.from_pandas(out, preserve_index=False)
 
     def assemble(rows: pa.Table) -> dict[str, pd.DataFrame]:
+        frame, keys = read()
         cached = rows.to_pandas().set_index("key")
         spans = cached.loc[keys.tolist()].reset_index(drop=True)
         spans[id_col] = frame[id_col].to_numpy()
@@ -206,4 +206,5 @@ def mention_rows(ctx: RunContext, params: StageParams, table: ArtifactRef,
         mentions = mentions.astype({"start": "int32", "end": "int32"})
         return {"mentions": mentions[[id_col, "surface", "label", "start", "end", "entity"]]}
 
-    return run_row_stage(ctx, params, row_params, input_fps(table=table), keys, compute_rows, "key", assemble)
+    return run_row_stage(ctx, params, row_params, input_fps(table=table), lambda: read()[1], compute_rows, "key",
+                         assemble)

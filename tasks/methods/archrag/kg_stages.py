@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,8 +55,6 @@ class KGParams:
     extract_max_tokens: int = field(default=1500, metadata=COUNT)
 
     def __post_init__(self) -> None:
-        if self.builder not in kg.BUILDERS:
-            raise ValueError(f"archrag kg builder must be one of {kg.BUILDERS}, got {self.builder!r}")
         if self.description_tokens < 1 or self.describe_max_tokens < 1 or self.extract_max_tokens < 1:
             raise ValueError("description_tokens, describe_max_tokens and extract_max_tokens must be >= 1")
 
@@ -120,19 +119,26 @@ class ExtractCount:
         self.chunks_extracted = 0
 
 
-def archrag_kg(ctx: RunContext, cfg: Any, documents: ArtifactRef, chunks: ArtifactRef,
-               mentions: ArtifactRef | None) -> dict[str, ArtifactRef]:
-    """ArchRAG's KG ``{"entities", "relations", "kg_meta"}`` by ``cfg.kg.builder``.
+def kg_params(config: Any) -> "CooccurKGParams | LLMKGParams":
+    """The KG stage's params for ``config.kg.builder``: the projection a flow hands :func:`archrag_kg`."""
+    return (CooccurKGParams if config.kg.builder == "cooccur" else LLMKGParams).of(config)
+
+
+def archrag_kg(ctx: RunContext, params: "CooccurKGParams | LLMKGParams", documents: ArtifactRef, chunks: ArtifactRef,
+               mentions: ArtifactRef | None, llm: LLMParams | None = None) -> dict[str, ArtifactRef]:
+    """ArchRAG's KG ``{"entities", "relations", "kg_meta"}`` by the builder these params are for (:func:`kg_params`).
 
     ``mentions`` (the shared ``ner`` stage's document mentions) is required by ``cooccur`` and
-    ignored by ``llm``; ``llm`` needs a configured chat model (``cfg.llm``). ``documents`` is recorded as an
+    ignored by ``llm``; ``llm`` needs a configured chat model (the ``llm`` group). ``documents`` is recorded as an
     input (chunks and mentions derive from it).
     """
-    if cfg.kg.builder == "cooccur":
+    if isinstance(params, CooccurKGParams):
         if mentions is None:
             raise ValueError("archrag kg builder=cooccur needs the ner stage's mentions")
-        return cooccur_stage(ctx, CooccurKGParams.of(cfg), documents, chunks, mentions)
-    return llm_stage(ctx, LLMKGParams.of(cfg), documents, chunks, cfg.llm)
+        return cooccur_stage(ctx, params, documents, chunks, mentions)
+    if llm is None:
+        raise TypeError("archrag kg builder=llm needs the llm group's settings: archrag_kg(..., cfg.llm)")
+    return llm_stage(ctx, params, documents, chunks, llm)
 
 
 @stage(KG_STAGES["cooccur"], params=CooccurKGParams)
@@ -165,10 +171,14 @@ def extract_stage(ctx: RunContext, params: ExtractParams, documents: ArtifactRef
     from tasks.llm.params import LLMDryRun
     from tasks.llm.schema import JSON_FORMAT, check_empty_fraction
 
-    frame = Store.read(chunks, ["chunk_id", "text"])
-    keys = frame["text"].map(text_key)
+
+    @functools.cache
+    def read() -> tuple[pd.DataFrame, pd.Series]:  # only when the stage computes (a cached one reads nothing)
+        frame = Store.read(chunks, ["chunk_id", "text"])
+        return frame, frame["text"].map(text_key)
 
     def compute_rows(missing: list[str]) -> pa.Table:
+        frame, keys = read()
         texts = frame.assign(key=keys).drop_duplicates("key").set_index("key").loc[missing, "text"].tolist()
         if ctx.llm_dry_run:
             fmt = {"response_format": JSON_FORMAT} if params.json_mode else {}
@@ -183,6 +193,7 @@ def extract_stage(ctx: RunContext, params: ExtractParams, documents: ArtifactRef
         return rows
 
     def assemble(rows: pa.Table | None) -> dict[str, pd.DataFrame]:
+        frame, keys = read()
         if rows is None:
             cached = kg.EXTRACTION_SCHEMA.empty_table().to_pandas()
         else:
@@ -192,7 +203,8 @@ def extract_stage(ctx: RunContext, params: ExtractParams, documents: ArtifactRef
 
     row_params = {"builder": "llm", "llm": llm_identity(params), "max_tokens": params.extract_max_tokens,
                   "code": code_version(kg.llm_extract, kg.extraction_rows)}
-    return run_row_stage(ctx, params, row_params, input_fps(documents=documents, chunks=chunks), keys, compute_rows,
+    return run_row_stage(ctx, params, row_params, input_fps(documents=documents, chunks=chunks), lambda: read()[1],
+                         compute_rows,
                          "key", assemble)
 
 

@@ -107,11 +107,9 @@ class ArchParams:
     answer_max_tokens: int = field(default=512, metadata=COUNT)
 
     def __post_init__(self) -> None:
-        checks = {"summariser": SUMMARISERS, "generation": GENERATIONS, "relation_scope": RELATION_SCOPES,
-                  "passage_rule": PASSAGE_RULES}
-        for key, allowed in checks.items():
-            if getattr(self, key) not in allowed:
-                raise ValueError(f"method.{key} must be one of {allowed}, got {getattr(self, key)!r}")
+        # summariser, generation and relation_scope: their one_of metadata (the config check)
+        if self.passage_rule not in PASSAGE_RULES:
+            raise ValueError(f"method.passage_rule must be one of {PASSAGE_RULES}, got {self.passage_rule!r}")
         if isinstance(self.k_per_layer, int):
             object.__setattr__(self, "k_per_layer", (self.k_per_layer,))
         if not self.k_per_layer or min(self.k_per_layer) < 0:

@@ -35,10 +35,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks.core.stage import (
+    UNKNOWN_INPUT,
     RunContext,
     StageParams,
     from_config,
     input_fps,
+    planned,
     run_setting,
     run_stage,
     stage,
@@ -77,13 +79,7 @@ class EraParams(erarag.EraRAGParams):
     recall_view: str = field(default="leaves", metadata=one_of(VIEWS))
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.recall_view not in VIEWS:
-            raise ValueError(f"recall_view must be one of {VIEWS}, got {self.recall_view!r}")
-        if self.summariser not in SUMMARISERS:
-            raise ValueError(f"summariser must be one of {SUMMARISERS}, got {self.summariser!r}")
-        if self.extractive_rank not in {"centroid", "lead"}:
-            raise ValueError("extractive_rank must be centroid or lead")
+        super().__post_init__()  # recall_view, summariser, extractive_rank: their one_of metadata (the config check)
 
 
 # ---------------------------------------------------------------- leaves and hyperplanes
@@ -131,14 +127,15 @@ def hyperplanes_stage(ctx: RunContext, params: HyperplanesParams, embeddings: Ar
     """Stage: the (n, d) hyperplane normals as ``.npy`` bytes, Alg. 1 line 3. Its only input is the embeddings'
     width d, not the corpus, so every later build or update with the same (n, seed, d) reuses exactly these
     bytes."""
-    dim = embedding_dim(embeddings)
+    dim = None if planned(embeddings) else embedding_dim(embeddings)  # a plan before the embeddings exist
 
     def compute() -> tuple[dict[str, bytes], int]:
         buf = io.BytesIO()
         np.save(buf, erarag.hyperplanes(dim, params.n_hyperplanes, params.seed), allow_pickle=False)
         return {"hyperplanes": buf.getvalue()}, params.n_hyperplanes
 
-    return run_stage(ctx, params, {"dim": str(dim)}, compute, ext={"hyperplanes": "npy"})
+    return run_stage(ctx, params, {"dim": UNKNOWN_INPUT if dim is None else str(dim)}, compute,
+                     ext={"hyperplanes": "npy"})
 
 
 def load_planes(ref: ArtifactRef | str) -> np.ndarray:

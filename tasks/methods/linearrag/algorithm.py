@@ -109,12 +109,6 @@ class LinearRAGParams:
     # > 0: passage -> title-entity edges gated per question (RelationGate)
     relation_gate_temperature: float = field(default=0.0, metadata=COUNT0)
 
-    def __post_init__(self) -> None:
-        if self.ppr_sweeps not in SWEEPS:
-            raise ValueError(f"method.ppr_sweeps must be one of {SWEEPS}, got {self.ppr_sweeps!r}")
-        if self.passage_reset not in PASSAGE_RESETS:
-            raise ValueError(f"method.passage_reset must be one of {PASSAGE_RESETS}, got {self.passage_reset!r}")
-
     @property
     def title_walk(self) -> bool:
         """Whether the walk's graph differs from the paper's (needs the passages' title entities)."""

@@ -46,7 +46,6 @@ class LinearParams(lr.LinearRAGParams, LinkingParams, SecondHopParams):
     relation_gate_masked: bool = False  # beyond the paper: the gate (if on) reads question and sentence without names
 
     def __post_init__(self) -> None:
-        lr.LinearRAGParams.__post_init__(self)
         LinkingParams.__post_init__(self)
         SecondHopParams.__post_init__(self)
         if self.second_hop and self.graph_linking != "gazetteer":

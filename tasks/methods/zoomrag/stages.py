@@ -71,6 +71,15 @@ class DocDocParams(StageParams):
     ivf_nprobe: int
     doc_block_rows: int = run_setting()
 
+    def unused(self) -> frozenset[str]:
+        """What :func:`tasks.methods.zoomrag.algorithm.doc_doc_block` never reads with these values: the paper's rule
+        (no cap, eq. 2) reads none of the cap's search settings; an exact search reads no inverted-file setting."""
+        if self.doc_doc_max_neighbors == 0:
+            return frozenset({"doc_doc_stats_sample", "doc_doc_search", "doc_doc_exact_max", "ivf_nlist", "ivf_nprobe"})
+        if self.doc_doc_search == "exact":
+            return frozenset({"doc_doc_exact_max", "ivf_nlist", "ivf_nprobe"})
+        return frozenset({"doc_doc_exact_max"}) if self.doc_doc_search == "ivf" else frozenset()
+
 
 @stage("doc_doc_graph", params=DocDocParams)
 def doc_doc_graph(ctx: RunContext, params: DocDocParams, doc_embeddings: ArtifactRef) -> dict[str, ArtifactRef]:

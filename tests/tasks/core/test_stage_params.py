@@ -132,8 +132,34 @@ def test_a_params_field_changes_the_fingerprint_and_a_run_setting_does_not(confi
         for f in dataclasses.fields(cls):
             changed = copy.copy(params)
             object.__setattr__(changed, f.name, Marker().__repr__() + f.name)
-            same = f.metadata.get("stage", {}).get("role") == "run"
+            same = f.metadata.get("stage", {}).get("role") == "run" or f.name in params.unused()
             assert (stage_fingerprint(changed, {"in": "f0"}) == fp) == same, (cls.__name__, f.name)
+
+
+def test_a_field_its_values_leave_unread_is_not_fingerprinted(configs):
+    """An embed without a template ignores ``doc_template``; ZoomRAG's doc-doc block under the paper's rule (no cap)
+    ignores the cap's search settings, and an exact search the inverted file's: each is fingerprinted exactly
+    where the stage reads it."""
+    from tasks.methods.zoomrag.stages import DocDocParams
+    from tasks.text.embed import EmbedParams
+
+    config = configs[("zoomrag", "paper", ())]
+
+    def moves(params, **changed) -> bool:
+        return stage_fingerprint(dataclasses.replace(params, **changed), {}) != stage_fingerprint(params, {})
+
+    plain, templated = (EmbedParams.of(config, id_col="doc_id", use_template=t) for t in (False, True))
+    assert not moves(plain, doc_template="{text}") and moves(templated, doc_template="{text}")
+    capped = DocDocParams.of(config)
+    assert capped.doc_doc_max_neighbors > 0 and capped.doc_doc_search == "auto"
+    paper = dataclasses.replace(capped, doc_doc_max_neighbors=0)
+    for name, value in [("doc_doc_stats_sample", 7), ("doc_doc_search", "ivf"), ("doc_doc_exact_max", 9),
+                        ("ivf_nlist", 3), ("ivf_nprobe", 2)]:
+        assert moves(capped, **{name: value}) and not moves(paper, **{name: value}), name
+    exact = dataclasses.replace(capped, doc_doc_search="exact")
+    assert not moves(exact, ivf_nlist=3) and not moves(exact, doc_doc_exact_max=9) and moves(exact, doc_doc_stats_sample=7)
+    ivf = dataclasses.replace(capped, doc_doc_search="ivf")
+    assert moves(ivf, ivf_nlist=3) and not moves(ivf, doc_doc_exact_max=9)
 
 
 def test_a_stage_refuses_params_of_another_class(tmp_path):

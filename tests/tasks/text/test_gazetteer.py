@@ -36,6 +36,7 @@ from tasks.text.linking import (
 )
 from tasks.text.title_index import named_titles, title_link_coverage
 from tasks.text.ner import NERParams, entity_mentions, recognise
+from tasks.core.config_check import check_values
 
 # Five passages that name each other's titles in lower case and possessive forms, as Wikipedia does; two
 # never write their own title in full ("She was a singer", "Baker is a writer").
@@ -141,8 +142,8 @@ def test_lowercase_names_seed_at_their_weight_and_cased_use_wins():
 
 
 def test_linking_params_refuse_unknown_values():
-    with pytest.raises(ValueError, match="graph_linking"):
-        LinkingParams(graph_linking="regex")
+    with pytest.raises(ValueError, match="graph_linking"):  # the config check, from the field's one_of metadata
+        check_values(LinkingParams, "method", {"graph_linking": "regex"})
 
 
 def test_named_titles_reference():

@@ -10,6 +10,7 @@ from tasks.llm.ner import NER_SCHEMA, entity_label, llm_recognise, locate, ner_m
 from tasks.llm.params import ExtractionMostlyEmpty, LLMParams
 from tasks.llm.ner_backends import QueryRecogniser
 from tasks.text.ner import NER_WINDOW_CHARS, NERParams, normalize_entity, recognise, recognise_windows, text_windows
+from tasks.core.config_check import check_values
 from tests.llm_server import FakeLLMServer
 
 
@@ -66,8 +67,8 @@ def test_llm_ner_fails_loudly_when_mostly_empty(tmp_path) -> None:
 def test_llm_backend_without_llm_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(ValueError, match="ner=llm .*llm=local"):
         QueryRecogniser(NERParams(backend="llm"), LLMParams(), str(tmp_path))
-    with pytest.raises(ValueError, match="backend"):
-        NERParams(backend="stanza")
+    with pytest.raises(ValueError, match="ner.backend='stanza' is not one of"):  # the config check, from its metadata
+        check_values(NERParams, "ner", {"backend": "stanza"})
 
 
 def test_llm_query_names_match_the_corpus_normalisation(tmp_path) -> None:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tasks.text.embed import EmbedderParams, encode_queries
+from tasks.core.config_check import check_values
 
 
 def test_onnx_queries_equal_torch_queries() -> None:
@@ -108,8 +109,8 @@ def test_encoding_beside_returns_encode_queries_own_embeddings_and_errors_in_a_f
 
 
 def test_bad_query_runtime_settings_are_refused() -> None:
-    with pytest.raises(ValueError, match="query_runtime"):
-        EmbedderParams(query_runtime="tensorrt")
+    with pytest.raises(ValueError, match="query_runtime"):  # the config check, from the field's one_of metadata
+        check_values(EmbedderParams, "embedder", {"query_runtime": "tensorrt"})
     with pytest.raises(ValueError, match="set embedder.query_runtime=torch embedder.doc_runtime=torch$"):
         replace(EmbedderParams(), device="cuda")  # both defaults run on ONNX Runtime: one message names both
 
@@ -294,10 +295,10 @@ def test_bf16_imports_torch_with_passive_openmp_workers_unless_the_user_set_them
 
 
 def test_bad_runtime_and_precision_settings_are_refused() -> None:
-    with pytest.raises(ValueError, match="doc_runtime"):
-        EmbedderParams(doc_runtime="tensorrt")
+    with pytest.raises(ValueError, match="doc_runtime"):  # the config check, from the fields' one_of metadata
+        check_values(EmbedderParams, "embedder", {"doc_runtime": "tensorrt"})
     with pytest.raises(ValueError, match="precision"):
-        EmbedderParams(precision="int4")
+        check_values(EmbedderParams, "embedder", {"precision": "int4"})
     with pytest.raises(ValueError, match="int8_keep_fp32"):
         EmbedderParams(precision="int8", int8_keep_fp32=("ffn",))
     with pytest.raises(ValueError, match="set embedder.doc_runtime"):

@@ -21,10 +21,11 @@ from tasks.methods.archrag.kg_stages import (
     META_COUNTERS,
     KGParams,
     archrag_kg,
+    kg_params,
 )
 from tasks.text.chunk import ChunkParams, chunk
 from tasks.text.entities import chunk_mentions
-from tasks.llm.ner_backends import ner
+from tasks.llm.ner_backends import ner, ner_params
 from tasks.text.ner import NERParams, normalize_entity
 from tests.llm_server import FakeLLMServer
 
@@ -34,7 +35,7 @@ PASSAGES = ChunkParams(unit="passage")
 def _kg(ctx: RunContext, docs: ArtifactRef, chunks: ArtifactRef, mentions: ArtifactRef | None, params: KGParams,
         llm: LLMParams | None) -> dict[str, ArtifactRef]:
     """The KG stages a flow runs for this ``kg`` group and ``llm`` group."""
-    return archrag_kg(ctx, SimpleNamespace(kg=params, llm=llm), docs, chunks, mentions)
+    return archrag_kg(ctx, kg_params(SimpleNamespace(kg=params, llm=llm)), docs, chunks, mentions, llm)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,7 @@ def _check_shape(refs: dict[str, ArtifactRef], builder: str, chunk_ids: set[str]
 def test_cooccur_stage_end_to_end(ctx, sample_docs) -> None:
     docs = _documents(ctx, sample_docs)
     chunks = chunk.fn(ctx, ChunkParams(unit="window", window_tokens=40, overlap_tokens=10), docs)["chunks"]
-    mentions = ner(ctx, docs, "doc_id", SimpleNamespace(ner=NERParams(), llm=None))["mentions"]
+    mentions = ner(ctx, ner_params(SimpleNamespace(ner=NERParams()), "doc_id"), docs)["mentions"]
     params = KGParams(builder="cooccur", description_tokens=30)
     refs = _kg(ctx, docs, chunks, mentions, params, None)
     ch = Store.read(chunks)

@@ -11,7 +11,7 @@ from pathlib import Path
 from flows.runtime.sweep import sweep_table
 from tasks.core.store import Store
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_the_table_shows_the_overrides_that_differ_between_jobs():

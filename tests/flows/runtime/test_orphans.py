@@ -23,7 +23,7 @@ import pytest
 from flows.runtime.api_server import tied_popen
 from tests.flows.interrupts import ctrl_c_reaches_children
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 GRACE_S = 15.0          # how long a killed process's descendants may take to go (they go in milliseconds)
 START_LIMIT_S = 240.0   # how long a command may take to reach the moment the test kills it at
 

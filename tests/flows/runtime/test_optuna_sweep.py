@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tasks.core.store import Store
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SAMPLE = ["dataset=sample", "dataset.n_passages=80", "dataset.n_questions=16"]
 
 

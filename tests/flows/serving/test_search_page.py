@@ -56,7 +56,7 @@ def test_search_page_shows_a_citation(tmp_path):
     if binary is None:
         pytest.skip("no chromium on PATH (Debian: apt-get install -y chromium; .ci/run installs it)")
     from flows.commands.update import update_flow
-    from tests.flows.test_own_documents import folder_overrides, write_folder
+    from tests.flows.commands.test_own_documents import folder_overrides, write_folder
 
     root = tmp_path / "corpus"
     write_folder(root)

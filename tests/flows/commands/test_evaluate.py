@@ -94,7 +94,7 @@ def test_malformed_dataset_fails_clearly_and_writes_nothing(tmp_path):
 
 
 def test_unknown_config_key_is_a_hydra_error(tmp_path):
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     out = subprocess.run([sys.executable, "-m", "flows.commands.evaluate", "method.no_such_key=1",
                           f"artifacts_dir={tmp_path}"], cwd=root, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0

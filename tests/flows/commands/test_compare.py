@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tasks.core.store import Store
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_compare_runs_each_method_once_shares_stages_and_reports(tmp_path):

@@ -14,7 +14,7 @@ import pandas as pd
 
 from flows.commands.growth import SPLIT, growth_row, holdout_ids, markdown, passed_on, split_markdown, stage_note, update_split
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_the_held_out_documents_depend_on_the_ids_and_seed_not_on_corpus_order():

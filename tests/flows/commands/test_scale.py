@@ -10,7 +10,7 @@ import duckdb
 
 from flows.commands.scale import markdown
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def run_scale(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess, dict]:

@@ -23,7 +23,7 @@ from tasks.data.sample import generate_sample
 from tasks.core.store import Store
 from tests.flows.interrupts import ctrl_c_reaches_children
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 
 

@@ -29,7 +29,7 @@ from tasks.llm.params import LLMRequestError
 from tests.flows.conftest import make_config
 from tests.llm_server import FakeLLMServer
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SMALL = ["dataset=sample", "dataset.n_passages=40", "dataset.n_questions=6"]
 
 

@@ -149,7 +149,7 @@ def test_a_client_generated_from_the_schema_types_a_real_answer(served, tmp_path
     assert isinstance(typed.index, models.IndexInfo) and typed.index.method == "bm25"
     assert [[p.doc_id for p in r] for r in typed.results] == [[p["doc_id"] for p in r] for r in reply["results"]]
     shown = re.search(r"```py\n(class Passage\(BaseModel\):.*?)```",
-                      (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text(), re.S)
+                      (Path(__file__).resolve().parents[3] / "docs" / "integrations.md").read_text(), re.S)
     generated = re.search(r"(class Passage\(BaseModel\):.*?)\n\n\n", (tmp_path / "models.py").read_text(), re.S)
     assert shown and generated and shown.group(1).strip() == generated.group(1).strip()
 

@@ -10,7 +10,7 @@ from flows.commands.report import report_flow
 from tests.flows.conftest import make_config
 from tests.flows.small_catalog import SWEEP, build_small_catalog
 
-NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "compare.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[3] / "notebooks" / "compare.ipynb"
 
 
 def _text(cell) -> str:
