@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks.core.config_check import check_values
+
 from tasks.core import progress
 from tasks.llm.client import LLMClient, make_client
 from tasks.llm.ledger import estimate_tokens
@@ -268,8 +270,8 @@ def test_provider_none_returns_no_client(caplog: pytest.LogCaptureFixture) -> No
 
 
 def test_bad_provider_rejected() -> None:
-    with pytest.raises(LLMConfigError):
-        LLMParams(provider="anthropic")
+    with pytest.raises(ValueError, match="llm.provider"):  # the config check, from the field's metadata
+        check_values(LLMParams, "llm", {"provider": "anthropic"})
 
 
 # ---- structured outputs ----------------------------------------------------------------
