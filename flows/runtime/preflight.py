@@ -5,7 +5,8 @@ before the flow starts, so nothing is computed and nothing is written when it fa
 
 * the model packages the run loads are installed (the embedder, the spaCy pipeline when NER runs);
 * the dataset's files parse (:func:`tasks.data.ingest.load_dataset`, the ingest stage's own
-  validation: a failure names file, record and field);
+  validation: a failure names file, record and field; a user corpus is scanned only, its files read by the run's
+  ``read`` stage, once);
 * questions exist where the command needs them (``flows.commands.evaluate``; ``flows.commands.benchmark`` unless
   ``benchmark.questions_from`` names a dataset with questions);
 * when the run will call an LLM, the endpoint answers one cheap request (``GET {base_url}/models``).
@@ -32,6 +33,8 @@ from tasks.core.files import DISK_ERRORS
 from tasks.data.ingest import (
     IngestError,
     SampleParams,
+    UserCorpusParams,
+    corpus_counts,
     load_dataset,
     parse_questions,
     read_json_list,
@@ -206,6 +209,8 @@ def check_dataset(conf: Config, command: str) -> int:
     its number of passages."""
     if isinstance(conf.dataset, SampleParams):
         n_passages, n_questions = conf.dataset.n_passages, conf.dataset.n_questions
+    elif isinstance(conf.dataset, UserCorpusParams):  # scanned only: the read stage reads each file once
+        n_passages, n_questions = corpus_counts(conf.dataset)
     else:
         docs, questions = load_dataset(conf.dataset, conf.data_dir)[:2]  # raises IngestError: file, record, field
         n_passages, n_questions = len(docs), len(questions)

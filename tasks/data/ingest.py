@@ -527,6 +527,17 @@ def corpus_tables(kind: str, path: str, entries: list[Entry], scan_skipped: list
     return shuffle_documents(docs, shuffle_seed), questions, gold, report, sources_df, skipped_df
 
 
+def corpus_counts(params: UserCorpusParams) -> tuple[int, int]:
+    """(documents, questions) of a user corpus by a scan alone, for checks before a run: the documents are not
+    read here (the ``read`` stage reads each once, cached), so a bad file is named by the run, not before it."""
+    _, qpath = raw_sources(params, "")
+    entries, skipped = read_corpus(params)
+    if not entries and not skipped:
+        raise IngestError(params.path, "the corpus is empty" + (f" (no {', '.join(sorted(FORMATS))} files)"
+                                                                if params.kind == "folder" else ""))
+    return len(entries), len(parse_questions(question_file_records(qpath), str(qpath))[0])
+
+
 def read_corpus(params: UserCorpusParams) -> tuple[list[Entry], list[tuple[str, str]]]:
     """:func:`tasks.data.corpus.scan` of a user corpus, its problems as :class:`IngestError`."""
     try:

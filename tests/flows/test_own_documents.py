@@ -23,6 +23,7 @@ from tasks.data.ingest import IngestError
 from tasks.data.readers import read_document
 from tests.flows.conftest import make_config
 from tests.flows.serving_helpers import REPO, uvicorn_thread
+from tests.flows.test_runners import count_submissions  # noqa: F401 - the fixture counting Dask submissions
 from tests.tasks.data.test_readers import fpdf_bytes, scanned_pdf_bytes
 
 GUIDE = ("# Guide\n\nThis guide covers the frobnicator tool.\n\n## Install\n\n### Linux\n\n"
@@ -191,3 +192,20 @@ async def _artifact(key: str) -> str:
     async with get_client() as client:
         arts = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
     return "\n".join(str(a.data) for a in arts)
+
+
+def test_reading_is_partitioned_on_dask_and_equals_threads(tmp_path, count_submissions):
+    pytest.importorskip("prefect_dask")
+    from flows.runtime.config import with_runner
+    from flows.runtime.pipeline import index_flow
+
+    root = tmp_path / "corpus"
+    write_folder(root)
+    base = ("method=bm25", *folder_overrides(root), "runner.partition_rows=2")
+    thread = make_config(tmp_path / "thread", *base, "runner=thread")
+    dask = make_config(tmp_path / "dask", *base, "runner=dask", "runner.n_workers=2")
+    a = with_runner(index_flow, thread)(thread)
+    b = with_runner(index_flow, dask)(dask)
+    assert b["rows_computed"]["read"] == 4 and len(count_submissions) >= 2  # 4 files in partitions of 2
+    for table in (0, 1):  # documents and sources: the same rows, in the same order
+        assert documents(thread, a["run_id"])[table].equals(documents(dask, b["run_id"])[table])
