@@ -244,7 +244,7 @@ def create_app(service: Service) -> FastAPI:
     app = FastAPI(title="dagrag", version="1", lifespan=lifespan,
                   description="Retrieve from a built dagrag index: micro-batched, one method, one index at a time.")
 
-    allowed: dict[str, frozenset[str]] = {}  # path → its methods (HEAD with GET), filled once the routes exist
+    allowed: dict[str, frozenset[str]] = {}  # path → the methods its routes declare, filled once they exist
     app.add_middleware(Guard, service=service, allowed=allowed)
 
     @app.exception_handler(Exception)

@@ -27,7 +27,7 @@ def bm25(tmp_path_factory) -> list[str]:
     return build_bm25(tmp_path_factory.mktemp("contract"))
 
 
-def test_a_contract_fuzzer_finds_no_failure_against_a_real_server(bm25):
+def test_a_contract_fuzzer_finds_no_failure_against_a_real_server(bm25, tmp_path):
     """schemathesis 4, all checks (server errors, schema conformance of every response, status codes and content
     types documented, schema-valid requests accepted and invalid ones refused, auth not ignored, undeclared
     methods answered 405), over a few hundred generated cases, with a fixed seed."""
@@ -37,7 +37,7 @@ def test_a_contract_fuzzer_finds_no_failure_against_a_real_server(bm25):
         run = subprocess.run(
             [str(BIN / "schemathesis"), "run", f"{server.url}/openapi.json", "-H", f"Authorization: Bearer {KEY}",
              "--checks", "all", "--max-examples", "100", "--seed", "61", "--no-color"],
-            capture_output=True, text=True, timeout=300)
+            capture_output=True, text=True, timeout=300, cwd=tmp_path)  # its cache folder goes there
         assert server.proc.poll() is None, "the server died under the fuzzer"
     out = run.stdout + run.stderr
     cases = re.search(r"(\d+) generated, (\d+) passed", out)
