@@ -82,7 +82,7 @@ def build_server(index: Index, max_k: int, max_question_chars: int) -> MCPServer
                              f"k: how many (1 to {max_k}; default the method's top_k={index.default_k}).")
     async def retrieve(question: str, k: int | None = None) -> Retrieved:
         k = checked(question, k)
-        ranked = (await source.with_k(k).aretrieve([question]))[0]
+        ranked = (await source.aretrieve([question], k))[0]
         return Retrieved(question=question, passages=cited(ranked), trace=ranked.trace)
 
     if has_llm(index):
