@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
@@ -22,6 +21,7 @@ from flows.integrations.source import Source
 from flows.runtime.preflight import NoLLM
 from flows.serving.index import Index, Ranked
 from flows.serving import schema
+from flows.serving.app import bearer_matches
 
 INDEX_URI = "dagrag://index"
 
@@ -82,7 +82,7 @@ def build_server(index: Index, max_k: int, max_question_chars: int) -> MCPServer
                              f"k: how many (1 to {max_k}; default the method's top_k={index.default_k}).")
     async def retrieve(question: str, k: int | None = None) -> Retrieved:
         k = checked(question, k)
-        ranked = (await source.with_k(k).aretrieve([question]))[0]
+        ranked = (await source.aretrieve([question], k))[0]
         return Retrieved(question=question, passages=cited(ranked), trace=ranked.trace)
 
     if has_llm(index):
@@ -111,8 +111,7 @@ class BearerKey:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and self.key is not None:
             given = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), "")
-            scheme, _, token = given.partition(" ")
-            if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), self.key.encode()):
+            if not bearer_matches(given, self.key):
                 from starlette.responses import JSONResponse
 
                 response = JSONResponse({"error": "missing or wrong API key: send Authorization: Bearer <key>"}, 401,

@@ -31,18 +31,12 @@ class Source:
         self._batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, MicroBatcher] = \
             weakref.WeakKeyDictionary()
 
-    def with_k(self, k: int | None) -> "Source":
-        """The same target and batchers, searched ``k`` deep."""
-        other = object.__new__(Source)
-        other.__dict__.update(self.__dict__)
-        other.k = k
-        return other
-
     def retrieve(self, questions: Sequence[str]) -> list[Ranked]:
         return self.target.retrieve(list(questions), self.k)
 
-    async def aretrieve(self, questions: Sequence[str]) -> list[Ranked]:
-        return await self._batcher().submit(self.target, list(questions), self.k)
+    async def aretrieve(self, questions: Sequence[str], k: int | None = None) -> list[Ranked]:
+        """Through this loop's batcher, ``k`` deep (None: this source's ``k``)."""
+        return await self._batcher().submit(self.target, list(questions), self.k if k is None else k)
 
     def _batcher(self) -> MicroBatcher:
         """This event loop's batcher (started on first use; a loop that ended takes its batcher with it)."""

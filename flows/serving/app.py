@@ -61,6 +61,12 @@ class RetrieveRequest(BaseModel):
 _NOT_BLANK = re.compile(NOT_BLANK)
 
 
+def bearer_matches(given: str, key: str) -> bool:
+    """Whether an Authorization header (``given``) is ``Bearer <key>`` (compared in constant time)."""
+    scheme, _, token = given.partition(" ")
+    return scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), key.encode())
+
+
 class BadRequest(Exception):
     """A request the service refuses: a status and a one-line reason."""
 
@@ -93,8 +99,7 @@ class Service:
         if self.api_key is None:
             raise BadRequest(403, f"/admin/ endpoints need an API key: start the server with {API_KEY_ENV} set and "
                                   "send Authorization: Bearer <key>")
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), self.api_key.encode()):
+        if not bearer_matches(given, self.api_key):
             raise BadRequest(401, "missing or wrong API key: send Authorization: Bearer <key>",
                              {"WWW-Authenticate": "Bearer"})
 
@@ -241,7 +246,7 @@ def create_app(service: Service) -> FastAPI:
     app = FastAPI(title="dagrag", version="1", lifespan=lifespan,
                   description="Retrieve from a built dagrag index: micro-batched, one method, one index at a time.")
 
-    allowed: dict[str, frozenset[str]] = {}  # path → its methods (HEAD with GET), filled once the routes exist
+    allowed: dict[str, frozenset[str]] = {}  # path → the methods its routes declare, filled once they exist
     app.add_middleware(Guard, service=service, allowed=allowed)
 
     @app.exception_handler(Exception)

@@ -115,3 +115,24 @@ def test_the_answer_tool_with_an_llm(bm25):
                     assert [p["doc_id"] for p in got["passages"]] == [p.doc_id for p in want.passages]
 
         asyncio.run(run())
+
+
+def test_concurrent_retrieve_calls_are_answered_from_one_batcher(bm25):
+    """Tool calls that arrive together (one client, many requests in flight) each get their own question's passages
+    at their own k, through the micro-batcher the server shares between calls."""
+    from mcp import Client
+
+    from flows.integrations.mcp_server import build_server
+
+    index = open_index(*bm25)
+    questions = sample_questions(bm25)
+    ks = [1 + i % 5 for i in range(len(questions))]
+
+    async def run() -> list[dict]:
+        async with Client(build_server(index, max_k=50, max_question_chars=2000)) as client:
+            replies = await asyncio.gather(*(client.call_tool("retrieve", {"question": q, "k": k})
+                                             for q, k in zip(questions, ks)))
+            return [r.structured_content for r in replies]
+
+    for got, q, k in zip(asyncio.run(run()), questions, ks):
+        assert [p["doc_id"] for p in got["passages"]] == [p.doc_id for p in index.retrieve(q, k=k)[0]]
