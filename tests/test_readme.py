@@ -252,6 +252,13 @@ def plan(cmd: Command) -> Plan:
         if len(argv) < 2:
             raise ReadmeCommandError(f"{cmd.where}: dagrag needs a command")
         return plan_dagrag(cmd, argv[1], argv[2:])
+    if prog == ".venv/bin/python" and argv[1:3] == ["-m", "tasks.data.longdocs"]:  # the development set's builder
+        helped = subprocess.run([sys.executable, "-m", "tasks.data.longdocs", "--help"], capture_output=True,
+                                text=True, timeout=120, cwd=REPO)
+        if helped.returncode != 0:
+            raise ReadmeCommandError(f"{cmd.where}: python -m tasks.data.longdocs --help failed: {helped.stderr}")
+        return Plan(skip="builds the long-document development set (a minute; reads Debian's PDF manuals where "
+                         "installed); tests/tasks/data/test_longdocs.py builds one")
     if prog == ".venv/bin/python" and argv[1:2] == ["-m"] and len(argv) > 2:
         modules = {m: name for name, (m, _) in COMMANDS.items()}
         if argv[2] not in modules:

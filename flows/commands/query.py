@@ -99,8 +99,8 @@ def snippet(text: str, n: int) -> str:
 
 def cited(title: str, lineage: dict | None, title_chars: int = 100) -> str:
     """A passage's label: its citation (``guide.md § Install › Linux``, ``report.pdf p. 12``) when it comes from a
-    file, else its title cut to ``title_chars``; control characters made visible either way."""
-    return visible(lineage["citation"]) if lineage and lineage.get("source") else snippet(title, title_chars)
+    file, else its title; cut to ``title_chars``, control characters made visible."""
+    return snippet(lineage["citation"] if lineage and lineage.get("source") else title, title_chars)
 
 
 def no_results_reason(question: str) -> str:

@@ -28,6 +28,21 @@ from tasks.core.vectors import current_layout
 log = logging.getLogger("dagrag")
 
 
+class Once:
+    """A per-row stage's input read, made on its first call and kept: ``@Once`` on a stage's local ``read()``.
+
+    Unlike ``functools.cache`` on a local function, it pickles (with what it has read), so the compute closures
+    that call it travel to Dask workers (``runner=dask``)."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.done, self.value = fn, False, None
+
+    def __call__(self):
+        if not self.done:
+            self.value, self.done = self.fn(), True
+        return self.value
+
+
 def text_key(text: str) -> str:
     """Content key of a text (identical texts share one row in a row cache)."""
     return "txt-" + hashlib.sha1(text.encode()).hexdigest()[:20]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -280,8 +281,9 @@ def passages_of(entries: list[Entry], rows: pd.DataFrame, on_error: str, title_o
 
 def citation(source: str | None, title: str, page: int | None, headings: list[str]) -> str:
     """A passage's citation in words: ``docs/guide.md § Install › Linux``, ``report.pdf p. 12``; the title when
-    the passage has no source file (a HippoRAG passage)."""
-    out = source or title
+    the passage has no source file (a HippoRAG passage); a JSONL record (``corpus.jsonl#12``) is named by its title
+    first."""
+    out = f"{title} ({source})" if source and title and re.search(r"\.jsonl#\d+$", source) else source or title
     if page is not None:
         out += f" p. {page}"
     if headings:

@@ -5,7 +5,6 @@ distance |i − j|) is available, while nothing links chunks of *different* docu
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tasks.core.code_identity import code_version
+from tasks.core.row_cache import Once
 from tasks.core.stage import RunContext, StageParams, from_config, input_fps, run_row_stage, stage
 from tasks.core.store import ArtifactRef, Store
 from tasks.text import sentences
@@ -85,7 +85,7 @@ def chunk_documents(docs: pd.DataFrame, params: ChunkParams) -> pd.DataFrame:
 @stage("chunk", params=ChunkParams)
 def chunk(ctx: RunContext, params: ChunkParams, documents: ArtifactRef) -> dict[str, ArtifactRef]:
     """Stage: chunk every document not chunked before with these params (row-incremental by doc_id)."""
-    @functools.cache
+    @Once
     def read() -> pd.DataFrame:  # only when the stage computes (tasks.core.stage.run_named_row_stage)
         return Store.read(documents, ["doc_id", "text"])
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 from tasks.core.code_identity import code_version
 from tasks.core.progress import progress_bar
 from tasks.core.hashing import short_hash
-from tasks.core.row_cache import text_key
+from tasks.core.row_cache import Once, text_key
 from tasks.core.stage import (
     RunContext,
     StageParams,
@@ -341,7 +341,7 @@ def embed(ctx: RunContext, params: EmbedParams, table: ArtifactRef) -> dict[str,
     id_col, encoder = params.id_col, params.encoder()
     cols = [id_col, "text"] + (["title"] if params.use_template else [])
 
-    @functools.cache
+    @Once
     def read() -> tuple[pd.DataFrame, list[str], pd.Series]:  # only when the stage computes
         frame = Store.read(table, cols)
         texts = render_texts(frame, params.doc_template if params.use_template else None)

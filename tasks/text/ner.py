@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from tasks.core.code_identity import code_version
 from tasks.core.limits import COUNT, COUNT0, PROB, one_of
-from tasks.core.row_cache import text_key
+from tasks.core.row_cache import Once, text_key
 from tasks.core.stage import RunContext, StageParams, input_fps, run_row_stage, run_setting, stage, wired
 from tasks.core.store import ArtifactRef, Store
 BACKENDS = ("spacy", "llm")
@@ -179,7 +179,7 @@ def mention_rows(ctx: RunContext, params: StageParams, table: ArtifactRef,
     assembly (:func:`entity_mentions`), so ``keep_numeric`` and ``min_chars`` never re-run the recogniser."""
     id_col = params.id_col
 
-    @functools.cache
+    @Once
     def read() -> tuple[pd.DataFrame, pd.Series]:  # only when the stage computes (a cached one reads nothing)
         frame = Store.read(table, [id_col, "text"])
         return frame, frame["text"].map(text_key)

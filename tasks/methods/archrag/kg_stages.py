@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +20,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tasks.core.code_identity import code_version
-from tasks.core.row_cache import text_key
+from tasks.core.row_cache import Once, text_key
 from tasks.core.stage import RunContext, StageParams, input_fps, run_row_stage, run_stage, stage
 from tasks.core.store import ArtifactRef, Store
 from tasks.methods.archrag import kg
@@ -172,7 +171,7 @@ def extract_stage(ctx: RunContext, params: ExtractParams, documents: ArtifactRef
     from tasks.llm.schema import JSON_FORMAT, check_empty_fraction
 
 
-    @functools.cache
+    @Once
     def read() -> tuple[pd.DataFrame, pd.Series]:  # only when the stage computes (a cached one reads nothing)
         frame = Store.read(chunks, ["chunk_id", "text"])
         return frame, frame["text"].map(text_key)

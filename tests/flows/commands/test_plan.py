@@ -70,7 +70,7 @@ def corpus(tmp_path: Path) -> Path:
 def test_fresh_store_computes_everything_and_writes_nothing(corpus: Path):
     cfg = config(corpus, "dense")
     plan = plan_of(cfg)
-    assert [(s.stage, s.state) for s in plan.steps] == [("ingest", COMPUTES), ("embed", COMPUTES)]
+    assert [(s.stage, s.state) for s in plan.steps] == [("read", COMPUTES), ("ingest", COMPUTES), ("embed", COMPUTES)]
     assert all(s.why.startswith("never built") for s in plan.steps)
     assert not (Path(cfg["artifacts_dir"]) / CATALOG).exists()  # a plan never creates a store
     events = run(cfg)
@@ -105,12 +105,14 @@ def test_grown_corpus_computes_only_the_new_rows(corpus: Path):
     write_corpus(corpus / "corpus", {"Note 10": "Note 10 records that the guild of Gale met in the far hall.",
                                      "Note 11": "Note 11 records that the guild of Hollis met in the near hall."})
     before_ingest = plan_of(cfg)  # the new documents are not ingested yet: how many rows is not known
-    assert [s.state for s in before_ingest.steps] == [COMPUTES, COMPUTES]
-    assert "new inputs" in before_ingest.steps[0].why and before_ingest.steps[1].new_rows is None
+    before = {s.stage: s for s in before_ingest.steps}
+    assert [s.state for s in before_ingest.steps] == [COMPUTES, COMPUTES, COMPUTES]  # read, ingest, embed
+    assert "new inputs" in before["ingest"].why and before["embed"].new_rows is None
     run(config(corpus, "bm25"))  # another method's run ingests the grown corpus
     plan = plan_of(cfg)
-    embed = plan.steps[1]
-    assert plan.steps[0].state == CACHED
+    by_stage = {s.stage: s for s in plan.steps}
+    embed = by_stage["embed"]
+    assert by_stage["read"].state == by_stage["ingest"].state == CACHED
     assert (embed.state, embed.new_rows, embed.total_rows) == (COMPUTES, 2, len(DOCS) + 2)
     assert embed.label == "computes 2 new rows"
     assert_run_matches(plan, run(cfg))
@@ -135,10 +137,10 @@ def test_plan_command_prints_text_json_and_mermaid(corpus: Path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     text = subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     assert text.returncode == 0, text.stderr
-    assert "never built" in text.stdout and "2 stages: 0 cached, 2 compute" in text.stdout
+    assert "never built" in text.stdout and "3 stages: 0 cached, 3 compute" in text.stdout
     out = subprocess.run([*args, "plan.format=json"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
     steps = json.loads(out.stdout)["steps"]
-    assert [s["stage"] for s in steps] == ["ingest", "embed"] and steps[1]["inputs"]["table"] == steps[0]["fp"]
+    assert [s["stage"] for s in steps] == ["read", "ingest", "embed"] and steps[2]["inputs"]["table"] == steps[1]["fp"]
     out = subprocess.run([*args, "plan.format=mermaid"], capture_output=True, text=True, env=env, cwd=REPO,
                          timeout=120)
     assert out.stdout.splitlines()[:2] == ["flowchart TD", "  %% stages of method=dense"]
