@@ -18,10 +18,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
 from flows.integrations.source import Source
-from flows.runtime.preflight import NoLLM
 from flows.serving.index import Index, Ranked
 from flows.serving import schema
-from flows.serving.app import bearer_matches
+from flows.serving.app import bearer_matches, has_llm
 
 INDEX_URI = "dagrag://index"
 
@@ -50,14 +49,6 @@ def cited(ranked: Ranked) -> list[Cited]:
         lineage = d.get("lineage") or {}
         out.append(Cited(**d, citation=lineage.get("citation") or f"{p.title} ({p.doc_id})"))
     return out
-
-
-def has_llm(index: Index) -> bool:
-    try:
-        index.llm_client()
-    except NoLLM:
-        return False
-    return True
 
 
 def build_server(index: Index, max_k: int, max_question_chars: int) -> MCPServer:
