@@ -9,7 +9,6 @@ import functools
 import hashlib
 import http.server
 import re
-import shutil
 import threading
 from pathlib import Path
 from typing import Any, Iterator
@@ -61,13 +60,10 @@ def svg_texts(node: dict, inside_mermaid: bool = False, inside_svg: bool = False
 
 
 def test_a_method_page_draws_its_stage_diagram_offline(tmp_path):
-    from tests.flows.cdp import OFFLINE, chromium
+    from tests.flows.cdp import OFFLINE, chromium, chromium_or_skip
 
     pytest.importorskip("material", reason="mkdocs-material is in the test extra: pip install -e '.[test]'")
-    binary = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)),
-                  None)
-    if binary is None:
-        pytest.skip("no chromium on PATH (Debian: apt-get install -y chromium; .ci/run installs it)")
+    binary = chromium_or_skip()
     out = mkdocs_build(REPO / "mkdocs.yml", tmp_path / "site")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     with loopback_site(tmp_path / "site") as url:

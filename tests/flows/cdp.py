@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -23,6 +24,17 @@ OFFLINE = ("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1", "--proxy-
 FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--disable-extensions", "--hide-scrollbars",
          "--window-size=1280,1000", "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0"]
+
+
+def chromium_or_skip() -> str:
+    """The headless Chromium binary on PATH; the calling test is skipped, with the reason, where there is none."""
+    import pytest
+
+    binary = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)),
+                  None)
+    if binary is None:
+        pytest.skip("no chromium on PATH (Debian: apt-get install -y chromium; .ci/run installs it)")
+    return binary
 
 
 class Page:

@@ -3,17 +3,15 @@
 kept at ``artifacts/search-page.png``."""
 from __future__ import annotations
 
-import shutil
 
 import httpx
-import pytest
 
 from flows.runtime.config import ServeParams
 from flows.commands.evaluate import evaluate_flow
 from flows.serving.app import Service
 from flows.serving.index import open_index
 from tasks.data.sample import generate_sample
-from tests.flows.cdp import chromium
+from tests.flows.cdp import chromium, chromium_or_skip
 from tests.flows.conftest import make_config
 from tests.flows.serving_helpers import REPO, uvicorn_thread
 
@@ -22,10 +20,7 @@ SCREENSHOT = REPO / "artifacts" / "search-page.png"
 
 
 def test_search_page_shows_what_retrieve_returns(tmp_path):
-    binary = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)),
-                  None)
-    if binary is None:
-        pytest.skip("no chromium on PATH (Debian: apt-get install -y chromium; .ci/run installs it)")
+    binary = chromium_or_skip()
     cfg = make_config(tmp_path, *SAMPLE)
     evaluate_flow(cfg, str(tmp_path / "run"))
     index = open_index(*SAMPLE, f"artifacts_dir={cfg['artifacts_dir']}")
@@ -51,10 +46,7 @@ def test_search_page_shows_what_retrieve_returns(tmp_path):
 def test_search_page_shows_a_citation(tmp_path):
     """A folder's PDF and Markdown: the page shows each result's citation (file, page, heading path) as
     ``/retrieve`` gives it."""
-    binary = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)),
-                  None)
-    if binary is None:
-        pytest.skip("no chromium on PATH (Debian: apt-get install -y chromium; .ci/run installs it)")
+    binary = chromium_or_skip()
     from flows.commands.update import update_flow
     from tests.flows.commands.test_own_documents import folder_overrides, write_folder
 
