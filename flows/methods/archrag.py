@@ -10,18 +10,11 @@ from __future__ import annotations
 from flows.methods import Method
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
-from tasks.methods.archrag.kg_stages import archrag_kg, kg_params
+from tasks.methods.archrag.stages import archrag_kg
+from tasks.methods.archrag.params import kg_params
 from tasks.methods.archrag.retriever import ArchRetriever, answer
-from tasks.methods.archrag.stages import (
-    ArchParams,
-    CHNSWBuildParams,
-    EntityAttributeTextsParams,
-    chnsw_stage,
-    entity_texts_stage,
-    hierarchy_params,
-    hierarchy_stage,
-    update_summary,
-)
+from tasks.methods.archrag.params import ArchParams, CHNSWBuildParams, EntityAttributeTextsParams, hierarchy_params
+from tasks.methods.archrag.stages import chnsw_stage, entity_texts_stage, hierarchy_stage, update_summary
 from tasks.text.chunk import ChunkParams, chunk
 from tasks.text.embed import EmbedParams, embed
 from tasks.llm.ner_backends import ner, ner_params

@@ -4,7 +4,9 @@ from __future__ import annotations
 from flows.methods import Method
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
-from tasks.methods.bm25 import BM25IndexParams, BM25Params, BM25Retriever, bm25_index
+from tasks.methods.bm25.params import BM25IndexParams, BM25Params
+from tasks.methods.bm25.retriever import BM25Retriever
+from tasks.methods.bm25.stages import bm25_index
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:

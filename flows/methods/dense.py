@@ -4,8 +4,9 @@ from __future__ import annotations
 from flows.methods import Method
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
-from tasks.methods.dense import DenseParams, DenseRetriever
-from tasks.text.embed import EmbedParams, embed
+from tasks.methods.dense.params import DenseParams
+from tasks.methods.dense.retriever import DenseRetriever
+from tasks.methods.dense.stages import EmbedParams, embed  # the shared passage embeddings
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:

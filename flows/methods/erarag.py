@@ -10,16 +10,8 @@ from flows.methods import Method
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
 from tasks.methods.erarag.retriever import EraRetriever
-from tasks.methods.erarag.stages import (
-    EraParams,
-    HyperplanesParams,
-    LeavesParams,
-    hierarchy_params,
-    hierarchy_stage,
-    hyperplanes_stage,
-    leaves_stage,
-    update_summary,
-)
+from tasks.methods.erarag.params import EraParams, HyperplanesParams, LeavesParams, hierarchy_params
+from tasks.methods.erarag.stages import hierarchy_stage, hyperplanes_stage, leaves_stage, update_summary
 from tasks.text.chunk import ChunkParams, chunk
 from tasks.text.embed import EmbedParams, embed
 

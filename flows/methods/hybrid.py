@@ -8,9 +8,9 @@ from __future__ import annotations
 from flows.methods import Method
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
-from tasks.methods.bm25 import BM25IndexParams, bm25_index
-from tasks.methods.hybrid.retriever import HybridParams, HybridRetriever
-from tasks.text.embed import EmbedParams, embed
+from tasks.methods.hybrid.params import HybridParams
+from tasks.methods.hybrid.retriever import HybridRetriever
+from tasks.methods.hybrid.stages import BM25IndexParams, EmbedParams, bm25_index, embed  # dense's and bm25's
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:

@@ -8,17 +8,25 @@ from __future__ import annotations
 from flows.methods import Method, always
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
-from tasks.methods.linearrag.retriever import LinearParams, LinearRetriever
-from tasks.text.chunk import ChunkParams, chunk
-from tasks.text.embed import EmbedParams, embed
-from tasks.text.linking_stages import (
+from tasks.methods.linearrag.params import LinearParams
+from tasks.methods.linearrag.retriever import LinearRetriever
+from tasks.methods.linearrag.stages import (  # the shared stages the Tri-Graph is built by
+    ChunkParams,
+    EmbedParams,
+    EntityGraphParams,
+    EntityTextsParams,
     LinkedGraphParams,
     RelationSentencesParams,
+    chunk,
+    embed,
+    entity_graph,
+    entity_texts,
     index_relation_embeddings,
     linked_entity_graph,
+    ner,
+    ner_params,
 )
-from tasks.text.entities import EntityGraphParams, EntityTextsParams, entity_graph, entity_texts
-from tasks.llm.ner_backends import QueryRecogniser, ner, ner_params
+from tasks.llm.ner_backends import QueryRecogniser
 
 
 def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, ArtifactRef]:

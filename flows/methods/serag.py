@@ -10,17 +10,8 @@ from flows.methods import Method, always
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
 from tasks.methods.serag.retriever import SelfQuery, SeRAGRetriever, self_query_client
-from tasks.methods.serag.stages import (
-    CommunitiesParams,
-    SeRAGGraphParams,
-    SeRAGParams,
-    TreeParams,
-    serag_communities,
-    serag_graph,
-    serag_tree,
-    stored_update,
-    update_summary,
-)
+from tasks.methods.serag.params import CommunitiesParams, SeRAGGraphParams, SeRAGParams, TreeParams
+from tasks.methods.serag.stages import serag_communities, serag_graph, serag_tree, stored_update, update_summary
 from tasks.text.chunk import ChunkParams, chunk
 from tasks.text.embed import EmbeddedTextsParams, EmbedParams, embed, embedded_texts
 from tasks.text.entities import (

@@ -8,13 +8,8 @@ from flows.methods import Method, always
 from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
 from tasks.methods.zoomrag.retriever import ZoomRetriever
-from tasks.methods.zoomrag.stages import (
-    DocDocParams,
-    GlobalBlockParams,
-    ZoomRAGParams,
-    doc_doc_graph,
-    global_block,
-)
+from tasks.methods.zoomrag.params import DocDocParams, GlobalBlockParams, ZoomRAGParams
+from tasks.methods.zoomrag.stages import doc_doc_graph, global_block
 from tasks.text.chunk import ChunkParams, chunk
 from tasks.text.embed import EmbedParams, embed
 from tasks.text.linking_stages import (

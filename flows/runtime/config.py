@@ -122,7 +122,7 @@ def _all_methods() -> tuple[type, ...]:
 
 
 def _kg() -> type:
-    from tasks.methods.archrag.kg_stages import KGParams
+    from tasks.methods.archrag.params import KGParams
 
     return KGParams
 

@@ -32,7 +32,7 @@ from tasks.core.store import ArtifactRef, Store
 from tasks.eval.retrieve import Hits
 from tasks.methods.archrag import algorithm as alg
 from tasks.methods.archrag.chnsw import CHNSW
-from tasks.methods.archrag.stages import ArchParams
+from tasks.methods.archrag.params import ArchParams
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
 
 

@@ -1,6 +1,13 @@
-"""ArchRAG index stages: entity attributes, the attributed-community hierarchy (Algorithm 1, with a
-summary per community), and the C-HNSW index (§3.1.3). The knowledge graph itself comes from
-:mod:`tasks.methods.archrag.kg_stages`; the equations live in :mod:`tasks.methods.archrag.algorithm`.
+"""ArchRAG index stages: the knowledge graph (§3.1.1), entity attributes, the attributed-community hierarchy
+(Algorithm 1, with a summary per community), and the C-HNSW index (§3.1.3). The equations live in
+:mod:`tasks.methods.archrag.algorithm` (the KG's in :mod:`tasks.methods.archrag.kg`), the params in
+:mod:`tasks.methods.archrag.params`.
+
+The KG: ``builder=llm`` (the paper's): a per-chunk row stage ``archrag_extract`` (cached by chunk text, so a
+grown corpus extracts only its new chunks), then the merge stage ``archrag_kg_llm`` (descriptions
+consolidated by the LLM, cached in the client's response cache). ``builder=cooccur`` (LLM-free, not
+the paper's): the stage ``archrag_kg_cooccur`` over the shared spaCy ``ner`` mentions. The builder
+is in every stage name and catalog params, so no table can pass for the other builder's.
 
 Summaries are content-addressed: a community's summary is keyed by the summariser's identity and the
 exact text it is given (its members and relations, or its children's summaries), in a row cache shared by
@@ -11,8 +18,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, ClassVar, Optional
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import pandas as pd
@@ -21,109 +29,194 @@ import scipy.sparse as sp
 
 from tasks.core.code_identity import code_version
 from tasks.core.hashing import short_hash
-from tasks.core.stage import RunContext, StageParams, from_config, input_fps, run_stage, stage
+from tasks.core.row_cache import Once, text_key
+from tasks.core.stage import RunContext, input_fps, run_row_stage, run_stage, stage
 from tasks.core.store import ArtifactRef, Store
 from tasks.core.vectors import arrow_to_embeddings
 from tasks.graph.sparse import group_positions
 from tasks.llm.client import ledger_rows
 from tasks.llm.ledger import estimate_text_tokens
-from tasks.llm.params import LLMDryRun, LLMParams, LLMReplyParams, Messages, llm_identity
-from tasks.llm.summarize import summariser_params
+from tasks.llm.params import LLMDryRun, LLMParams, Messages, llm_identity
 from tasks.methods.archrag import algorithm as alg
-from tasks.methods.archrag.chnsw import CHNSW, CHNSWParams
-from tasks.text.chunk import CHUNK_UNITS, ChunkParams
-from tasks.text.embed import StoredEncoderParams, cached_encode, embeddings_to_arrow, load_embeddings
-from tasks.core.limits import COUNT, COUNT0, POSITIVE, PROB, one_of
-from tasks.graph.knn import SEARCHES
-from tasks.methods.archrag.algorithm import CLUSTERINGS, EDGE_WEIGHTS
+from tasks.methods.archrag import kg
+from tasks.methods.archrag.chnsw import CHNSW
+from tasks.methods.archrag.params import (
+    CHNSWBuildParams,
+    CooccurKGParams,
+    EntityAttributeTextsParams,
+    ExtractiveHierarchyParams,
+    ExtractParams,
+    LLMHierarchyParams,
+    LLMKGParams,
+)
+from tasks.text.embed import cached_encode, embeddings_to_arrow, load_embeddings
+from tasks.text.entities import chunk_mentions
+
+if TYPE_CHECKING:
+    from tasks.llm.client import LLMClient
 
 log = logging.getLogger("dagrag.archrag")
 
-SUMMARISERS = ("auto", "extractive", "llm")
-GENERATIONS = ("filter", "direct")
-RELATION_SCOPES = ("among", "incident")
-PASSAGE_RULES = ("entity_rank", "similarity_sum")  # ArchParams.passage_rule (the retriever's module doc)
 REPORT_STAGE = "archrag_report"  # LLM ledger stage of the community reports
 TEXT_EMB = "archrag_text_emb"  # row cache of community-text embeddings, by content
 
 
-@dataclass(frozen=True)
-class ArchParams:
-    """``method=archrag``: every knob of §3 / App. B.2 with the paper's (else the authors' code's) default."""
+# ---------------------------------------------------------------- the knowledge graph (§3.1.1)
 
-    name: str = "archrag"
-    # passages ranked per query (the harness's recall@k rule, see retriever)
-    top_k: int = field(default=10, metadata=COUNT)
-    # ArchRAG returns no passages (§3.2.1). entity_rank: the passages of the retrieved entities, in the order of
-    # their rank (a principle fixed before it was measured) | similarity_sum: the earlier rule, kept for comparison
-    passage_rule: str = "entity_rank"
-    # from the authors' code: passages of a separate dense index added (0 in their query.sh)
-    topk_chunk: int = field(default=0, metadata=COUNT0)
-    # §3.1.1 chunks (code: GraphRAG's 600-token windows with 100 overlap; whitespace tokens here)
-    chunk_unit: str = field(default="window", metadata=one_of(CHUNK_UNITS))
-    window_tokens: int = field(default=600, metadata=COUNT)
-    overlap_tokens: int = field(default=100, metadata=COUNT0)
-    # §3.1.2 Algorithm 1 (ClusterParams)
-    augment: bool = True
-    k_scale: float = field(default=1.0, metadata=COUNT0)
-    percentile: float = field(default=0.8, metadata=PROB)
-    edge_weight: str = field(default="cos", metadata=one_of(EDGE_WEIGHTS))
-    attribute_weights: bool = True
-    clustering: str = field(default="leiden", metadata=one_of(CLUSTERINGS))
-    max_cluster_size: int = field(default=15, metadata=COUNT)
-    resolution: float = field(default=1.0, metadata=POSITIVE)
-    min_clusters: int = field(default=10, metadata=COUNT)
-    max_level: int = field(default=6, metadata=COUNT0)
-    seed: int = 0
-    # line 3's kNN: exact (paper) | ivf | auto (beyond the paper; exact up to knn_exact_max nodes)
-    knn_search: str = field(default="exact", metadata=one_of(SEARCHES))
-    knn_exact_max: int = field(default=50_000, metadata=COUNT)
-    ivf_nlist: int = field(default=0, metadata=COUNT0)  # knn_search=ivf: k-means cells (0: sqrt(n))
-    ivf_nprobe: int = field(default=8, metadata=COUNT)  # knn_search=ivf: cells searched per node
-    # community summaries (Alg. 1 line 7)
-    # auto: llm when an LLM is configured, else extractive (recorded, never silent)
-    summariser: str = field(default="auto", metadata=one_of(SUMMARISERS))
-    summary_tokens: int = field(default=100, metadata=COUNT)  # extractive: whitespace tokens of a summary
-    # code: members + relations packed to 4,000 tokens per report
-    report_input_tokens: int = field(default=4000, metadata=COUNT)
-    report_max_tokens: int = field(default=1500, metadata=COUNT)  # completion budget of one JSON report
-    # §3.1.3 C-HNSW (App. B.3: M 32, ef 100/100)
-    hnsw_m: int = field(default=32, metadata=COUNT)
-    ef_construction: int = field(default=100, metadata=COUNT)
-    ef_search: int = field(default=100, metadata=COUNT)
-    exact_search: bool = False  # brute force per layer instead of the graphs (tests, checks)
-    # §3.2.1 hierarchical search (§4.1: k = 5 per layer; every layer searched)
-    # one k for all layers, or one per layer (0 = entities first)
-    k_per_layer: tuple[int, ...] = field(default=(5,), metadata=COUNT0)
-    entity_only: bool = False  # Table 4 "Entity-Only": search and use entities only
-    # §3.2.1: relations among the retrieved entities | incident: touching one
-    relation_scope: str = field(default="among", metadata=one_of(RELATION_SCOPES))
-    max_relations: int = field(default=10, metadata=COUNT0)  # code's topk_e: relations given with layer 0
-    # §3.2.2 adaptive filtering-based generation (eqs. 3–4)
-    generation: str = field(default="filter", metadata=one_of(GENERATIONS))  # filter | direct (Table 4 "Direct Prompt")
-    filter_budget_tokens: int = field(default=4000, metadata=COUNT)
-    merge_budget_tokens: int = field(default=4000, metadata=COUNT)
-    filter_max_tokens: int = field(default=1000, metadata=COUNT)
-    answer_max_tokens: int = field(default=512, metadata=COUNT)
 
-    def __post_init__(self) -> None:
-        # summariser, generation and relation_scope: their one_of metadata (the config check)
-        if self.passage_rule not in PASSAGE_RULES:
-            raise ValueError(f"method.passage_rule must be one of {PASSAGE_RULES}, got {self.passage_rule!r}")
-        if isinstance(self.k_per_layer, int):
-            object.__setattr__(self, "k_per_layer", (self.k_per_layer,))
-        if not self.k_per_layer or min(self.k_per_layer) < 0:
-            raise ValueError("method.k_per_layer must be one or more non-negative ints")
-        self.clustering_params()  # validates Algorithm 1's knobs
-        ChunkParams(unit=self.chunk_unit, window_tokens=self.window_tokens, overlap_tokens=self.overlap_tokens)
+KG_STAGES = {b: f"archrag_kg_{b}" for b in kg.BUILDERS}  # the stage (and artifact folder) of each builder
+META_COUNTERS = ("chunks_extracted", "extract_calls", "extract_cache_hits", "describe_calls",
+                 "describe_cache_hits", "invalid_replies", "empty_extractions", "descriptions_summarised")
 
-    def clustering_params(self) -> alg.ClusterParams:
-        names = {f.name for f in fields(alg.ClusterParams)}
-        return alg.ClusterParams(**{k: v for k, v in asdict(self).items() if k in names})
 
-    def k_of_layer(self, layer: int) -> int:
-        """k of one layer: the last given k repeats upwards."""
-        return self.k_per_layer[min(layer, len(self.k_per_layer) - 1)]
+def kg_meta(builder: str, entities: pd.DataFrame, relations: pd.DataFrame, n_chunks: int,
+            counters: dict[str, int]) -> pd.DataFrame:
+    """The one-row ``kg_meta`` table (same columns for both builders; counters absent are 0)."""
+    row: dict[str, Any] = {"builder": builder, "n_entities": len(entities), "n_relations": len(relations),
+                           "n_chunks": n_chunks, **{c: int(counters.get(c, 0)) for c in META_COUNTERS}}
+    return pd.DataFrame([row]).astype({c: "int64" for c in row if c != "builder"})
+
+
+def kg_client(llm: "LLMParams | None", artifacts_dir: str) -> "LLMClient":
+    """The chat client of ``builder=llm``; a clear error when no LLM is configured."""
+    from tasks.llm.client import make_client
+
+    if llm is None or llm.provider == "none":
+        raise ValueError("archrag kg builder=llm extracts the graph with the chat model: configure one with "
+                         "llm=local (llm.base_url=...) or llm=openai, or use builder=cooccur")
+    return make_client(llm, Path(artifacts_dir) / "llm_cache.duckdb")
+
+
+class ExtractCount:
+    """How many chunks the extraction stage sent to the model (a plain object: the task runner passes it as is)."""
+
+    def __init__(self) -> None:
+        self.chunks_extracted = 0
+
+
+def archrag_kg(ctx: RunContext, params: "CooccurKGParams | LLMKGParams", documents: ArtifactRef, chunks: ArtifactRef,
+               mentions: ArtifactRef | None, llm: LLMParams | None = None) -> dict[str, ArtifactRef]:
+    """ArchRAG's KG ``{"entities", "relations", "kg_meta"}`` by the builder these params are for (:func:`kg_params`).
+
+    ``mentions`` (the shared ``ner`` stage's document mentions) is required by ``cooccur`` and
+    ignored by ``llm``; ``llm`` needs a configured chat model (the ``llm`` group). ``documents`` is recorded as an
+    input (chunks and mentions derive from it).
+    """
+    if isinstance(params, CooccurKGParams):
+        if mentions is None:
+            raise ValueError("archrag kg builder=cooccur needs the ner stage's mentions")
+        return cooccur_stage(ctx, params, documents, chunks, mentions)
+    if llm is None:
+        raise TypeError("archrag kg builder=llm needs the llm group's settings: archrag_kg(..., cfg.llm)")
+    return llm_stage(ctx, params, documents, chunks, llm)
+
+
+@stage(KG_STAGES["cooccur"], params=CooccurKGParams)
+def cooccur_stage(ctx: RunContext, params: CooccurKGParams, documents: ArtifactRef, chunks: ArtifactRef,
+                  mentions: ArtifactRef) -> dict[str, ArtifactRef]:
+    """``archrag_kg_cooccur``: :func:`kg.cooccur_kg` over the chunk mentions (LLM-free, not the paper's)."""
+    def compute() -> tuple[dict[str, pa.Table | pd.DataFrame], int]:
+        ch = Store.read(chunks, ["chunk_id", "doc_id", "text", "start", "end"])
+        cm = chunk_mentions(Store.read(mentions, ["doc_id", "surface", "label", "start", "end", "entity"]), ch)
+        entities, relations = kg.cooccur_kg(ch, cm, params.description_tokens)
+        empty = len(ch) - int(cm["chunk_id"].nunique())
+        meta = kg_meta("cooccur", entities, relations, len(ch), {"empty_extractions": empty})
+        ent, rel = kg.to_arrow(entities, relations)
+        return {"entities": ent, "relations": rel, "kg_meta": meta}, len(entities)
+
+    return run_stage(ctx, params, input_fps(documents=documents, chunks=chunks, mentions=mentions), compute)
+
+
+@stage(kg.EXTRACT_STAGE, params=ExtractParams)
+def extract_stage(ctx: RunContext, params: ExtractParams, documents: ArtifactRef, chunks: ArtifactRef,
+                  llm: "LLMParams", client: "LLMClient", counts: "ExtractCount") -> dict[str, ArtifactRef]:
+    """``archrag_extract``: the raw records of every chunk (``extractions``: ``chunk_id`` + the columns of
+    :data:`kg.EXTRACTION_SCHEMA`), extracted once per distinct chunk text under this model and prompt.
+
+    A batch of new chunks more than ``max_empty_fraction`` of which give no entity raises before
+    its rows are stored (so a fixed model re-asks them); under ``ctx.llm_dry_run`` a batch with
+    new chunks raises ``LLMDryRun`` with its estimate instead of calling the LLM. ``llm`` and ``client``
+    are the service (what in them changes a reply is in ``params``); ``counts`` receives the chunks extracted.
+    """
+    from tasks.llm.params import LLMDryRun
+    from tasks.llm.schema import JSON_FORMAT, check_empty_fraction
+
+
+    @Once
+    def read() -> tuple[pd.DataFrame, pd.Series]:  # only when the stage computes (a cached one reads nothing)
+        frame = Store.read(chunks, ["chunk_id", "text"])
+        return frame, frame["text"].map(text_key)
+
+    def compute_rows(missing: list[str]) -> pa.Table:
+        frame, keys = read()
+        texts = frame.assign(key=keys).drop_duplicates("key").set_index("key").loc[missing, "text"].tolist()
+        if ctx.llm_dry_run:
+            fmt = {"response_format": JSON_FORMAT} if params.json_mode else {}
+            msgs = [kg.extract_messages(t) for t in texts]
+            raise LLMDryRun(kg.EXTRACT_STAGE, client.dry_run_estimate(msgs, params.extract_max_tokens,
+                                                                       max_tokens=params.extract_max_tokens, **fmt))
+        replies = kg.llm_extract(client, texts, params.extract_max_tokens)
+        rows = kg.extraction_rows(missing, replies)
+        check_empty_fraction([r if r is None else r.get("entities") for r in replies], params.max_empty_fraction,
+                             f"{kg.EXTRACT_STAGE} (archrag kg builder=llm)")
+        counts.chunks_extracted += len(missing)
+        return rows
+
+    def assemble(rows: pa.Table | None) -> dict[str, pd.DataFrame]:
+        frame, keys = read()
+        if rows is None:
+            cached = kg.EXTRACTION_SCHEMA.empty_table().to_pandas()
+        else:
+            cached = rows.to_pandas().set_index("key").loc[keys.tolist()].reset_index(drop=True)
+        cached.insert(0, "chunk_id", frame["chunk_id"].to_numpy())
+        return {"extractions": cached.drop(columns="key", errors="ignore")}
+
+    row_params = {"builder": "llm", "llm": llm_identity(params), "max_tokens": params.extract_max_tokens,
+                  "code": code_version(kg.llm_extract, kg.extraction_rows)}
+    return run_row_stage(ctx, params, row_params, input_fps(documents=documents, chunks=chunks), lambda: read()[1],
+                         compute_rows,
+                         "key", assemble)
+
+
+@stage(KG_STAGES["llm"], params=LLMKGParams)
+def llm_stage(ctx: RunContext, params: LLMKGParams, documents: ArtifactRef, chunks: ArtifactRef,
+              llm: "LLMParams | None") -> dict[str, ArtifactRef]:
+    """``archrag_kg_llm``: merge the chunks' extractions (:func:`kg.merge_extractions`) and let the LLM
+    consolidate every entity or relation with two or more distinct descriptions (§3.1.1). ``llm`` is the
+    service it calls (what in it changes a reply is in ``params``)."""
+    from tasks.llm.client import ledger_rows
+    from tasks.llm.params import LLMDryRun
+
+    client = kg_client(llm, ctx.artifacts_dir)
+    with ledger_rows(ctx.store, ctx.run_id, client, kg.EXTRACT_STAGE, kg.DESCRIBE_STAGE):
+        counts = ExtractCount()
+        extractions = extract_stage(ctx, ExtractParams.of_kg(params), documents, chunks, llm, client,
+                                    counts)["extractions"]
+        counters: dict[str, int] = {"chunks_extracted": counts.chunks_extracted} if counts.chunks_extracted else {}
+
+        def compute() -> tuple[dict[str, pa.Table | pd.DataFrame], int]:
+            ext = Store.read(extractions)
+            merged = kg.merge_extractions(*kg.extraction_mentions(ext))
+            requests = kg.describe_requests(merged)
+            if ctx.llm_dry_run:
+                words = kg.describe_words(params.describe_max_tokens)
+                estimate = client.dry_run_estimate([kg.describe_messages(r, words) for r in requests],
+                                                   params.describe_max_tokens, max_tokens=params.describe_max_tokens)
+                if estimate["calls"]:
+                    raise LLMDryRun(kg.DESCRIBE_STAGE, estimate)
+            summaries = kg.llm_describe(client, requests, params.describe_max_tokens)
+            entities, relations = kg.apply_descriptions(merged, requests, summaries)
+            ex, de = client.ledger_summary(kg.EXTRACT_STAGE), client.ledger_summary(kg.DESCRIBE_STAGE)
+            n_ent = ext["ent_name"].map(len).to_numpy() if len(ext) else np.zeros(0, np.int64)
+            counters.update(extract_calls=ex["llm_calls"], extract_cache_hits=ex["llm_cache_hits"],
+                            describe_calls=de["llm_calls"], describe_cache_hits=de["llm_cache_hits"],
+                            invalid_replies=int(ext["invalid"].sum()), empty_extractions=int((n_ent == 0).sum()),
+                            descriptions_summarised=len(requests))
+            meta = kg_meta("llm", entities, relations, len(ext), counters)
+            ent, rel = kg.to_arrow(entities, relations)
+            return {"entities": ent, "relations": rel, "kg_meta": meta}, len(entities)
+
+        return run_stage(ctx, params, input_fps(documents=documents, chunks=chunks, extractions=extractions), compute)
 
 
 # ---------------------------------------------------------------- entity attributes
@@ -132,11 +225,6 @@ class ArchParams:
 def entity_text(name: str, description: str) -> str:
     """Layer-0 attribute text (code: name + " " + description)."""
     return f"{name} {description}".strip()
-
-
-@dataclass(frozen=True)
-class EntityAttributeTextsParams(StageParams):
-    """None: an entity's attribute text is its name and description."""
 
 
 @stage("archrag_entity_texts", params=EntityAttributeTextsParams)
@@ -397,57 +485,6 @@ class CommunityInputs:
 # ---------------------------------------------------------------- the hierarchy stage
 
 
-@dataclass(frozen=True)
-class HierarchyParams(StoredEncoderParams):
-    """Algorithm 1 (:class:`tasks.methods.archrag.algorithm.ClusterParams`), what a summary is made from (line 7)
-    and the encoder of the community attributes (the entities' own); its two variants add their summariser's
-    settings."""
-
-    SOURCES = ("method",)
-    augment: bool
-    k_scale: float
-    percentile: float
-    edge_weight: str
-    attribute_weights: bool
-    clustering: str
-    max_cluster_size: int
-    resolution: float
-    min_clusters: int
-    max_level: int
-    seed: int
-    knn_search: str
-    knn_exact_max: int
-    ivf_nlist: int
-    ivf_nprobe: int
-    report_input_tokens: int
-    summary_tokens: int  # the extractive summary (with an LLM: of a report that stays invalid)
-
-    def clustering_params(self) -> alg.ClusterParams:
-        """The knobs :func:`tasks.methods.archrag.algorithm.hierarchical_clustering` takes."""
-        return alg.ClusterParams(**{f.name: getattr(self, f.name) for f in fields(alg.ClusterParams)})
-
-
-@dataclass(frozen=True)
-class ExtractiveHierarchyParams(HierarchyParams):
-    """``archrag_hierarchy`` with extractive summaries: no LLM setting is read."""
-
-    kind: ClassVar[str] = "extractive"
-
-
-@dataclass(frozen=True)
-class LLMHierarchyParams(HierarchyParams, LLMReplyParams):
-    """``archrag_hierarchy`` with the LLM's community reports: their budget, and what in the ``llm`` group changes
-    a report (never the endpoint or key)."""
-
-    kind: ClassVar[str] = "llm"
-    report_max_tokens: int = from_config("report_max_tokens")
-
-
-def hierarchy_params(cfg: Any) -> ExtractiveHierarchyParams | LLMHierarchyParams:
-    """The hierarchy stage's params of the summariser ``method.summariser`` resolves to."""
-    return summariser_params(cfg, ExtractiveHierarchyParams, LLMHierarchyParams)
-
-
 def hierarchy_tables(h: alg.Hierarchy, inputs: CommunityInputs) -> dict[str, Any]:
     """The stored form of a hierarchy: communities, parent links and community embeddings."""
     comm = [f.assign(layer=l + 1, community=np.arange(len(f))) for l, f in enumerate(inputs.layers)]
@@ -522,21 +559,6 @@ def layer_vectors(entity_embeddings: ArtifactRef, community_embeddings: Artifact
     emb = arrow_to_embeddings(table.column("emb")) if table.num_rows else np.zeros((0, ent.shape[1]), np.float32)
     layer = np.asarray(table.column("layer").to_pylist(), dtype=np.int64)
     return [alg_unit(ent)] + [alg_unit(emb[layer == l]) for l in range(1, int(layer.max(initial=0)) + 1)]
-
-
-@dataclass(frozen=True)
-class CHNSWBuildParams(StageParams):
-    """The C-HNSW index (App. B.3: M 32, ef 100/100): ``ef_search`` and ``exact`` are stored in it and the
-    retriever searches with them, so they are its params too (``exact`` also builds flat layers)."""
-
-    SOURCES = ("method",)
-    M: int = from_config("hnsw_m")
-    ef_construction: int = 100
-    ef_search: int = 100
-    exact: bool = from_config("exact_search", False)
-
-    def chnsw(self) -> CHNSWParams:
-        return CHNSWParams(M=self.M, ef_construction=self.ef_construction, ef_search=self.ef_search, exact=self.exact)
 
 
 @stage("archrag_chnsw", params=CHNSWBuildParams)

@@ -1,32 +1,14 @@
-"""Dense baseline: faiss inner-product search over L2-normalised passage embeddings (= cosine)."""
+"""Dense baseline's online side: faiss inner-product search over L2-normalised passage embeddings (= cosine)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
-import faiss
 import numpy as np
 
 from tasks.core.store import ArtifactRef
 from tasks.eval.retrieve import Hits
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
-from tasks.core.limits import COUNT
-
-
-@dataclass(frozen=True)
-class DenseParams:
-    """``method=dense``."""
-
-    name: str = "dense"
-    top_k: int = field(default=10, metadata=COUNT)
-    batch_size: int = field(default=256, metadata=COUNT)
-
-
-def inner_product_index(emb: np.ndarray) -> faiss.IndexFlatIP:
-    """Exact inner-product index over rows of ``emb``."""
-    index = faiss.IndexFlatIP(emb.shape[1])
-    index.add(np.ascontiguousarray(emb, dtype=np.float32))
-    return index
+from tasks.methods.dense.algorithm import inner_product_index
 
 
 class DenseRetriever:

@@ -12,7 +12,8 @@ from tasks.core.vectors import arrow_to_embeddings
 from tasks.eval.metrics import recall_at_k
 from tasks.eval.retrieve import Hits
 from tasks.methods.erarag import algorithm as erarag
-from tasks.methods.erarag.stages import VIEWS, EraParams, read_meta
+from tasks.methods.erarag.params import VIEWS, EraParams
+from tasks.methods.erarag.stages import read_meta
 from tasks.text.embed import encode_queries
 
 # ---------------------------------------------------------------- online retrieval (Alg. 2)

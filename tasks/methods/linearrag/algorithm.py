@@ -544,7 +544,6 @@ def global_importance(
     return np.where(fallback[:, None], passage_similarity, importance)
 
 
-
 def relation_gate_patch(gate: RelationGate, q_emb: np.ndarray, n_passages: int, n_entities: int) -> SidePatch:
     """Beyond the paper: the relation gate (:func:`tasks.graph.relation_gate.gate_patch`, built on
     the walk's column-stochastic matrix) as per-query changes to the PPR's passage -> entity transitions. Each

@@ -1,7 +1,7 @@
-"""linearrag online side: its settings (:class:`LinearParams`) and the retriever that answers questions over the
-stored index.
+"""linearrag online side: the retriever that answers questions over the stored index (its settings:
+:class:`tasks.methods.linearrag.params.LinearParams`).
 
-LinearRAG builds no index stage of its own: the algorithms live in :mod:`tasks.methods.linearrag.algorithm` (pure
+LinearRAG builds no index stage of its own (:mod:`tasks.methods.linearrag.stages`): the algorithms live in :mod:`tasks.methods.linearrag.algorithm` (pure
 numpy/scipy), and the Tri-Graph's matrices are the shared entity layer's incidence tables
 (:func:`tasks.text.entities.entity_graph` over sentence chunks): ``doc_entity`` is the contain matrix C (mention
 counts N_{e,p}), ``chunk_entity`` the mention matrix M (binarised on load).
@@ -9,56 +9,26 @@ counts N_{e,p}), ``chunk_entity`` the mention matrix M (binarised on load).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
-from tasks.core.resources import cpu_threads
 from tasks.core.store import ArtifactRef, Store
 from tasks.eval.retrieve import Hits
-from tasks.graph.title_walk import check_title_walk
 from tasks.graph.relation_gate import relation_gate
-from tasks.graph.second_hop import SecondHopParams, second_hop, title_links
+from tasks.graph.second_hop import second_hop, title_links
 from tasks.graph.sparse import coo_matrix, group_positions, log1p_transposed, transposed_csr
 from tasks.graph.walk import random_walk
 from tasks.methods.linearrag import algorithm as lr
 from tasks.text.embed import EmbedderParams, encode_queries, encode_queries_beside, load_embeddings
 from tasks.text.gazetteer import Gazetteer, aliases_of, lowercase_only, mask_names
-from tasks.text.linking import LinkingParams, name_idf, query_seeds
+from tasks.text.linking import name_idf, query_seeds
 from tasks.text.linking_stages import masked_relation_gate
 from tasks.text.question_parse import load_parser, parse_questions, rest_of_question
 from tasks.text.title_index import TitleIndex
 from tasks.llm.ner_backends import QueryRecogniser
-
-
-@dataclass(frozen=True)
-class LinearParams(lr.LinearRAGParams, LinkingParams, SecondHopParams):
-    """``method=linearrag``: the retrieval settings of :class:`tasks.methods.linearrag.algorithm.LinearRAGParams`,
-    a name, and the entity linking (:class:`tasks.text.linking.LinkingParams`, beyond the paper when not ``ner``).
-
-    ``top_k`` is the authors' ``retrieval_top_k`` (passages handed to a reader); ``search(k)``
-    returns k passages, and evaluate asks for max(eval.ks, top_k), so recall@10 sees 10.
-    """
-
-    name: str = "linearrag"
-    relation_gate_masked: bool = False  # beyond the paper: the gate (if on) reads question and sentence without names
-
-    def __post_init__(self) -> None:
-        LinkingParams.__post_init__(self)
-        SecondHopParams.__post_init__(self)
-        if self.second_hop and self.graph_linking != "gazetteer":
-            raise ValueError("method.second_hop_weight > 0 follows title links: it needs method.graph_linking=gazetteer "
-                             "(e.g. experiment=beyond_paper)")
-        check_title_walk(self.title_walk, self.graph_linking == "gazetteer", "method.graph_linking=gazetteer",
-                         self.relation_gate_temperature, self.ppr_sweeps == "alternating", "method.ppr_sweeps=alternating")
-
-    def retrieval(self) -> lr.LinearRAGParams:
-        """The settings :mod:`tasks.methods.linearrag.algorithm` takes."""
-        names = {f.name for f in fields(lr.LinearRAGParams)}
-        algo = lr.LinearRAGParams(**{f.name: getattr(self, f.name) for f in fields(self) if f.name in names})
-        return replace(algo, ppr_threads=algo.ppr_threads or cpu_threads())  # 0: one block of queries per CPU
+from tasks.methods.linearrag.params import LinearParams
 
 
 def _dot(a: np.ndarray, b: np.ndarray, via_torch: bool) -> np.ndarray:

@@ -11,7 +11,8 @@ from tasks.core.store import ArtifactRef, Store
 from tasks.eval.retrieve import Hits
 from tasks.graph.sparse import coo_matrix, links_matrix, log1p_transposed
 from tasks.methods.serag import algorithm as se
-from tasks.methods.serag.stages import SeRAGParams, chunk_frame
+from tasks.methods.serag.params import SeRAGParams
+from tasks.methods.serag.stages import chunk_frame
 from tasks.text.embed import EmbedderParams, encode_queries, encode_queries_beside, load_embeddings
 from tasks.text.entities import query_entity_links
 from tasks.text.gazetteer import Gazetteer, aliases_of

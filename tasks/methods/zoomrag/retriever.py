@@ -13,7 +13,7 @@ from tasks.core.store import ArtifactRef, Store
 from tasks.eval.retrieve import Hits
 from tasks.graph.sparse import coo_matrix, links_matrix
 from tasks.methods.zoomrag import algorithm as zoom
-from tasks.methods.zoomrag.stages import ZoomRAGParams
+from tasks.methods.zoomrag.params import ZoomRAGParams
 from tasks.text.embed import EmbedderParams, encode_queries, encode_queries_beside, load_embeddings
 from tasks.text.entities import query_entity_links
 from tasks.text.gazetteer import Gazetteer, aliases_of, lowercase_only, mask_names

@@ -16,7 +16,8 @@ from flows.commands.update import update_flow
 from tasks.data.sample import generate_sample
 from tasks.core.store import Store
 from tasks.llm.params import LLMParams
-from tasks.methods.erarag.stages import EraParams, read_meta
+from tasks.methods.erarag.params import EraParams
+from tasks.methods.erarag.stages import read_meta
 from tests.flows.conftest import make_config
 from tests.llm_server import FakeLLMServer
 
@@ -208,7 +209,7 @@ def test_llm_summaries_and_rerun_costs_no_calls(shared, tmp_path):
 def test_llm_summariser_without_llm_is_an_error():
     from types import SimpleNamespace
 
-    from tasks.methods.erarag.stages import LLMHierarchyParams, hierarchy_params
+    from tasks.methods.erarag.params import LLMHierarchyParams, hierarchy_params
     from tasks.text.embed import EmbedderParams
 
     def params(method: EraParams, llm: LLMParams):

@@ -140,7 +140,7 @@ def test_a_field_its_values_leave_unread_is_not_fingerprinted(configs):
     """An embed without a template ignores ``doc_template``; ZoomRAG's doc-doc block under the paper's rule (no cap)
     ignores the cap's search settings, and an exact search the inverted file's: each is fingerprinted exactly
     where the stage reads it."""
-    from tasks.methods.zoomrag.stages import DocDocParams
+    from tasks.methods.zoomrag.params import DocDocParams
     from tasks.text.embed import EmbedParams
 
     config = configs[("zoomrag", "paper", ())]
@@ -164,7 +164,8 @@ def test_a_field_its_values_leave_unread_is_not_fingerprinted(configs):
 
 def test_a_stage_refuses_params_of_another_class(tmp_path):
     from tasks.core.stage import RunContext
-    from tasks.methods.zoomrag.stages import GlobalBlockParams, doc_doc_graph
+    from tasks.methods.zoomrag.params import GlobalBlockParams
+    from tasks.methods.zoomrag.stages import doc_doc_graph
 
     with pytest.raises(TypeError, match="takes DocDocParams params, got GlobalBlockParams"):
         doc_doc_graph.fn(RunContext(str(tmp_path), "ds", "r"), GlobalBlockParams(True, True, "nonzero_mean"), None)

@@ -18,13 +18,8 @@ from tasks.core.hashing import short_hash
 from tasks.core.store import ArtifactRef, Store
 from tasks.llm.params import ExtractionMostlyEmpty, LLMDryRun, LLMParams
 from tasks.methods.archrag import kg
-from tasks.methods.archrag.kg_stages import (
-    KG_STAGES,
-    META_COUNTERS,
-    KGParams,
-    archrag_kg,
-    kg_params,
-)
+from tasks.methods.archrag.stages import KG_STAGES, META_COUNTERS, archrag_kg
+from tasks.methods.archrag.params import KGParams, kg_params
 from tasks.text.chunk import ChunkParams, chunk
 from tasks.text.entities import chunk_mentions
 from tasks.llm.ner_backends import ner, ner_params

@@ -437,7 +437,7 @@ def test_global_importance_fallback_rows_are_dense_similarity() -> None:
 
 def test_exact_vocabulary_strings_link_with_similarity_one() -> None:
     from tasks.methods.linearrag.retriever import LinearRetriever
-    from tasks.methods.linearrag.retriever import LinearParams
+    from tasks.methods.linearrag.params import LinearParams
     from tasks.text.embed import EmbedderParams
 
     r = LinearRetriever.__new__(LinearRetriever)

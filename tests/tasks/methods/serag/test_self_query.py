@@ -6,7 +6,7 @@ from pathlib import Path
 from tasks.llm.client import LLMClient
 from tasks.llm.params import LLMParams
 from tasks.methods.serag.retriever import SELF_QUERY_STAGE, SelfQuery, self_query_client
-from tasks.methods.serag.stages import SeRAGParams
+from tasks.methods.serag.params import SeRAGParams
 from tests.llm_server import FakeLLMServer
 
 

@@ -124,7 +124,7 @@ def test_window_sizes_shape_only_window_chunks():
     from types import SimpleNamespace
 
     from flows.methods.zoomrag import chunking
-    from tasks.methods.zoomrag.stages import ZoomRAGParams
+    from tasks.methods.zoomrag.params import ZoomRAGParams
     from tasks.text.chunk import ChunkParams
 
     sentence = chunking(SimpleNamespace(method=ZoomRAGParams()))
