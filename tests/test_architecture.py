@@ -229,3 +229,66 @@ def test_the_patch_check_finds_the_old_monkeypatch():
     assert library_patches(old) == ["line 4: Task.__call__", "line 4: Task.submit"]
     assert library_patches("import prefect\nsetattr(prefect.Task, 'map', None)\n")
     assert not library_patches("from prefect import Task\nclass Mine:\n    pass\nx = Mine()\nx.submit = 1\n")
+
+
+# ----------------------------------------------------------------------------- one shape per method
+
+METHOD_FILES = ("params.py", "stages.py", "algorithm.py", "retriever.py")
+PROJECTIONS = "_params"  # ner_params(cfg, ...), kg_params(cfg), hierarchy_params(cfg): a stage's params, like Params.of
+
+
+def test_every_method_has_the_same_files_and_its_params_in_params_py():
+    """``tasks/methods/<m>/`` holds params.py, stages.py, algorithm.py and retriever.py for every registered method;
+    its ``METHOD`` record's params class and its own stages' params classes are defined in its params.py, and its
+    own stages in its stages.py."""
+    from flows.methods import METHODS, NAMES
+    from tasks.core.stage import STAGES
+
+    missing = {m: [f for f in METHOD_FILES if not (REPO / "tasks" / "methods" / m / f).is_file()] for m in NAMES}
+    assert not {m: f for m, f in missing.items() if f}, f"method folders missing files: {missing}"
+    wrong = {m: METHODS[m].params.__module__ for m in NAMES
+             if METHODS[m].params.__module__ != f"tasks.methods.{m}.params"}
+    assert not wrong, f"method params defined outside tasks/methods/<m>/params.py: {wrong}"
+    for cls, spec in STAGES.items():
+        if spec.fn.__module__.startswith("tasks.methods."):
+            m = spec.fn.__module__.split(".")[2]
+            assert spec.fn.__module__ == f"tasks.methods.{m}.stages", f"stage {spec.name} outside {m}/stages.py"
+            assert cls.__module__ == f"tasks.methods.{m}.params", f"{cls.__name__} outside {m}/params.py"
+
+
+def config_handed_to_tasks(source: str) -> list[str]:
+    """Calls in a flow module that hand a ``tasks`` function or class the whole config (a bare ``cfg``, ``config``
+    or ``conf`` argument); a ``*_params`` projection (what ``Params.of(cfg)`` is for one stage) may read it."""
+    tree = ast.parse(source)
+    imported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0
+                and (n.module or "").split(".")[0] == "tasks" for a in n.names}
+    found = []
+    for n in ast.walk(tree):
+        if not isinstance(n, ast.Call):
+            continue
+        f = n.func
+        name = f.id if isinstance(f, ast.Name) else f.value.id if (
+            isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.attr != "of") else None
+        if name not in imported or (isinstance(f, ast.Name) and name.endswith(PROJECTIONS)):
+            continue
+        if any(isinstance(a, ast.Name) and a.id in {"cfg", "config", "conf"} for a in [*n.args, *(k.value for k in n.keywords)]):
+            found.append(f"line {n.lineno}: {ast.unparse(n.func)}")
+    return found
+
+
+def test_no_flow_hands_tasks_the_whole_config():
+    """A flow projects the config once (``Params.of(cfg)``, a group's params such as ``cfg.llm``); no ``tasks``
+    function or class receives the whole ``cfg``."""
+    bad = {str(p.relative_to(REPO)): hits for p in sorted((REPO / "flows").rglob("*.py"))
+           if (hits := config_handed_to_tasks(p.read_text()))}
+    assert not bad, f"the whole config handed to tasks/: {bad}"
+
+
+def test_the_config_check_finds_a_whole_config_argument():
+    assert config_handed_to_tasks("from tasks.methods.erarag.retriever import EraRetriever\n"
+                                  "def retriever(data, index, cfg):\n    return EraRetriever(data, index, cfg)\n"
+                                  ) == ["line 3: EraRetriever"]
+    assert config_handed_to_tasks("from tasks.methods import x\nx.run(config)\n") == ["line 2: x.run"]
+    assert not config_handed_to_tasks("from tasks.text.chunk import ChunkParams, chunk\n"
+                                      "def index(ctx, cfg, d):\n    return chunk(ctx, ChunkParams.of(cfg), d)\n")
+    assert not config_handed_to_tasks("from tasks.llm.ner_backends import ner_params\nner_params(cfg, 'doc_id')\n")

@@ -12,7 +12,8 @@ from tasks.core.stage import RunContext
 from tasks.core.store import ArtifactRef
 from tasks.methods.archrag.stages import archrag_kg
 from tasks.methods.archrag.params import kg_params
-from tasks.methods.archrag.retriever import ArchRetriever, answer
+from tasks.methods.archrag.retriever import ArchRetriever
+from tasks.methods.archrag.retriever import answer as generate
 from tasks.methods.archrag.params import ArchParams, CHNSWBuildParams, EntityAttributeTextsParams, hierarchy_params
 from tasks.methods.archrag.stages import chnsw_stage, entity_texts_stage, hierarchy_stage, update_summary
 from tasks.text.chunk import ChunkParams, chunk
@@ -42,6 +43,12 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
 def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> ArchRetriever:
     """Online side of ``method=archrag``."""
     return ArchRetriever(data, index, cfg.method, cfg.embedder)
+
+
+def answer(client, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg, questions, traces,
+           dry_run: bool):
+    """ArchRAG's own generation (§3.2.2, adaptive filtering) over what each question retrieved."""
+    return generate(client, data, index, cfg.method, cfg.embedder, questions, traces, dry_run)
 
 
 def runs_ner(conf) -> bool:

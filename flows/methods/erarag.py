@@ -39,7 +39,7 @@ def update(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Arti
 
 def retriever(data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg) -> EraRetriever:
     """Online side of ``method=erarag``."""
-    return EraRetriever(data, index, cfg)
+    return EraRetriever(data, index, cfg.method, cfg.embedder, tuple(cfg.eval.ks))
 
 
 METHOD = Method("erarag", EraParams, index, retriever, disk_bytes_per_passage=3_700, update=update,

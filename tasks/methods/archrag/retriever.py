@@ -271,19 +271,20 @@ def retrieved_layers(retriever: ArchRetriever, questions: pd.DataFrame, traces: 
     return out
 
 
-def answer(client, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg, questions: pd.DataFrame,
-           traces: pd.DataFrame, dry_run: bool) -> tuple[pd.DataFrame | None, dict]:
+def answer(client, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], params: ArchParams,
+           embedder: EmbedderParams, questions: pd.DataFrame, traces: pd.DataFrame, dry_run: bool
+           ) -> tuple[pd.DataFrame | None, dict]:
     """Adaptive filtering-based generation (eqs. 3–4; ``generation=direct``: Table 4's Direct Prompt) over what
     each question retrieved: ``(qid, prediction, raw)`` and the generation's own figures (scored by the caller,
     :func:`tasks.eval.answer_metrics.score_predictions`). ``dry_run``: the estimate only, nothing sent."""
     from tasks.methods.archrag.filtering import filter_estimate, generate_answers
 
-    retriever = ArchRetriever(data, index, cfg.method, cfg.embedder)
+    retriever = ArchRetriever(data, index, params, embedder)
     layers = retrieved_layers(retriever, questions, traces)
-    params = filter_params(cfg.method)
+    generation = filter_params(params)
     texts = questions["question"].tolist()
     if dry_run:
-        return None, {"llm_dry_run": filter_estimate(client, texts, layers, params)}
-    gen = generate_answers(client, texts, layers, params)
+        return None, {"llm_dry_run": filter_estimate(client, texts, layers, generation)}
+    gen = generate_answers(client, texts, layers, generation)
     table = pd.DataFrame({"qid": questions["qid"], "prediction": gen.answers, "raw": gen.raw})
-    return table, {"generation": cfg.method.generation, **{f"gen_{k}": v for k, v in gen.stats.items()}}
+    return table, {"generation": params.generation, **{f"gen_{k}": v for k, v in gen.stats.items()}}

@@ -14,7 +14,7 @@ from tasks.eval.retrieve import Hits
 from tasks.methods.erarag import algorithm as erarag
 from tasks.methods.erarag.params import VIEWS, EraParams
 from tasks.methods.erarag.stages import read_meta
-from tasks.text.embed import encode_queries
+from tasks.text.embed import EmbedderParams, encode_queries
 
 # ---------------------------------------------------------------- online retrieval (Alg. 2)
 
@@ -28,9 +28,10 @@ class EraRetriever:
     for every query; ``recall_view`` picks the one returned, ``run_stats`` scores both.
     """
 
-    def __init__(self, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], cfg: Any) -> None:
-        self.params: EraParams = cfg.method
-        self.embedder, self.ks = cfg.embedder, tuple(cfg.eval.ks)
+    def __init__(self, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], params: EraParams,
+                 embedder: EmbedderParams, ks: tuple[int, ...]) -> None:
+        self.params = params
+        self.embedder, self.ks = embedder, tuple(ks)
         t = Store.read_arrow(index["nodes"])
         self.emb = np.ascontiguousarray(arrow_to_embeddings(t.column("emb")))
         nodes = t.drop_columns(["emb"]).to_pandas()
