@@ -1,7 +1,7 @@
 """``dagrag loadtest [overrides]``: served throughput and latency, batching on and off, at several concurrencies.
 
 For each setup of ``loadtest.setups`` (a name and the overrides that built its index, on top of the command's
-own ``dataset=…``, ``artifacts_dir=…``), and for each ``loadtest.max_batch`` (the server's ``serve.max_batch``:
+own ``dataset=…``, ``artifacts_dir=…``; the ``loadtest/`` config group, :class:`flows.runtime.command_params.LoadtestParams`), and for each ``loadtest.max_batch`` (the server's ``serve.max_batch``:
 64 batches, 1 does not), one ``dagrag serve`` process is started on a free loopback port; a bounded asyncio
 ``httpx`` client then sends the dataset's questions, one per request, from 1, 8, 64 and 256 concurrent clients
 (``loadtest.concurrency``), each level at most ``loadtest.requests`` requests and ``loadtest.duration_s``
@@ -23,32 +23,15 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from flows.runtime.command_params import LoadtestParams
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@dataclass(frozen=True)
-class LoadtestParams:
-    """``loadtest/``: what is served, how hard it is pushed, and for how long."""
-
-    setups: dict[str, tuple[str, ...]] = field(default_factory=lambda: {
-        "dense": ("method=dense",), "zoomrag": ("method=zoomrag", "experiment=beyond_paper"),
-        "linearrag": ("method=linearrag", "experiment=beyond_paper"), "hybrid": ("method=hybrid",)})
-    concurrency: tuple[int, ...] = (1, 8, 64, 256)
-    max_batch: tuple[int, ...] = (64, 1)
-    requests: int = 768         # at most this many requests per level
-    duration_s: float = 15.0    # and at most this many seconds per level
-    warmup: int = 32            # requests sent before a server is measured
-    k: int = 10
-    ceiling_batch: int = 64     # the in-process batch the ceiling is timed at
-    ceiling_repeats: int = 5
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -325,26 +308,7 @@ def report_section(store: Any, out_dir: Path) -> list[str]:
 
 # ----------------------------------------------------------------------------- the command
 
-def loadtest_params(values: dict[str, Any]) -> LoadtestParams:
-    """``loadtest.*`` overrides → :class:`LoadtestParams` (lists become tuples; an unknown key is refused)."""
-    from flows.runtime.config import ConfigError
-
-    known = set(LoadtestParams.__dataclass_fields__)
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigError(f"loadtest: unknown key(s) {unknown}; it accepts {sorted(known)}")
-    fixed = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-    if "setups" in fixed:
-        fixed["setups"] = {name: tuple(o) for name, o in dict(fixed["setups"]).items()}
-    params = LoadtestParams(**fixed)
-    if min(params.concurrency) < 1 or min(params.max_batch) < 1 or params.requests < 1 or params.duration_s <= 0:
-        raise ConfigError("loadtest: concurrency, max_batch and requests must be at least 1, duration_s above 0")
-    return params
-
-
 def main(argv: list[str] | None = None) -> int:
-    from omegaconf import OmegaConf
-
     from flows.runtime.config import load_config
     from flows.runtime.output import write_json
     from flows.runtime.provenance import git_sha
@@ -364,13 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     if "--cfg" in args:
         from flows.commands.serve import print_config
 
-        return print_config([a for a in args if not a.startswith("loadtest.")])
-    own = [a for a in args if a.startswith("loadtest.")]
-    common = [a for a in args if not a.startswith("loadtest.")]
+        return print_config(args)
     try:
-        base = load_config(compose(common))
-        values = OmegaConf.to_container(OmegaConf.from_dotlist(own), resolve=True).get("loadtest", {}) if own else {}
-        params = loadtest_params(values)
+        base = load_config(compose(args))  # loadtest.* is the loadtest group's, checked like any other group
+        params: LoadtestParams = base.loadtest
         questions = load_dataset(base.dataset, base.data_dir)[1]["question"].tolist()
         if not questions:
             raise ValueError("the dataset has no questions to send: pick one with questions (dataset.name=2wiki-dev)")
@@ -378,8 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         fail(err)
     rows = []
     try:
-        for name, overrides in params.setups.items():
-            rows += run_setup(name, [*common, *overrides], params, questions)
+        for name, overrides in params.setup_overrides().items():
+            rows += run_setup(name, [*args, *overrides], params, questions)
     except USER_ERRORS as err:  # a setup's index is not built: its build command, in one line
         fail(err)
     frame = pd.DataFrame(rows)

@@ -1,5 +1,5 @@
 """The commands' own config groups (``eval/``, ``benchmark/``, ``report/``, ``compare/``, ``scale/``, ``growth/``,
-``query/``, ``plan/``, ``serve/``, ``doctor/``): one frozen dataclass each, fields == YAML keys, limits in their
+``query/``, ``plan/``, ``serve/``, ``doctor/``, ``loadtest/``): one frozen dataclass each, fields == YAML keys, limits in their
 metadata (:mod:`tasks.core.limits`). :data:`flows.runtime.config.GROUPS` names them with the others."""
 from __future__ import annotations
 
@@ -167,3 +167,35 @@ class ServeParams:
     drain_s: float = field(default=10.0, metadata=COUNT0)
     mcp_transport: Literal["stdio", "http"] = "stdio"  # dagrag mcp: stdio, or streamable HTTP at host:port
     mcp_path: str = "/mcp"                                # dagrag mcp over HTTP: the endpoint's path
+
+
+@dataclass(frozen=True)
+class LoadtestParams:
+    """``loadtest/``: what ``dagrag loadtest`` serves, how hard it pushes, and for how long
+    (:mod:`flows.commands.loadtest`)."""
+
+    # each: a setup's name, then the overrides that built its index (``"zoomrag method=zoomrag experiment=…"``)
+    setups: tuple[str, ...] = ("dense method=dense", "zoomrag method=zoomrag experiment=beyond_paper",
+                               "linearrag method=linearrag experiment=beyond_paper", "hybrid method=hybrid")
+    concurrency: tuple[int, ...] = field(default=(1, 8, 64, 256), metadata=COUNT)
+    max_batch: tuple[int, ...] = field(default=(64, 1), metadata=COUNT)
+    requests: int = field(default=768, metadata=COUNT)            # at most this many requests per level
+    duration_s: float = field(default=15.0, metadata=POSITIVE)    # and at most this many seconds per level
+    warmup: int = field(default=32, metadata=COUNT0)              # requests sent before a server is measured
+    k: int = field(default=10, metadata=COUNT)
+    ceiling_batch: int = field(default=64, metadata=COUNT)        # the in-process batch the ceiling is timed at
+    ceiling_repeats: int = field(default=5, metadata=COUNT)
+
+    def __post_init__(self) -> None:
+        self.setup_overrides()  # a setup without a name, or two of one name, is refused when the config loads
+
+    def setup_overrides(self) -> dict[str, tuple[str, ...]]:
+        """``{setup name: its overrides}``, in ``setups`` order."""
+        out: dict[str, tuple[str, ...]] = {}
+        for setup in self.setups:
+            name, *overrides = setup.split()
+            if not overrides or "=" in name or name in out:
+                raise ValueError(f"setups entry {setup!r} must be a new name followed by the overrides "
+                                 "that built its index, e.g. 'bm25 method=bm25'")
+            out[name] = tuple(overrides)
+        return out

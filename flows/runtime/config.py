@@ -15,6 +15,7 @@ from flows.runtime.command_params import (  # noqa: F401 - the commands' groups,
     DoctorParams,
     EvalParams,
     GrowthParams,
+    LoadtestParams,
     PlanParams,
     QueryParams,
     ReportParams,
@@ -153,6 +154,7 @@ GROUPS: dict[str, Group] = {
     "serve": _fixed(ServeParams, required=False),
     "doctor": _fixed(DoctorParams, required=False),
     "plan": _fixed(PlanParams, required=False),
+    "loadtest": _fixed(LoadtestParams, required=False),
 }
 SCALARS = ("data_dir", "artifacts_dir", "verbose")  # conf/config.yaml's own values (verbose: read before loading)
 
