@@ -51,6 +51,9 @@ class LinearParams(lr.LinearRAGParams, LinkingParams, SecondHopParams):
         if self.second_hop and self.graph_linking != "gazetteer":
             raise ValueError("method.second_hop_weight > 0 follows title links: it needs method.graph_linking=gazetteer "
                              "(e.g. experiment=beyond_paper)")
+        if self.document_nodes and self.title_walk:
+            raise ValueError("method.document_nodes=true does not combine with the title walk (experiment=beyond_paper), "
+                             "whose title entities already link a document's passages: set method.document_nodes=false")
         check_title_walk(self.title_walk, self.graph_linking == "gazetteer", "method.graph_linking=gazetteer",
                          self.relation_gate_temperature, self.ppr_sweeps == "alternating", "method.ppr_sweeps=alternating")
 
@@ -123,6 +126,9 @@ class LinearRetriever:
             self.graph = lr.title_walk_graph(self.contain, self.titles.titled, self.idf, a.edge_weighting,
                                              a.title_edge_weight, a.title_name_weight, a.idf_edges, lowercase,
                                              a.lowercase_name_weight)
+        elif self.algo.document_nodes:  # beyond the paper: the passages cut from one document share its node
+            self.graph = lr.passage_entity_graph(lr.with_document_nodes(self.contain, self.source_documents(data)),
+                                                 self.algo.edge_weighting)
         else:
             self.graph = lr.passage_entity_graph(self.contain, self.algo.edge_weighting)
         split = n_p if self.algo.ppr_sweeps == "alternating" else 0  # passages first, then entities: bipartite
@@ -142,6 +148,12 @@ class LinearRetriever:
                 load_parser(parser_model)
         encode_queries(["warm-up"], embedder)
         self.queries = self.fallbacks = self.seeds_total = self.active_total = self.hop_rounds = 0
+
+    def source_documents(self, data: dict[str, ArtifactRef]) -> np.ndarray:
+        """(P,) each passage's source document (its lineage ``document``; a passage without one is its own)."""
+        lineage = Store.read(data["documents"], ["doc_id", "document"]).set_index("doc_id")["document"]
+        source = lineage.reindex(self.doc_ids)
+        return source.where(source.notna(), pd.Series(self.doc_ids, index=source.index)).to_numpy(dtype=object)
 
     def lookup(self, names: list[list[str]]) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """Query entity strings -> (query of each, vocabulary index or -1, the strings not in the vocabulary)."""

@@ -438,8 +438,8 @@ def grow_layers(old: Layers, ids: np.ndarray, emb: np.ndarray, chunk_entity: sp.
     in the current row order) from the stored layers of an earlier corpus, computing only the rows
     involving new chunks; removed chunks' rows and columns are dropped.
 
-    * distance (eq. 5): a document's chunks are all old or all new (a document id is its content), so the
-      new chunks' rows are eq. 5 within the new documents: a full build's entries exactly.
+    * distance (eq. 5): recomputed whole (it is linear in the chunks), so a source document that was edited, whose
+      kept passages moved and whose new passages sit beside old ones, gets a full build's entries exactly.
     * logical (eq. 4): the new chunks' rows against all chunks, one sparse product; an old row is
       recomputed only when one of its entities crossed the ``max_entity_chunks`` cap (the stored
       document frequencies say which): a full build's entries exactly.
@@ -488,11 +488,9 @@ def grow_layers(old: Layers, ids: np.ndarray, emb: np.ndarray, chunk_entity: sp.
         fresh = np.concatenate([new_rows, touched])
         if fresh.size:
             log = sp.csr_array(log.maximum(logical_rows(chunk_entity, fresh, cap)))
-        dist = carried(old.dist)
-        if new_rows.size:
-            nd = sp.coo_array(distance_layer(np.asarray(doc)[new_rows], np.asarray(position)[new_rows],
-                                             p.sigma_dist, p.dist_window))
-            dist = sp.csr_array(dist + sp.csr_array((nd.data, (new_rows[nd.row], new_rows[nd.col])), shape=(n, n)))
+        # eq. 5 whole: linear in the chunks, and exact when an edited source document keeps some passages (their
+        # positions move) or when its new passages sit beside old ones
+        dist = distance_layer(doc, position, p.sigma_dist, p.dist_window)
     for m in (sem, log, dist):
         m.eliminate_zeros()
         m.sort_indices()

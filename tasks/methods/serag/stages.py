@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from tasks.core.stage import RunContext, StageParams, input_fps, run_stage, stage, stored_versions
 from tasks.core.store import ArtifactRef, Store
@@ -29,6 +30,7 @@ log = logging.getLogger("dagrag.serag")
 
 
 NER_INPUTS = ("embedded", "text")  # SeRAGParams.ner_input
+DIST_SCOPES = ("document", "passage")  # SeRAGParams.dist_scope
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,10 @@ class SeRAGParams(LinkingParams):
     sigma_dist: float = field(default=5.0, metadata=POSITIVE)
     # App. A.3 "within a window of 10", read as |i − j| <= 10 in one document
     dist_window: int = field(default=10, metadata=COUNT0)
+    # what "the same document" of eq. 5 is: document (§3.1: the source document a passage was cut from, chunks in
+    # reading order; a benchmark passage is its own document, so none of its chunks changes) | passage (each
+    # passage its own document, as before passages had a source document)
+    dist_scope: str = field(default="document", metadata=one_of(DIST_SCOPES))
     max_entity_chunks: int = field(default=50, metadata=COUNT)  # logical-layer cap (our choice; the paper has none)
     # beyond the paper: the semantic layer's kNN, exact | ivf | auto (exact up to knn_exact_max)
     knn_search: str = field(default="auto", metadata=one_of(SEARCHES))
@@ -114,6 +120,31 @@ def chunk_frame(chunks: ArtifactRef, doc_ids: list[str]) -> tuple[np.ndarray, np
     return doc_pos.loc[ch["doc_id"]].to_numpy(np.int64), ch["position"].to_numpy(np.int64)
 
 
+def distance_frame(documents: ArtifactRef, chunks: ArtifactRef, doc_ids: list[str], scope: str
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(document, position) of every chunk for eq. 5's distance layer, in chunk-table order.
+
+    ``scope`` ``document`` (§3.1, eq. 5: chunks of the same document, by their distance in it): a passage cut from a
+    longer document (the lineage columns ``document`` and ``char_start``) belongs to that source document, and
+    its chunks are numbered in reading order (passage start, then the chunk's position in the passage); a passage
+    without a source document, as every benchmark passage, is its own document, exactly as with ``passage``.
+    ``passage``: :func:`chunk_frame` (every passage its own document)."""
+    doc, pos = chunk_frame(chunks, doc_ids)
+    names = set(pq.read_schema(documents.path).names)  # the footer alone
+    if scope == "passage" or not {"document", "char_start"} <= names:
+        return doc, pos
+    lineage = Store.read(documents, ["doc_id", "document", "char_start"])
+    source = lineage["document"].where(lineage["document"].notna(), lineage["doc_id"]).to_numpy(dtype=object)
+    start = pd.to_numeric(lineage["char_start"], errors="coerce").fillna(0).to_numpy(np.int64)
+    source_code = pd.factorize(source)[0][doc]  # the source document of each chunk's passage
+    order = np.lexsort((pos, start[doc], source_code))  # reading order inside each source document
+    first = np.r_[True, source_code[order][1:] != source_code[order][:-1]]
+    rank = np.arange(order.size) - np.maximum.accumulate(np.where(first, np.arange(order.size), 0))
+    position = np.empty_like(pos)
+    position[order] = rank
+    return source_code.astype(np.int64), position.astype(np.int64)
+
+
 GRAPH = "serag_graph"
 TREE = "serag_tree"
 LAYERS = ("sem", "log", "dist")
@@ -161,6 +192,7 @@ class SeRAGGraphParams(StageParams):
     k_sem: int
     sigma_dist: float
     dist_window: int
+    dist_scope: str
     max_entity_chunks: int
     semantic_only: bool
     knn_search: str
@@ -230,7 +262,7 @@ def serag_graph(ctx: RunContext, params: SeRAGGraphParams, documents: ArtifactRe
         t0 = time.perf_counter()
         _, emb = load_embeddings(chunk_embeddings, _emb_id(params))
         doc_ids = Store.read(documents, ["doc_id"])["doc_id"].tolist()
-        doc, pos = chunk_frame(chunks, doc_ids)
+        doc, pos = distance_frame(documents, chunks, doc_ids, params.dist_scope)
         ch = Store.read(chunks, ["chunk_id", "doc_id"])
         ids = ch["chunk_id"].to_numpy(dtype=object)
         if emb.shape[0] != len(doc):
