@@ -103,6 +103,26 @@ def distance_layer(doc: np.ndarray, position: np.ndarray, sigma: float, window: 
     return out
 
 
+def source_positions(passage_source: np.ndarray, passage_start: np.ndarray, chunk_passage: np.ndarray,
+                     chunk_position: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(document, position) of every chunk for eq. 5 when passages were cut from source documents.
+
+    ``passage_source`` (P,) the source document of each passage (any hashable; a passage that is its own
+    document gives its own id), ``passage_start`` (P,) its character offset there; ``chunk_passage`` /
+    ``chunk_position`` (n,) each chunk's passage row and position in it. A chunk's document is its passage's
+    source; positions number a source document's chunks 0, 1, ... in reading order (passage start, then the
+    position in the passage). A passage alone in its document keeps its chunks' positions."""
+    chunk_passage, chunk_position = np.asarray(chunk_passage, np.int64), np.asarray(chunk_position, np.int64)
+    source_code = pd.factorize(np.asarray(passage_source, dtype=object))[0][chunk_passage].astype(np.int64)
+    n = chunk_passage.size
+    order = np.lexsort((chunk_position, np.asarray(passage_start, np.int64)[chunk_passage], source_code))
+    first = np.r_[True, source_code[order][1:] != source_code[order][:-1]] if n else np.zeros(0, bool)
+    group_start = np.maximum.accumulate(np.where(first, np.arange(n), 0)) if n else np.zeros(0, np.int64)
+    position = np.empty(n, np.int64)
+    position[order] = np.arange(n) - group_start
+    return source_code, position
+
+
 def combine(sem: sp.sparray, log: sp.sparray | None, dist: sp.sparray | None, p: GraphParams) -> sp.csr_array:
     """Eq. 6: W = λ1 W_sem + λ2 W_log + (1 − λ1 − λ2) W_dist, symmetric, zero diagonal, no negatives.
 

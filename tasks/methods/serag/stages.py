@@ -136,13 +136,7 @@ def distance_frame(documents: ArtifactRef, chunks: ArtifactRef, doc_ids: list[st
     lineage = Store.read(documents, ["doc_id", "document", "char_start"])
     source = lineage["document"].where(lineage["document"].notna(), lineage["doc_id"]).to_numpy(dtype=object)
     start = pd.to_numeric(lineage["char_start"], errors="coerce").fillna(0).to_numpy(np.int64)
-    source_code = pd.factorize(source)[0][doc]  # the source document of each chunk's passage
-    order = np.lexsort((pos, start[doc], source_code))  # reading order inside each source document
-    first = np.r_[True, source_code[order][1:] != source_code[order][:-1]]
-    rank = np.arange(order.size) - np.maximum.accumulate(np.where(first, np.arange(order.size), 0))
-    position = np.empty_like(pos)
-    position[order] = rank
-    return source_code.astype(np.int64), position.astype(np.int64)
+    return se.source_positions(source, start, doc, pos)
 
 
 GRAPH = "serag_graph"
