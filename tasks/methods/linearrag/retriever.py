@@ -51,9 +51,6 @@ class LinearParams(lr.LinearRAGParams, LinkingParams, SecondHopParams):
         if self.second_hop and self.graph_linking != "gazetteer":
             raise ValueError("method.second_hop_weight > 0 follows title links: it needs method.graph_linking=gazetteer "
                              "(e.g. experiment=beyond_paper)")
-        if self.document_nodes and self.title_walk:
-            raise ValueError("method.document_nodes=true does not combine with the title walk (experiment=beyond_paper), "
-                             "whose title entities already link a document's passages: set method.document_nodes=false")
         check_title_walk(self.title_walk, self.graph_linking == "gazetteer", "method.graph_linking=gazetteer",
                          self.relation_gate_temperature, self.ppr_sweeps == "alternating", "method.ppr_sweeps=alternating")
 
@@ -120,6 +117,7 @@ class LinearRetriever:
         if params.graph_linking == "gazetteer":  # titles are entity nodes: the title walk and cover_named use them
             self.titles = TitleIndex.read(data["documents"], self.doc_ids, self.gazetteer,
                                           qualified=params.cover_named_min_seed > 0)
+        self.n_document_nodes = 0  # the title walk's graph has none: its title entities link a document's passages
         if self.algo.title_walk:  # beyond the paper: title entities lead the walk to the passages they title
             a = self.algo
             lowercase = lowercase_only(contain, (n_p, n_e)) if a.lowercase_name_weight != 1.0 else None
@@ -127,8 +125,9 @@ class LinearRetriever:
                                              a.title_edge_weight, a.title_name_weight, a.idf_edges, lowercase,
                                              a.lowercase_name_weight)
         elif self.algo.document_nodes:  # beyond the paper: the passages cut from one document share its node
-            self.graph = lr.passage_entity_graph(lr.with_document_nodes(self.contain, self.source_documents(data)),
-                                                 self.algo.edge_weighting)
+            linked = lr.with_document_nodes(self.contain, self.source_documents(data))
+            self.n_document_nodes = linked.shape[1] - n_e
+            self.graph = lr.passage_entity_graph(linked, self.algo.edge_weighting)
         else:
             self.graph = lr.passage_entity_graph(self.contain, self.algo.edge_weighting)
         split = n_p if self.algo.ppr_sweeps == "alternating" else 0  # passages first, then entities: bipartite
@@ -267,6 +266,7 @@ class LinearRetriever:
         """Index facts and per-run counters (accumulated over every batch searched)."""
         q = max(self.queries, 1)
         return {"dense_fallback_queries": self.fallbacks, "n_entities": len(self.entity_names),
+                "n_document_nodes": self.n_document_nodes,
                 "n_sentences": self.sentence_emb.shape[0], "contain_nnz": int(self.contain.nnz),
                 "mention_nnz": int(self.mention.nnz), "seeds_per_query": round(self.seeds_total / q, 3),
                 "active_entities_per_query": round(self.active_total / q, 3),

@@ -8,7 +8,6 @@ import pytest
 import scipy.sparse as sp
 
 from tasks.methods.linearrag import algorithm as lr
-from tasks.methods.linearrag.retriever import LinearParams
 
 
 def _corpus(seed: int, n_p: int = 14, n_e: int = 10, q: int = 3):
@@ -65,8 +64,3 @@ def test_a_passage_without_entities_gains_from_its_seeded_document():
                                   lr.passage_entity_graph(lr.with_document_nodes(contain, source), "share"), params)
     assert linked[0, 1] > plain[0, 1]  # reached through the document's node
     assert linked[0, 1] > linked[0, 3]  # above a passage of another document with the same reset
-
-
-def test_document_nodes_with_the_title_walk_is_refused():
-    with pytest.raises(ValueError, match="document_nodes"):
-        LinearParams(document_nodes=True, idf_edges=True, graph_linking="gazetteer")
