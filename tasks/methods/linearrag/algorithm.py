@@ -108,6 +108,8 @@ class LinearRAGParams:
     passage_reset_weight: float = field(default=0.3, metadata=COUNT0)
     # > 0: passage -> title-entity edges gated per question (RelationGate)
     relation_gate_temperature: float = field(default=0.0, metadata=COUNT0)
+    # beyond the paper: a node per source document cut into several passages, linked to its passages
+    document_nodes: bool = False
 
     @property
     def title_walk(self) -> bool:
@@ -164,6 +166,28 @@ def passage_entity_graph(contain: sp.sparray, weighting: str = "indicator") -> s
     elif weighting != "count":
         raise ValueError(f"unknown weighting {weighting!r}")
     return sp.block_array([[None, edges], [edges.T, None]], format="csr")
+
+
+def with_document_nodes(contain: sp.sparray, passage_document: np.ndarray) -> sp.csr_array:
+    """Beyond the paper: ``contain`` (P x E) with one more column per source document that holds several passages,
+    so the walk's graph (:func:`passage_entity_graph`) gets a node per such document, linked to its passages.
+
+    ``passage_document`` (P,): a code per passage's source document. The paper's passages are independent units
+    (its benchmarks' passages have no source document); passages cut from one document are not, and this node is
+    that relation, written as an entity each of its passages names once (N = 1), so every ``edge_weighting`` weighs
+    it like one mention and no new constant enters. A document of one passage gets no node: a corpus of
+    independent passages keeps exactly the paper's graph.
+    """
+    c = sp.csr_array(contain)
+    codes, index = np.unique(np.asarray(passage_document), return_inverse=True)
+    sizes = np.bincount(index, minlength=codes.size)
+    several = sizes[index] > 1
+    if not several.any():
+        return c
+    column = np.cumsum(sizes > 1)[index] - 1  # the node of each passage's document, in document-code order
+    rows = np.flatnonzero(several)
+    nodes = sp.csr_array((np.ones(rows.size, c.dtype), (rows, column[rows])), shape=(c.shape[0], int((sizes > 1).sum())))
+    return sp.csr_array(sp.hstack([c, nodes], format="csr"))
 
 
 def title_walk_graph(
@@ -536,6 +560,10 @@ def global_importance(
     n_p = passage_similarity.shape[1]
     if params.ppr_sweeps == "alternating" and not isinstance(graph, RandomWalk):  # passages first, then entities
         graph = random_walk(graph, params.ppr_dtype, split=n_p)
+    n_nodes = (graph.matrix if isinstance(graph, RandomWalk) else graph).shape[0]
+    if n_nodes > n_p + entity_reset.shape[1]:  # document nodes (beyond the paper, with_document_nodes): no reset
+        entity_reset = sp.csr_array(sp.hstack([entity_reset, sp.csr_array((entity_reset.shape[0],
+                                                                          n_nodes - n_p - entity_reset.shape[1]))]))
     reset = [passage_reset, entity_reset]  # passages first, then entities: the blocks are not joined (eq. 7 is dense)
     importance = personalized_pagerank(graph, reset, params.damping, params.ppr_tol, params.ppr_max_iter,
                                        params.ppr_dtype, nodes=n_p, threads=params.ppr_threads,

@@ -87,12 +87,17 @@ class LinearRetriever:
         if params.graph_linking == "gazetteer":  # titles are entity nodes: the title walk and cover_named use them
             self.titles = TitleIndex.read(data["documents"], self.doc_ids, self.gazetteer,
                                           qualified=params.cover_named_min_seed > 0)
+        self.n_document_nodes = 0  # the title walk's graph has none: its title entities link a document's passages
         if self.algo.title_walk:  # beyond the paper: title entities lead the walk to the passages they title
             a = self.algo
             lowercase = lowercase_only(contain, (n_p, n_e)) if a.lowercase_name_weight != 1.0 else None
             self.graph = lr.title_walk_graph(self.contain, self.titles.titled, self.idf, a.edge_weighting,
                                              a.title_edge_weight, a.title_name_weight, a.idf_edges, lowercase,
                                              a.lowercase_name_weight)
+        elif self.algo.document_nodes:  # beyond the paper: the passages cut from one document share its node
+            linked = lr.with_document_nodes(self.contain, self.source_documents(data))
+            self.n_document_nodes = linked.shape[1] - n_e
+            self.graph = lr.passage_entity_graph(linked, self.algo.edge_weighting)
         else:
             self.graph = lr.passage_entity_graph(self.contain, self.algo.edge_weighting)
         split = n_p if self.algo.ppr_sweeps == "alternating" else 0  # passages first, then entities: bipartite
@@ -112,6 +117,12 @@ class LinearRetriever:
                 load_parser(parser_model)
         encode_queries(["warm-up"], embedder)
         self.queries = self.fallbacks = self.seeds_total = self.active_total = self.hop_rounds = 0
+
+    def source_documents(self, data: dict[str, ArtifactRef]) -> np.ndarray:
+        """(P,) each passage's source document (its lineage ``document``; a passage without one is its own)."""
+        lineage = Store.read(data["documents"], ["doc_id", "document"]).set_index("doc_id")["document"]
+        source = lineage.reindex(self.doc_ids)
+        return source.where(source.notna(), pd.Series(self.doc_ids, index=source.index)).to_numpy(dtype=object)
 
     def lookup(self, names: list[list[str]]) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """Query entity strings -> (query of each, vocabulary index or -1, the strings not in the vocabulary)."""
@@ -225,6 +236,7 @@ class LinearRetriever:
         """Index facts and per-run counters (accumulated over every batch searched)."""
         q = max(self.queries, 1)
         return {"dense_fallback_queries": self.fallbacks, "n_entities": len(self.entity_names),
+                "n_document_nodes": self.n_document_nodes,
                 "n_sentences": self.sentence_emb.shape[0], "contain_nnz": int(self.contain.nnz),
                 "mention_nnz": int(self.mention.nnz), "seeds_per_query": round(self.seeds_total / q, 3),
                 "active_entities_per_query": round(self.active_total / q, 3),

@@ -103,6 +103,26 @@ def distance_layer(doc: np.ndarray, position: np.ndarray, sigma: float, window: 
     return out
 
 
+def source_positions(passage_source: np.ndarray, passage_start: np.ndarray, chunk_passage: np.ndarray,
+                     chunk_position: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(document, position) of every chunk for eq. 5 when passages were cut from source documents.
+
+    ``passage_source`` (P,) the source document of each passage (any hashable; a passage that is its own
+    document gives its own id), ``passage_start`` (P,) its character offset there; ``chunk_passage`` /
+    ``chunk_position`` (n,) each chunk's passage row and position in it. A chunk's document is its passage's
+    source; positions number a source document's chunks 0, 1, ... in reading order (passage start, then the
+    position in the passage). A passage alone in its document keeps its chunks' positions."""
+    chunk_passage, chunk_position = np.asarray(chunk_passage, np.int64), np.asarray(chunk_position, np.int64)
+    source_code = pd.factorize(np.asarray(passage_source, dtype=object))[0][chunk_passage].astype(np.int64)
+    n = chunk_passage.size
+    order = np.lexsort((chunk_position, np.asarray(passage_start, np.int64)[chunk_passage], source_code))
+    first = np.r_[True, source_code[order][1:] != source_code[order][:-1]] if n else np.zeros(0, bool)
+    group_start = np.maximum.accumulate(np.where(first, np.arange(n), 0)) if n else np.zeros(0, np.int64)
+    position = np.empty(n, np.int64)
+    position[order] = np.arange(n) - group_start
+    return source_code, position
+
+
 def combine(sem: sp.sparray, log: sp.sparray | None, dist: sp.sparray | None, p: GraphParams) -> sp.csr_array:
     """Eq. 6: W = λ1 W_sem + λ2 W_log + (1 − λ1 − λ2) W_dist, symmetric, zero diagonal, no negatives.
 
@@ -438,8 +458,8 @@ def grow_layers(old: Layers, ids: np.ndarray, emb: np.ndarray, chunk_entity: sp.
     in the current row order) from the stored layers of an earlier corpus, computing only the rows
     involving new chunks; removed chunks' rows and columns are dropped.
 
-    * distance (eq. 5): a document's chunks are all old or all new (a document id is its content), so the
-      new chunks' rows are eq. 5 within the new documents: a full build's entries exactly.
+    * distance (eq. 5): recomputed whole (it is linear in the chunks), so a source document that was edited, whose
+      kept passages moved and whose new passages sit beside old ones, gets a full build's entries exactly.
     * logical (eq. 4): the new chunks' rows against all chunks, one sparse product; an old row is
       recomputed only when one of its entities crossed the ``max_entity_chunks`` cap (the stored
       document frequencies say which): a full build's entries exactly.
@@ -488,11 +508,9 @@ def grow_layers(old: Layers, ids: np.ndarray, emb: np.ndarray, chunk_entity: sp.
         fresh = np.concatenate([new_rows, touched])
         if fresh.size:
             log = sp.csr_array(log.maximum(logical_rows(chunk_entity, fresh, cap)))
-        dist = carried(old.dist)
-        if new_rows.size:
-            nd = sp.coo_array(distance_layer(np.asarray(doc)[new_rows], np.asarray(position)[new_rows],
-                                             p.sigma_dist, p.dist_window))
-            dist = sp.csr_array(dist + sp.csr_array((nd.data, (new_rows[nd.row], new_rows[nd.col])), shape=(n, n)))
+        # eq. 5 whole: linear in the chunks, and exact when an edited source document keeps some passages (their
+        # positions move) or when its new passages sit beside old ones
+        dist = distance_layer(doc, position, p.sigma_dist, p.dist_window)
     for m in (sem, log, dist):
         m.eliminate_zeros()
         m.sort_indices()

@@ -14,6 +14,7 @@ from tasks.methods.serag.algorithm import BONUS_NORMS, COMMUNITY_FILTERS
 
 
 NER_INPUTS = ("embedded", "text")  # SeRAGParams.ner_input
+DIST_SCOPES = ("document", "passage")  # SeRAGParams.dist_scope
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,10 @@ class SeRAGParams(LinkingParams):
     sigma_dist: float = field(default=5.0, metadata=POSITIVE)
     # App. A.3 "within a window of 10", read as |i − j| <= 10 in one document
     dist_window: int = field(default=10, metadata=COUNT0)
+    # what "the same document" of eq. 5 is: document (§3.1: the source document a passage was cut from, chunks in
+    # reading order; a benchmark passage is its own document, so none of its chunks changes) | passage (each
+    # passage its own document, as before passages had a source document)
+    dist_scope: str = field(default="document", metadata=one_of(DIST_SCOPES))
     max_entity_chunks: int = field(default=50, metadata=COUNT)  # logical-layer cap (our choice; the paper has none)
     # beyond the paper: the semantic layer's kNN, exact | ivf | auto (exact up to knn_exact_max)
     knn_search: str = field(default="auto", metadata=one_of(SEARCHES))
@@ -99,6 +104,7 @@ class SeRAGGraphParams(StageParams):
     k_sem: int
     sigma_dist: float
     dist_window: int
+    dist_scope: str
     max_entity_chunks: int
     semantic_only: bool
     knn_search: str

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from tasks.core.stage import RunContext, input_fps, run_stage, stage, stored_versions
 from tasks.core.store import ArtifactRef, Store
@@ -34,6 +35,25 @@ def chunk_frame(chunks: ArtifactRef, doc_ids: list[str]) -> tuple[np.ndarray, np
     ch = Store.read(chunks, ["doc_id", "position"])
     doc_pos = pd.Series(np.arange(len(doc_ids)), index=pd.Index(doc_ids))
     return doc_pos.loc[ch["doc_id"]].to_numpy(np.int64), ch["position"].to_numpy(np.int64)
+
+
+def distance_frame(documents: ArtifactRef, chunks: ArtifactRef, doc_ids: list[str], scope: str
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(document, position) of every chunk for eq. 5's distance layer, in chunk-table order.
+
+    ``scope`` ``document`` (§3.1, eq. 5: chunks of the same document, by their distance in it): a passage cut from a
+    longer document (the lineage columns ``document`` and ``char_start``) belongs to that source document, and
+    its chunks are numbered in reading order (passage start, then the chunk's position in the passage); a passage
+    without a source document, as every benchmark passage, is its own document, exactly as with ``passage``.
+    ``passage``: :func:`chunk_frame` (every passage its own document)."""
+    doc, pos = chunk_frame(chunks, doc_ids)
+    names = set(pq.read_schema(documents.path).names)  # the footer alone
+    if scope == "passage" or not {"document", "char_start"} <= names:
+        return doc, pos
+    lineage = Store.read(documents, ["doc_id", "document", "char_start"])
+    source = lineage["document"].where(lineage["document"].notna(), lineage["doc_id"]).to_numpy(dtype=object)
+    start = pd.to_numeric(lineage["char_start"], errors="coerce").fillna(0).to_numpy(np.int64)
+    return se.source_positions(source, start, doc, pos)
 
 
 GRAPH = "serag_graph"
@@ -127,7 +147,7 @@ def serag_graph(ctx: RunContext, params: SeRAGGraphParams, documents: ArtifactRe
         t0 = time.perf_counter()
         _, emb = load_embeddings(chunk_embeddings, _emb_id(params))
         doc_ids = Store.read(documents, ["doc_id"])["doc_id"].tolist()
-        doc, pos = chunk_frame(chunks, doc_ids)
+        doc, pos = distance_frame(documents, chunks, doc_ids, params.dist_scope)
         ch = Store.read(chunks, ["chunk_id", "doc_id"])
         ids = ch["chunk_id"].to_numpy(dtype=object)
         if emb.shape[0] != len(doc):

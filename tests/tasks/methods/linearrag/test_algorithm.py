@@ -382,7 +382,7 @@ def test_params_fields_are_the_config_keys() -> None:
         "max_iterations", "iteration_threshold", "top_k_sentence", "passage_ratio", "passage_node_weight",
         "damping", "edge_weighting", "top_k", "min_similarity", "ppr_tol", "ppr_max_iter", "ppr_dtype",
         "title_edge_weight", "title_name_weight", "idf_edges", "lowercase_name_weight", "passage_reset", "passage_reset_depth",
-        "passage_reset_weight", "ppr_threads", "ppr_sweeps", "relation_gate_temperature",
+        "passage_reset_weight", "ppr_threads", "ppr_sweeps", "relation_gate_temperature", "document_nodes",
     }
     with pytest.raises(ValueError, match="passage_reset"):  # the config check, from the field's metadata
         check_values(LinearRAGParams, "method", {"passage_reset": "bm25"})
