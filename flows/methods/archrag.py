@@ -36,7 +36,8 @@ def index(ctx: RunContext, data: dict[str, ArtifactRef], cfg) -> dict[str, Artif
     chnsw = chnsw_stage(ctx, CHNSWBuildParams.of(cfg), entity_embeddings, hierarchy["community_embeddings"])
     dense = ({"passage_embeddings": embed(ctx, EmbedParams.of(cfg, id_col="doc_id", use_template=True),
                                           documents)["embeddings"]}
-             if p.topk_chunk else {})  # the authors' code: a separate dense index of the passages (topk_chunk)
+             if p.topk_chunk or p.passage_rule in ("auto", "source_relevance")
+             else {})  # the authors' code: a separate dense index of the passages (topk_chunk); source_relevance ranks by it
     return {"chunks": chunks, **kg, "entity_embeddings": entity_embeddings, **hierarchy, **chnsw, **dense}
 
 

@@ -22,7 +22,7 @@ from tasks.methods.archrag.kg import BUILDERS
 SUMMARISERS = ("auto", "extractive", "llm")
 GENERATIONS = ("filter", "direct")
 RELATION_SCOPES = ("among", "incident")
-PASSAGE_RULES = ("entity_rank", "similarity_sum")  # ArchParams.passage_rule (the retriever's module doc)
+PASSAGE_RULES = ("auto", "entity_rank", "similarity_sum", "source_relevance")  # ArchParams.passage_rule (the retriever's module doc)
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,10 @@ class ArchParams:
     # passages ranked per query (the harness's recall@k rule, see retriever)
     top_k: int = field(default=10, metadata=COUNT)
     # ArchRAG returns no passages (§3.2.1). entity_rank: the passages of the retrieved entities, in the order of
-    # their rank (a principle fixed before it was measured) | similarity_sum: the earlier rule, kept for comparison
-    passage_rule: str = "entity_rank"
+    # their rank (a principle fixed before it was measured) | similarity_sum: the earlier rule, kept for comparison |
+    # source_relevance (beyond the paper, #58): the passages every retrieved item was made from, by cosine to the
+    # question | auto: source_relevance where documents are cut into several passages, else entity_rank
+    passage_rule: str = "auto"
     # from the authors' code: passages of a separate dense index added (0 in their query.sh)
     topk_chunk: int = field(default=0, metadata=COUNT0)
     # §3.1.1 chunks (code: GraphRAG's 600-token windows with 100 overlap; whitespace tokens here)

@@ -11,6 +11,12 @@ passages), ``method.passage_rule``:
   an entity it mentions, of the item's similarity to the query (clipped at 0), where a retrieved community
   spreads its similarity evenly over its member entities.
 
+- ``source_relevance`` (beyond the paper, issue 58): the passages every retrieved item was made from (an entity's
+  own; a community's, through its member entities; every searched layer), by the question's cosine to the passage
+  (the dense passage index of ``topk_chunk``), a stand-in for adaptive filtering's relevance scores (§3.2.2).
+- ``auto`` (the default): ``source_relevance`` where documents are cut into several passages (``dataset.split``),
+  ``entity_rank`` where every passage is its own document (the benchmarks).
+
 Passages that involve no retrieved item are not returned. ``method.topk_chunk`` (from the authors' code) adds the
 top passages of a dense index after them.
 
@@ -112,6 +118,40 @@ def entity_rank_passages(entity_ids: np.ndarray, entity_sims: np.ndarray, entity
     return docs_out, scores_out
 
 
+def source_relevance_passages(found: list[tuple[np.ndarray, np.ndarray]], doc_spread: list[sp.csr_array],
+                              passage_sims: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ``source_relevance`` rule (module doc), per query: the passages any retrieved item was made from (an
+    entity's own passages; a community's, through its member entities), by the question's cosine to the passage,
+    ties in corpus order. ``passage_sims``: (B, n_docs) cosines. Returns (doc_idx (B, k) with -1 padding, cosine,
+    how many source passages each query had to rank)."""
+    b = passage_sims.shape[0]
+    docs_out, scores_out = np.full((b, k), -1, np.int64), np.full((b, k), -np.inf)
+    n_sources = np.zeros(b, np.int64)
+    for i in range(b):
+        sources = [doc_spread[layer][ids[i][ids[i] >= 0]].indices for layer, (ids, _) in enumerate(found)]
+        docs = np.unique(np.concatenate(sources)) if sources else np.zeros(0, np.int64)
+        order = np.argsort(-passage_sims[i][docs], kind="stable")[:k]
+        docs_out[i, :order.size], scores_out[i, :order.size] = docs[order], passage_sims[i][docs[order]]
+        n_sources[i] = docs.size
+    return docs_out, scores_out, n_sources
+
+
+def split_corpus(documents: pd.DataFrame) -> bool:
+    """Whether some document was cut into several passages (``dataset.split``; the lineage column ``document``
+    shared by two passages or more). HippoRAG-format benchmarks are passages already: never split by default."""
+    if "document" not in documents:
+        return False
+    return bool(documents["document"].dropna().duplicated().any())
+
+
+def resolve_rule(rule: str, documents: pd.DataFrame) -> str:
+    """``passage_rule=auto`` (beyond the paper): ``source_relevance`` on a corpus of documents cut into several
+    passages, ``entity_rank`` on a corpus whose passages are their own documents (the benchmarks)."""
+    if rule != "auto":
+        return rule
+    return "source_relevance" if split_corpus(documents) else "entity_rank"
+
+
 def append_passages(doc_idx: np.ndarray, scores: np.ndarray, extra: np.ndarray, k: int
                     ) -> tuple[np.ndarray, np.ndarray]:
     """``extra`` passages (B, c), in order, after each row's own (not repeated), cut at k; their score is below
@@ -145,12 +185,17 @@ class ArchRetriever:
                                          self.entity_docs)
         self.reports = {layer: g.sort_values("community")["report"].astype(str).to_numpy(dtype=object)
                         for layer, g in self.communities.groupby("layer")}
-        docs = Store.read(data["documents"], ["title", "text"])
+        docs = Store.read(data["documents"])
         self.passage_texts = (docs["title"] + ": " + docs["text"]).to_numpy(dtype=object)  # as contexts_for renders
-        self.passage_emb = (load_embeddings(index["passage_embeddings"], "doc_id")[1] if params.topk_chunk
+        self.rule = resolve_rule(params.passage_rule, docs)
+        if self.rule == "source_relevance" and "passage_embeddings" not in index:
+            raise ValueError("method.passage_rule=source_relevance ranks passages by the dense index of the passages, "
+                             "which this index lacks: rebuild it with this rule (the flow embeds the passages then)")
+        self.passage_emb = (load_embeddings(index["passage_embeddings"], "doc_id")[1] if "passage_embeddings" in index
                             else None)
         self.meta = Store.read(index["hierarchy_meta"]).iloc[0].to_dict()
         self.layers = [0] if params.entity_only else list(range(len(self.index.sizes)))
+        self.source_counts: list[int] = []  # source_relevance: passages each question's retrieved items came from
         encode_queries(["warm-up"], embedder)  # load the model outside the timed path
 
     def search(self, questions: list[str], k: int) -> Hits:
@@ -160,7 +205,10 @@ class ArchRetriever:
         ks = [self.params.k_of_layer(l) for l in range(len(self.index.sizes))]
         found = self.index.search(q, ks, layers=self.layers)
         t2 = time.perf_counter()
-        if self.params.passage_rule == "entity_rank":
+        if self.rule == "source_relevance":
+            doc_idx, scores, n_sources = source_relevance_passages(found, self.doc_spread, q @ self.passage_emb.T, k)
+            self.source_counts += n_sources.tolist()
+        elif self.rule == "entity_rank":
             doc_idx, scores = entity_rank_passages(found[0][0], found[0][1], self.entity_docs, k)
         else:
             doc_idx, scores = rank_passages(found, self.doc_spread, k)
@@ -212,8 +260,12 @@ class ArchRetriever:
                 "layers": int(self.meta["layers"]), "layer_sizes": list(self.index.sizes),
                 "layers_searched": self.layers, "k_per_layer": [self.params.k_of_layer(l) for l in self.layers],
                 "hierarchy": json.loads(self.meta["per_layer"]), "stop_reason": self.meta["stop_reason"],
-                "passage_rule": f"harness (not the paper's): {self.params.passage_rule}",
-                "topk_chunk": self.params.topk_chunk}
+                "passage_rule": f"harness (not the paper's): {self.params.passage_rule}"
+                                + (f" -> {self.rule}" if self.rule != self.params.passage_rule else ""),
+                "topk_chunk": self.params.topk_chunk,
+                **({"source_passages_median": float(np.median(self.source_counts)),
+                    "source_passages_share": round(float(np.mean(self.source_counts)) / len(self.doc_ids), 4)}
+                   if self.source_counts else {})}
 
     # ------------------------------------------------------------ the text adaptive filtering reads
 

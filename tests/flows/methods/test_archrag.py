@@ -75,11 +75,11 @@ def test_table4_ablations_run_and_rebuild_only_what_they_change(tmp_path):
 
 
 def test_the_old_passage_rule_and_the_authors_topk_chunk(tmp_path):
-    base = evaluate_flow(make_config(tmp_path, *SMALL), str(tmp_path / "base"))
+    base = evaluate_flow(make_config(tmp_path, *SMALL, "method.passage_rule=entity_rank"), str(tmp_path / "base"))
     old = evaluate_flow(make_config(tmp_path, *SMALL, "method.passage_rule=similarity_sum"), str(tmp_path / "old"))
     assert old["stages_computed"] == 0 and "similarity_sum" in old["passage_rule"]  # an online switch
     assert old["context_recall"] == base["context_recall"]  # the rule ranks passages; the context is the items'
-    cfg = make_config(tmp_path, *SMALL, "method.topk_chunk=3")
+    cfg = make_config(tmp_path, *SMALL, "method.passage_rule=entity_rank", "method.topk_chunk=3")
     chunk = evaluate_flow(cfg, str(tmp_path / "chunk"))
     ev = Store(cfg["artifacts_dir"]).events(chunk["run_id"])
     assert set(ev.loc[ev["status"] == "computed", "stage"]) == {"embed"}  # the passages' dense index, alone
@@ -90,6 +90,10 @@ def test_the_old_passage_rule_and_the_authors_topk_chunk(tmp_path):
                                        trace["context_docs"].map(json.loads), base_trace["kept_chunks"].map(json.loads)):
         assert kept[:-3] == before and all(len(d) == 1 for d in docs[-3:])  # three passages after the items
         assert {d[0] for d in docs[-3:]} <= set(hits.loc[hits["qid"] == qid, "doc_id"])  # and in the ranking
+    # the default, auto, on passages that are their own documents: entity_rank's hits, the passages embedded beside
+    auto = evaluate_flow(make_config(tmp_path, *SMALL), str(tmp_path / "auto"))
+    assert auto["passage_rule"].endswith("auto -> entity_rank") and "source_passages_median" not in auto
+    assert pd.read_parquet(tmp_path / "auto" / "hits.parquet").equals(pd.read_parquet(tmp_path / "base" / "hits.parquet"))
 
 
 def test_kg_llm_without_an_llm_is_refused_before_any_work(tmp_path):

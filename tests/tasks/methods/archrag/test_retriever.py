@@ -11,6 +11,9 @@ from tasks.methods.archrag.retriever import (
     entity_rank_passages,
     passage_spread,
     rank_passages,
+    resolve_rule,
+    source_relevance_passages,
+    split_corpus,
     spread_matrices,
 )
 
@@ -87,3 +90,30 @@ def test_appended_passages_come_after_the_own_ones_once_each():
     top, score = append_passages(own, own_s, np.array([[0, 1], [1, 2]]), 3)
     assert top.tolist() == [[2, 0, 1], [1, 2, -1]]
     assert score[0][2] < score[0][1] and score[1][0] > score[1][1]
+
+
+def test_source_relevance_ranks_the_sources_of_every_retrieved_item_by_cosine():
+    spread = passage_spread(spread_matrices(PARENTS, 4), entity_documents(ENTITIES, CHUNKS, DOCS))
+    sims = np.array([[0.1, 0.3, 0.9], [0.5, 0.2, 0.4]])
+    # q0: entity e0 (d0) and community 1 of layer 1 ({e2, e3}: d2, d1); q1: entity e2 only (d2), no community
+    found = [(np.array([[0], [2]]), np.array([[0.7], [0.6]], np.float32)),
+             (np.array([[1], [-1]]), np.array([[0.4], [0.0]], np.float32))]
+    idx, scores, n_sources = source_relevance_passages(found, spread, sims, 3)
+    # q0: every passage is a source, by cosine; q1: d2 alone, though d0 is closer to the question
+    assert idx.tolist() == [[2, 1, 0], [2, -1, -1]]
+    assert scores[0].tolist() == [0.9, 0.3, 0.1] and scores[1][0] == 0.4 and n_sources.tolist() == [3, 1]
+    # the same sources, one query at a time
+    for i in range(2):
+        one = [(ids[i:i + 1], s[i:i + 1]) for ids, s in found]
+        assert source_relevance_passages(one, spread, sims[i:i + 1], 3)[0][0].tolist() == idx[i].tolist()
+
+
+def test_auto_rule_is_source_relevance_only_where_a_document_holds_several_passages():
+    unsplit = pd.DataFrame({"doc_id": ["a", "b"], "document": ["a", "b"]})
+    benchmark = pd.DataFrame({"doc_id": ["a", "b"], "document": [None, None]})  # no lineage: own documents
+    split = pd.DataFrame({"doc_id": ["a#0", "a#1", "b"], "document": ["a", "a", "b"]})
+    assert not split_corpus(unsplit) and not split_corpus(benchmark) and split_corpus(split)
+    assert not split_corpus(pd.DataFrame({"doc_id": ["a"]}))
+    assert resolve_rule("auto", unsplit) == resolve_rule("auto", benchmark) == "entity_rank"
+    assert resolve_rule("auto", split) == "source_relevance"
+    assert resolve_rule("entity_rank", split) == "entity_rank"  # an explicit rule is kept
