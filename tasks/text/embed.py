@@ -33,9 +33,9 @@ from tasks.core.stage import (
 )
 from tasks.core.store import ArtifactRef, Store
 from tasks.core.vectors import arrow_to_embeddings, embeddings_to_arrow
-from tasks.text.encoder import PACKAGED_MODEL, load_encoder
+from tasks.text.encoder import PACKAGED_MODEL, load_encoder, model_path
 from tasks.core.resources import cpu_threads
-from tasks.text.onnx_encoder import OnnxEncoder, int8_kept, load_onnx_encoder
+from tasks.text.onnx_encoder import OnnxEncoder, embedded_heads, int8_kept, load_onnx_encoder
 from tasks.core.limits import COUNT, COUNT0, one_of
 from tasks.text.onnx_encoder import INT8_KINDS
 
@@ -117,7 +117,9 @@ def encode(texts: list[str], params: EmbedderParams, query: bool = False) -> np.
     """Texts → (n, d) L2-normalised float32 embeddings (``query=True``: online questions, no progress bar).
 
     Batches are cut from the texts sorted longest first, as sentence-transformers cuts them, so a batch
-    pads little; one batch at a time, for the progress bar.
+    pads little; one batch at a time, for the progress bar. Each text is tokenised from the head that holds what
+    is embedded (``max_seq_length`` tokens, :func:`tasks.text.onnx_encoder.embedded_heads`), as the ONNX path
+    reads it: the same ids, without tokenising a long text whole.
     """
     import torch
 
@@ -125,6 +127,7 @@ def encode(texts: list[str], params: EmbedderParams, query: bool = False) -> np.
     dim = getattr(enc, "get_embedding_dimension", enc.get_sentence_embedding_dimension)()
     out = np.zeros((len(texts), dim), dtype=np.float32)
     order = np.argsort([-len(t) for t in texts], kind="stable")
+    texts = embedded_heads(texts, model_path(params.model), params.max_seq_length)
     with torch.backends.mkldnn.flags(enabled=params.query_onednn or not query), \
             progress_bar(len(texts), "embed", unit="text", disable=query) as bar:
         for start in range(0, len(texts), params.batch_size):
