@@ -13,13 +13,14 @@ WordPiece sees a word, so a span cut at a word boundary has exactly the tokens o
 in it (tests/tasks/data/test_split.py checks this against the real tokenizer). A cut inside a word (only when one
 word is longer than ``max_tokens``) is re-counted with the tokenizer. A model whose tokenizer is not BERT's
 (byte-level BPE, SentencePiece) is split by ``semantic-text-splitter`` instead, which counts every candidate
-with the tokenizer (about 13x slower: docs/own-documents.md).
+with the tokenizer (about 6x slower than this cut: docs/own-documents.md).
 
 Why not a library for the common case: ``semantic-text-splitter`` (Rust) cuts the same hierarchy but tokenizes
-each candidate chunk again and again (binary search over units): 14 s/MB against 1.2 s/MB for one tokenizer pass
-on the installed packages' descriptions; ``semchunk`` knows no Markdown headings (measured side by side in
-docs/own-documents.md). Beyond the papers: the papers cut fixed windows (LinearRAG, EraRAG) or sentences
-(ZoomRAG); this is the usual structure-aware variant, labelled as such in conf/dataset.
+each candidate chunk again and again (binary search over units): 96 s/MB against 16 s/MB for this cut and 11 s/MB
+for one tokenizer pass on the installed packages' descriptions (a loaded box); ``semchunk`` knows no Markdown
+headings (measured side by side in docs/own-documents.md). Beyond the papers: the papers cut fixed windows
+(LinearRAG, EraRAG) or sentences (ZoomRAG); this is the usual structure-aware variant, labelled as such in
+conf/dataset.
 """
 from __future__ import annotations
 
