@@ -117,9 +117,7 @@ def encode(texts: list[str], params: EmbedderParams, query: bool = False) -> np.
     """Texts → (n, d) L2-normalised float32 embeddings (``query=True``: online questions, no progress bar).
 
     Batches are cut from the texts sorted longest first, as sentence-transformers cuts them, so a batch
-    pads little; one batch at a time, for the progress bar. Each text is tokenised from the head that holds what
-    is embedded (``max_seq_length`` tokens, :func:`tasks.text.onnx_encoder.embedded_heads`), as the ONNX path
-    reads it: the same ids, without tokenising a long text whole.
+    pads little; one batch at a time, for the progress bar.
     """
     import torch
 
@@ -127,7 +125,6 @@ def encode(texts: list[str], params: EmbedderParams, query: bool = False) -> np.
     dim = getattr(enc, "get_embedding_dimension", enc.get_sentence_embedding_dimension)()
     out = np.zeros((len(texts), dim), dtype=np.float32)
     order = np.argsort([-len(t) for t in texts], kind="stable")
-    texts = embedded_heads(texts, model_path(params.model), params.max_seq_length)
     with torch.backends.mkldnn.flags(enabled=params.query_onednn or not query), \
             progress_bar(len(texts), "embed", unit="text", disable=query) as bar:
         for start in range(0, len(texts), params.batch_size):
@@ -136,6 +133,14 @@ def encode(texts: list[str], params: EmbedderParams, query: bool = False) -> np.
                                     normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
             bar.update(len(batch))
     return out
+
+
+def encode_torch(texts: list[str], params: EmbedderParams, query: bool = False) -> np.ndarray:
+    """:func:`encode` (PyTorch) of each text's head that holds what is embedded (``max_seq_length`` tokens,
+    :func:`tasks.text.onnx_encoder.embedded_heads`), as the ONNX path reads texts: the same ids, without
+    tokenising a long text whole. (A wrapper, so that :func:`encode`, which the ONNX path's code identity names,
+    and every stored ONNX embedding with it, stay as they are.)"""
+    return encode(embedded_heads(texts, model_path(params.model), params.max_seq_length), params, query)
 
 
 def encode_stored(texts: list[str], params: EmbedderParams) -> np.ndarray:
@@ -160,7 +165,7 @@ def stored_row_identity(params: EmbedderParams) -> dict[str, str | int]:
 def _stored_encoder(params: EmbedderParams) -> Callable[[list[str], EmbedderParams], np.ndarray]:
     if params.precision == "bf16":
         return encode_bf16
-    return encode_onnx if params.doc_runtime == "onnxruntime" else encode
+    return encode_onnx if params.doc_runtime == "onnxruntime" else encode_torch
 
 
 # texts tokenised together, then cut into batches by token count. Cut by characters alone, batches of 16 held
@@ -226,7 +231,7 @@ def encode_queries(texts: list[str], params: EmbedderParams) -> np.ndarray:
     if params.query_runtime == "onnxruntime":  # no texts: a (0, dim) array, without loading torch
         return load_onnx_encoder(params.model, params.max_seq_length, cpu_threads(),
                                  params.onnx_precision, params.kept_fp32).encode(texts, params.query_batch_size)
-    return encode(texts, replace(params, batch_size=params.query_batch_size), query=True)
+    return encode_torch(texts, replace(params, batch_size=params.query_batch_size), query=True)
 
 
 @functools.lru_cache(maxsize=None)
