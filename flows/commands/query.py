@@ -36,6 +36,7 @@ from flows.runtime.output import write_json
 from flows.runtime.pipeline import run_command, start_run
 from flows.runtime.tables import format_table
 from flows.serving.index import Index, Ranked, open_index
+from tasks.data.corpus import lineage_citation
 from tasks.data.ingest import read_user_questions
 from tasks.core.files import write_parquet
 from tasks.core.store import Store
@@ -99,8 +100,9 @@ def snippet(text: str, n: int) -> str:
 
 def cited(title: str, lineage: dict | None, title_chars: int = 100) -> str:
     """A passage's label: its citation (``guide.md § Install › Linux``, ``report.pdf p. 12``) when it comes from a
-    file, else its title; cut to ``title_chars``, control characters made visible."""
-    return snippet(lineage["citation"] if lineage and lineage.get("source") else title, title_chars)
+    file, else its title (:func:`tasks.data.corpus.lineage_citation`); cut to ``title_chars``, control characters
+    made visible."""
+    return snippet(lineage_citation(lineage, title), title_chars)
 
 
 def no_results_reason(question: str) -> str:

@@ -28,7 +28,8 @@ INDEX_URI = "dagrag://index"
 class Cited(schema.Passage):
     """A ranked passage and the string to cite it by."""
 
-    citation: str = Field(description="the lineage's citation when the index has lineage, else 'title (doc id)'")
+    citation: str = Field(description="how to cite the passage: 'docs/guide.md § Install › Linux', "
+                                      "'report.pdf p. 12', its title when it has no source file")
 
 
 class Retrieved(BaseModel):
@@ -43,12 +44,7 @@ class Answered(Retrieved):
 
 def cited(ranked: Ranked) -> list[Cited]:
     """A question's passages with their citations (every field of ``Passage.to_dict()`` kept)."""
-    out = []
-    for p in ranked:
-        d = p.to_dict()
-        lineage = d.get("lineage") or {}
-        out.append(Cited(**d, citation=lineage.get("citation") or f"{p.title} ({p.doc_id})"))
-    return out
+    return [Cited(**p.to_dict(), citation=p.citation) for p in ranked]
 
 
 def build_server(index: Index, max_k: int, max_question_chars: int) -> MCPServer:

@@ -17,7 +17,7 @@ from flows.runtime.observe import RUN_END_HOOKS, untagged_tasks
 from flows.runtime.output import print_last_line, write_json
 from flows.runtime.provenance import git_sha, job_overrides, run_id, versions
 from flows.runtime.tables import stage_counts, stage_split, stage_table
-from tasks.data.ingest import content_hash, dataset_label, raw_sources
+from tasks.data.ingest import dataset_identity, dataset_label
 from tasks.core.memory import release_arrow_memory
 from tasks.core.progress import timed
 from tasks.core.stage import RunContext
@@ -34,11 +34,10 @@ def start_run(conf: Config, command: str) -> tuple[RunContext, dict[str, Any]]:
     """Create the run context and record the run manifest (with the job's overrides) in the catalog."""
     ctx = RunContext(str(Path(conf.artifacts_dir).resolve()), dataset_label(conf.dataset), run_id(),
                      llm_dry_run=conf.eval.llm_dry_run)
-    files, qpath = raw_sources(conf.dataset, conf.data_dir)
     manifest = {
         "command": command, "run_id": ctx.run_id, "git_sha": git_sha(), "dataset": ctx.dataset,
         "overrides": job_overrides(),
-        "dataset_content_hash": content_hash(files + ([qpath] if qpath else [])) if files else "generated",
+        "dataset_content_hash": dataset_identity(conf.dataset, conf.data_dir, ctx.run_id),
         "embedder": conf.embedder.model, "ner": conf.ner.model, "llm": conf.llm.model or conf.llm.provider,
         "seeds": {"shuffle_seed": conf.dataset.shuffle_seed, "sample_seed": getattr(conf.dataset, "seed", None)},
         "versions": versions(), "config": conf.raw,

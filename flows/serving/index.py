@@ -29,7 +29,7 @@ import pandas as pd
 from flows.runtime.config import Config, load_config
 from flows.methods import METHODS
 from flows.runtime.preflight import IndexNotBuilt, NoLLM
-from tasks.data.corpus import citation
+from tasks.data.corpus import citation, lineage_citation
 from tasks.data.ingest import dataset_label
 from tasks.core.stage import RunContext, StageNotBuilt
 from tasks.core.files import CATALOG
@@ -87,6 +87,11 @@ class Passage:
     rank: int
     lineage: dict | None = None
 
+    @property
+    def citation(self) -> str:
+        """How to cite this passage (:func:`tasks.data.corpus.citation`, the one rule)."""
+        return lineage_citation(self.lineage, self.title)
+
     def to_dict(self) -> dict[str, Any]:
         return {"doc_id": self.doc_id, "title": self.title, "text": self.text, "score": self.score,
                 "rank": self.rank, "lineage": self.lineage}
@@ -101,7 +106,7 @@ def by_document(passages: Sequence[Passage]) -> list[dict[str, Any]]:
         key = lineage.get("document") or p.doc_id
         if key not in groups:
             groups[key] = {"document": key, "title": p.title, "source": lineage.get("source"),
-                           "citation": lineage.get("source") or p.title, "score": p.score,
+                           "citation": citation(lineage.get("source"), p.title, None, []), "score": p.score,
                            "rank": len(groups) + 1, "passages": []}
         groups[key]["passages"].append(p.to_dict())
     return list(groups.values())

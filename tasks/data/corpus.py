@@ -289,3 +289,10 @@ def citation(source: str | None, title: str, page: int | None, headings: list[st
     if headings:
         out += " § " + " › ".join(headings)
     return out
+
+
+def lineage_citation(lineage: dict[str, Any] | None, title: str) -> str:
+    """The :func:`citation` of a passage from its lineage (``Passage.lineage``: ``source``, ``page``,
+    ``headings``); its title alone when the index has no lineage."""
+    lineage = lineage or {}
+    return citation(lineage.get("source"), title, lineage.get("page"), list(lineage.get("headings") or []))

@@ -17,6 +17,7 @@ Bad input raises :class:`IngestError` naming file, record index and field, befor
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -399,7 +400,8 @@ def dataset_label(params: DatasetParams) -> str:
 
 
 def raw_sources(params: DatasetParams, data_dir: str) -> tuple[list[Path], Path | None]:
-    """The files a dataset is read from: (corpus files, questions file or None)."""
+    """The files a dataset is read from: (corpus files, questions file or None); a user corpus's file or
+    folder."""
     if isinstance(params, HippoRAGParams):
         root = Path(data_dir) / params.name
         if not (root / "corpus.json").exists():
@@ -413,8 +415,7 @@ def raw_sources(params: DatasetParams, data_dir: str) -> tuple[list[Path], Path 
         path = Path(params.path)
         if params.kind == "folder" and not path.is_dir():
             raise IngestError(str(path), "not a folder (dataset.path of dataset=folder)")
-        files = [path] if params.kind == "jsonl" else sorted(
-            p for p in path.rglob("*") if p.suffix.lower() in FORMATS and p.is_file())
+        files = [path]  # a folder's files are listed by the scan (tasks.data.corpus.scan)
         qpath = Path(params.questions) if params.questions else None
         for p in ([path] if params.kind == "jsonl" else []) + ([qpath] if qpath else []):
             if not p.is_file():  # before content_hash reads it: an IngestError, not an OSError
@@ -538,12 +539,33 @@ def corpus_counts(params: UserCorpusParams) -> tuple[int, int]:
     return len(entries), len(parse_questions(question_file_records(qpath), str(qpath))[0])
 
 
-def read_corpus(params: UserCorpusParams) -> tuple[list[Entry], list[tuple[str, str]]]:
-    """:func:`tasks.data.corpus.scan` of a user corpus, its problems as :class:`IngestError`."""
+def read_corpus(params: UserCorpusParams, run_id: str | None = None) -> tuple[list[Entry], list[tuple[str, str]]]:
+    """:func:`tasks.data.corpus.scan` of a user corpus, its problems as :class:`IngestError`. With ``run_id``, one
+    scan per run: the run manifest's dataset identity, ``ingest`` and ``evidence`` share it, so a folder's bytes
+    are hashed once a run (and read once more by the ``read`` stage, for new and changed files only)."""
     try:
-        return scan(params.kind, params.path)
+        return _run_scan(run_id, params.kind, params.path) if run_id else scan(params.kind, params.path)
     except CorpusError as err:
         raise IngestError(params.path, str(err).removeprefix(f"{params.path}: ")) from None
+
+
+@functools.lru_cache(maxsize=1)  # the current run's scan only: the next run scans again
+def _run_scan(run_id: str, kind: str, path: str) -> tuple[list[Entry], list[tuple[str, str]]]:
+    return scan(kind, path)
+
+
+def dataset_identity(params: DatasetParams, data_dir: str, run_id: str | None = None) -> str:
+    """The identity of a dataset's content (the run manifest's ``dataset_content_hash``; the ``evidence`` stage's
+    input): a user corpus by its scan (:func:`tasks.data.corpus.listing_hash`: each document's content key and
+    source) and its questions file's bytes, a HippoRAG dataset by its files' bytes; ``generated`` for the
+    sample."""
+    if isinstance(params, SampleParams):
+        return "generated"
+    files, qpath = raw_sources(params, data_dir)
+    if isinstance(params, UserCorpusParams):
+        listing = listing_hash(*read_corpus(params, run_id))
+        return hashlib.sha256(f"{listing}\x1f{content_hash([qpath]) if qpath else 'none'}".encode()).hexdigest()[:16]
+    return content_hash(files + ([qpath] if qpath else []))
 
 
 def corpus_path(params: HippoRAGParams | UserCorpusParams, data_dir: str) -> Path:
@@ -632,7 +654,7 @@ def ingest(ctx: RunContext, params: DatasetParams, data_dir: str) -> dict[str, A
         return ingest_sample(ctx, SampleIngestParams.of(dataset))
     files, qpath = raw_sources(params, data_dir)
     if isinstance(params, UserCorpusParams):
-        entries, skipped = read_corpus(params)
+        entries, skipped = read_corpus(params, ctx.run_id)
         listing = listing_hash(entries, skipped)
         try:
             read = read_rows(ctx, ReadParams.of(dataset, kind=params.kind), entries, listing)
@@ -765,9 +787,9 @@ def gold_evidence(ctx: RunContext, params: DatasetParams, data_dir: str) -> dict
     dataset = SimpleNamespace(dataset=params)
     if isinstance(params, SampleParams):
         return sample_evidence(ctx, SampleEvidenceParams.of(dataset))
-    files, qpath = raw_sources(params, data_dir)
-    raw = content_hash(files + ([qpath] if qpath else []))
-    return file_evidence(ctx, FileEvidenceParams.of(dataset), str(qpath) if qpath else None, raw)
+    _, qpath = raw_sources(params, data_dir)
+    return file_evidence(ctx, FileEvidenceParams.of(dataset), str(qpath) if qpath else None,
+                         dataset_identity(params, data_dir, ctx.run_id))
 
 
 @stage("evidence", params=SampleEvidenceParams)

@@ -12,7 +12,9 @@
   after the reader's token budget: the top ``eval.context_passages`` passages, or the method's own context
   items (``kept_chunks`` in its trace, each mapped to its passages by ``context_docs``: a ZoomRAG chunk to
   its passage, an EraRAG leaf to its passage and a summary node to every passage under it, an ArchRAG entity,
-  relation or community to the passages it was made from).
+  relation or community to the passages it was made from). Where passages were cut from documents and gold
+  names the documents (``dataset=folder``/``jsonl``, or a split benchmark), a passage in the context counts
+  for the document it was cut from, as :func:`tasks.eval.metrics.document_hits` counts a hit.
 """
 from __future__ import annotations
 
@@ -83,6 +85,16 @@ def context_recall(context_docs: Mapping[str, set[str]], gold: pd.DataFrame, qid
     return round(float(np.mean(per_q) * 100), 2)
 
 
+def with_source_documents(context_docs: Mapping[str, set[str]], documents: pd.DataFrame) -> dict[str, set[str]]:
+    """Each question's context passages together with the documents they were cut from (``documents``'
+    ``doc_id`` → ``document``): gold that names a document is in the context when one of its passages is.
+    Unsplit passages are their own documents: the sets unchanged."""
+    if "document" not in documents.columns:
+        return dict(context_docs)
+    source = dict(zip(documents["doc_id"], documents["document"]))
+    return {qid: ids | {source.get(d, d) for d in ids} for qid, ids in context_docs.items()}
+
+
 def reader_context_docs(hits: pd.DataFrame, docs: pd.DataFrame, traces: pd.DataFrame | None, n_passages: int,
                         max_tokens: int) -> dict[str, set[str]]:
     """Per question, the passages whose text reaches the reader (what ``contexts_for`` gives, then the budget)."""
@@ -131,6 +143,6 @@ def score_evidence(hits: pd.DataFrame, docs: pd.DataFrame, gold: pd.DataFrame, g
             out["evidence_units"] = "passage sentences"
         out.update({f"evidence_recall@{k}": evidence_recall(units_at[k], asked, qids) for k in ks})
         out["n_questions_with_sentences"] = int(asked["qid"].nunique())
-    out["context_recall"] = (context_recall(reader_context_docs(hits, docs, traces, n_passages, max_tokens),
-                                            gold, qids) if passage_context else None)
+    context = with_source_documents(reader_context_docs(hits, docs, traces, n_passages, max_tokens), docs)
+    out["context_recall"] = context_recall(context, gold, qids) if passage_context else None
     return out

@@ -33,9 +33,9 @@ from tasks.core.stage import (
 )
 from tasks.core.store import ArtifactRef, Store
 from tasks.core.vectors import arrow_to_embeddings, embeddings_to_arrow
-from tasks.text.encoder import PACKAGED_MODEL, load_encoder
+from tasks.text.encoder import PACKAGED_MODEL, load_encoder, model_path
 from tasks.core.resources import cpu_threads
-from tasks.text.onnx_encoder import OnnxEncoder, int8_kept, load_onnx_encoder
+from tasks.text.onnx_encoder import OnnxEncoder, embedded_heads, int8_kept, load_onnx_encoder
 from tasks.core.limits import COUNT, COUNT0, one_of
 from tasks.text.onnx_encoder import INT8_KINDS
 
@@ -135,6 +135,14 @@ def encode(texts: list[str], params: EmbedderParams, query: bool = False) -> np.
     return out
 
 
+def encode_torch(texts: list[str], params: EmbedderParams, query: bool = False) -> np.ndarray:
+    """:func:`encode` (PyTorch) of each text's head that holds what is embedded (``max_seq_length`` tokens,
+    :func:`tasks.text.onnx_encoder.embedded_heads`), as the ONNX path reads texts: the same ids, without
+    tokenising a long text whole. (A wrapper, so that :func:`encode`, which the ONNX path's code identity names,
+    and every stored ONNX embedding with it, stay as they are.)"""
+    return encode(embedded_heads(texts, model_path(params.model), params.max_seq_length), params, query)
+
+
 def encode_stored(texts: list[str], params: EmbedderParams) -> np.ndarray:
     """Texts to store (passages, sentences, entity names) → embeddings, by ``embedder.doc_runtime`` and
     ``embedder.precision``."""
@@ -157,7 +165,7 @@ def stored_row_identity(params: EmbedderParams) -> dict[str, str | int]:
 def _stored_encoder(params: EmbedderParams) -> Callable[[list[str], EmbedderParams], np.ndarray]:
     if params.precision == "bf16":
         return encode_bf16
-    return encode_onnx if params.doc_runtime == "onnxruntime" else encode
+    return encode_onnx if params.doc_runtime == "onnxruntime" else encode_torch
 
 
 # texts tokenised together, then cut into batches by token count. Cut by characters alone, batches of 16 held
@@ -223,7 +231,7 @@ def encode_queries(texts: list[str], params: EmbedderParams) -> np.ndarray:
     if params.query_runtime == "onnxruntime":  # no texts: a (0, dim) array, without loading torch
         return load_onnx_encoder(params.model, params.max_seq_length, cpu_threads(),
                                  params.onnx_precision, params.kept_fp32).encode(texts, params.query_batch_size)
-    return encode(texts, replace(params, batch_size=params.query_batch_size), query=True)
+    return encode_torch(texts, replace(params, batch_size=params.query_batch_size), query=True)
 
 
 @functools.lru_cache(maxsize=None)

@@ -92,6 +92,42 @@ def head(text: str, chars: int) -> str:
     return text if end is None else text[:end.start()]
 
 
+@functools.lru_cache(maxsize=4)
+def _truncating_tokenizer(folder: str, max_length: int) -> Any:
+    """``tokenizer.json`` truncating at ``max_length`` (None: no file, or no pre-tokeniser, where no cut is safe)."""
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path))
+    tok.enable_truncation(max_length)
+    tok.no_padding()
+    return tok if tok.pre_tokenizer is not None else None
+
+
+def embedded_heads(texts: list[str], folder: str, max_length: int) -> list[str]:
+    """Each text cut to the :func:`head` that holds every token the encoder embeds (its first ``max_length``,
+    special tokens included): the head, widened while it gives fewer, as :func:`fast_tokenizer` reads texts. For
+    an encoder that tokenises its input whole (sentence-transformers on torch), so that a 375 KB text costs the
+    tokens it embeds, not 124,386. Texts unchanged where the model has no ``tokenizer.json`` with a
+    pre-tokeniser."""
+    tok = _truncating_tokenizer(folder, max_length)
+    if tok is None:
+        return list(texts)
+    chars = max_length * HEAD_CHARS_PER_TOKEN
+    heads = [head(t, chars) for t in texts]
+    cut = [i for i, t in enumerate(texts) if len(heads[i]) < len(t)]
+    while cut:
+        full = tok.encode_batch([heads[i] for i in cut])
+        cut = [i for i, e in zip(cut, full) if len(e.ids) < max_length]
+        chars *= HEAD_WIDEN
+        for i in cut:
+            heads[i] = head(texts[i], chars)
+        cut = [i for i in cut if len(heads[i]) < len(texts[i])]
+    return heads
+
+
 def fast_tokenizer(folder: Path, max_length: int) -> Tokenize | None:
     """The model's ``tokenizer.json`` through the ``tokenizers`` library (truncated at ``max_length``, padded
     to the longest text), the same ids sentence-transformers' tokenizer gives; None when the folder has none.

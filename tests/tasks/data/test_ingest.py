@@ -407,3 +407,30 @@ def test_question_types_from_each_shape():
             {"_id": "x", "question": "q?", "answer": "a", "supporting_facts": []}]
     questions, _ = parse_questions(recs, "q.json")
     assert questions["qtype"].tolist() == ["bridge", "3hop1", "unknown"]
+
+
+def test_a_folder_is_scanned_once_a_run(tmp_path, monkeypatch):
+    """The run manifest's dataset identity, ``ingest`` and ``evidence`` share one scan a run (the folder's bytes are
+    hashed once, not once for the manifest and again for the scan); the identity follows the content, and the
+    next run scans again."""
+    from tasks.data import ingest as ingest_module
+    from tasks.data.ingest import dataset_identity, read_corpus
+
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "a.md").write_text("# A\n\nAlpha text.\n", encoding="utf-8")
+    (folder / "b.txt").write_text("Beta text.\n", encoding="utf-8")
+    scans: list[str] = []
+    real = ingest_module.scan
+    monkeypatch.setattr(ingest_module, "scan", lambda kind, path: scans.append(path) or real(kind, path))
+    params = UserCorpusParams(kind="folder", path=str(folder), shuffle_seed=None)
+    first = dataset_identity(params, "", "run-1")
+    assert read_corpus(params, "run-1") == read_corpus(params, "run-1") and len(scans) == 1
+    assert dataset_identity(params, "", "run-2") == first and len(scans) == 2  # a new run scans again
+    (folder / "b.txt").write_text("Beta text, edited.\n", encoding="utf-8")
+    assert dataset_identity(params, "", "run-2") == first  # one scan a run: the run sees one listing
+    assert dataset_identity(params, "", "run-3") != first
+    questions = tmp_path / "q.json"
+    questions.write_text(json.dumps([{"id": "q1", "question": "Which?", "answer": ["Beta"]}]), encoding="utf-8")
+    with_questions = UserCorpusParams(kind="folder", path=str(folder), questions=str(questions), shuffle_seed=None)
+    assert dataset_identity(with_questions, "", "run-3") != dataset_identity(params, "", "run-3")

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.data.corpus import CorpusError, SplitParams, file_entry, jsonl_records, read_entry, scan
+from tasks.data.corpus import (CorpusError, SplitParams, citation, file_entry, jsonl_records, lineage_citation,
+                               read_entry, scan)
 from tasks.data.ingest import IngestError, read_jsonl, read_user_questions
 from tasks.data.readers import ReadDocument, UnreadableFile, read_document, read_html, read_pdf
 from tasks.data.split import count_tokens, heading_path, markdown_headings, split_document
@@ -193,3 +194,15 @@ def test_jsonl_bad_record_is_an_error_row(tmp_path):
     entries, _ = scan("jsonl", str(path))
     assert entries[1].source == "c.jsonl#1"
     assert "field 'title'" in read_entry(entries[1], SplitParams(enabled=False), None)["error"]
+
+
+def test_citation_is_one_rule():
+    """A file's path with its page or heading path; a JSONL record by its title first; a passage without a source
+    file (HippoRAG) or an index without lineage by its title."""
+    assert citation("docs/guide.md", "Guide", None, ["Install", "Linux"]) == "docs/guide.md § Install › Linux"
+    assert citation("report.pdf", "report", 12, []) == "report.pdf p. 12"
+    assert citation("corpus.jsonl#12", "Pump manual", None, []) == "Pump manual (corpus.jsonl#12)"
+    assert citation(None, "Hotpot passage", None, []) == "Hotpot passage"
+    lineage = {"document": "d", "source": "report.pdf", "page": 3, "headings": [], "span": [0, 9]}
+    assert lineage_citation(lineage, "report") == "report.pdf p. 3"
+    assert lineage_citation(None, "A title") == "A title"

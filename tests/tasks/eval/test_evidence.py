@@ -11,7 +11,9 @@ from tasks.eval.evidence import (
     passage_sentences,
     rank_sentences,
     reader_context_docs,
+    score_evidence,
     sentence_found,
+    with_source_documents,
 )
 
 
@@ -62,3 +64,24 @@ def test_context_recall_counts_what_fits_the_budget_and_summary_nodes():
     # a method's own context: a summary node standing for d1 and d2 reaches both
     traces = pd.DataFrame({"qid": ["q"], "kept_chunks": ['["a summary"]'], "context_docs": ['[["d1", "d2"]]']})
     assert context_recall(reader_context_docs(hits, docs, traces, 1, 2000), gold, ["q"]) == 100.0
+
+
+def test_context_recall_counts_a_passage_for_its_document():
+    """Split documents with gold per document (``dataset=jsonl``/``folder``): a passage of the gold document in
+    the reader's context counts for it (it read 0.0 when the context held passage ids and gold document ids);
+    unsplit passages (the benchmarks) keep their own ids."""
+    docs = pd.DataFrame({"doc_id": ["D-1", "D-2", "E-1"], "title": ["D", "D", "E"], "text": ["d one", "d two", "e"],
+                         "document": ["D", "D", "E"]})
+    hits = pd.DataFrame({"qid": ["q", "q", "r"], "rank": [1, 2, 1], "doc_id": ["D-2", "E-1", "E-1"]})
+    gold = pd.DataFrame({"qid": ["q", "r"], "doc_id": ["D", "D"]})
+    no_sentences = pd.DataFrame(columns=["qid", "sentence"])
+
+    def score(documents: pd.DataFrame, passages: int) -> float:
+        return score_evidence(hits, documents, gold, no_sentences, pd.DataFrame(columns=["qid", "question"]), None,
+                              [5], False, True, passages, 2000, None, None)["context_recall"]
+
+    assert score(docs, 5) == 50.0  # q's context holds a passage of D, r's only E's
+    assert score(docs.drop(columns="document"), 5) == 0.0  # passage ids alone never meet document gold
+    assert with_source_documents({"q": {"D-2"}}, docs) == {"q": {"D-2", "D"}}
+    unsplit = docs.assign(document=docs["doc_id"])
+    assert with_source_documents({"q": {"D-2"}}, unsplit) == {"q": {"D-2"}}

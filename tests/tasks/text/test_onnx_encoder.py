@@ -453,3 +453,31 @@ def test_head_tokenising_keeps_the_stored_embeddings_bit_for_bit(monkeypatch) ->
                                       p.max_seq_length)
     monkeypatch.setattr("tasks.text.embed.load_onnx_encoder", lambda *a, **k: replace(enc, tokenize=whole))
     np.testing.assert_array_equal(headed, encode_onnx(texts, p))
+
+
+def test_torch_path_tokenises_only_what_it_embeds(monkeypatch) -> None:
+    """The torch encoder is given each long text's head (what ``max_seq_length`` keeps), as the ONNX path reads
+    it: the model's own tokenizer gives the head the whole text's ids, and the embeddings equal ONNX Runtime's."""
+    from importlib import metadata
+
+    from tasks.text.embed import encode_stored
+    from tasks.text.encoder import load_encoder, model_path
+    from tasks.text.onnx_encoder import embedded_heads
+
+    p = EmbedderParams(doc_runtime="torch")
+    bodies = ((d.read_text("METADATA") or "").partition("\n\n")[2] for d in metadata.distributions())
+    long = sorted(bodies, key=len)[-3:]
+    texts = long + ["1234567890 " * 2000, " ".join(f"{'x' * 150}{i}" for i in range(400))] + PASSAGES[:4]
+    heads = embedded_heads(texts, model_path(p.model), p.max_seq_length)
+    assert all(len(h) < len(t) / 10 for h, t in zip(heads, long))  # the long descriptions are cut
+    assert heads[-4:] == texts[-4:]  # short texts stay whole
+    hf = load_encoder(p.model, p.max_seq_length, "cpu").tokenizer
+    assert hf(heads, truncation=True, max_length=p.max_seq_length)["input_ids"] == \
+           hf(texts, truncation=True, max_length=p.max_seq_length)["input_ids"]
+    given: list[int] = []
+    model = load_encoder(p.model, p.max_seq_length, "cpu")
+    real = model.encode
+    monkeypatch.setattr(model, "encode", lambda batch, **kw: given.extend(map(len, batch)) or real(batch, **kw))
+    torch = encode_stored(texts, p)
+    assert sorted(given) == sorted(map(len, heads))
+    np.testing.assert_allclose(torch, encode_stored(texts, EmbedderParams()), atol=1e-5)
