@@ -225,12 +225,12 @@ class HeldRequest:
     def release(self) -> None:
         self.sock.sendall(self.body)
 
-    def reply(self) -> tuple[int, dict]:
+    def reply(self) -> tuple[int, bytes]:
         response = http.client.HTTPResponse(self.sock)
         response.begin()
-        status, payload = response.status, json.loads(response.read())
+        status, body = response.status, response.read()
         self.sock.close()
-        return status, payload
+        return status, body
 
 
 def queue_depth(url: str) -> float:
@@ -243,9 +243,9 @@ def test_sigterm_finishes_requests_in_flight_and_exits_0(grown):
     """SIGTERM while five requests are in flight, on conditions the server reports rather than on sleeps: four
     wait in the batcher (the ``dagrag_queue_depth`` gauge says 4; it holds them while a fifth is being read, and
     ``serve.max_wait_ms`` is far longer than the test), the fifth has been taken by the app (its ``100 Continue``
-    came) but not yet given its body. The signal is handled (its line printed) before that body is sent, so no
-    answer can leave before the stop began; all five are then answered right, and the process exits 0 within
-    ``serve.drain_s``."""
+    came) but not yet given its body. That body is sent only once the signal is handled (its line printed) and the
+    server has stopped taking connections, so no answer can leave before the drain began; all five are then
+    answered right, and the process exits 0 within ``serve.drain_s``."""
     overrides, _, _, questions = grown
     expected = offline(overrides, questions[:5], 3)
     server = ServeProcess([*overrides, "serve.max_wait_ms=60000", "serve.max_batch=64", "serve.drain_s=10"])
@@ -264,13 +264,24 @@ def test_sigterm_finishes_requests_in_flight_and_exits_0(grown):
         while not any("stopping: no new requests" in line for line in list(server.errors)):
             assert server.proc.poll() is None and time.monotonic() - t0 < 60, "".join(server.errors)
             time.sleep(0.02)
+        while True:  # its shutdown has begun: it takes no new connection (the five it holds stay open)
+            try:
+                httpx.get(f"{server.url}/health", timeout=5)
+            except httpx.ConnectError:
+                break
+            assert time.monotonic() - t0 < 60, "the server still takes connections after SIGTERM"
+            time.sleep(0.02)
+        # past uvicorn's 0.1 s pause before the drain, so that the drain (serve.drain_s) is what keeps the five
+        # alive: with serve.drain_s=0.01 they are cancelled and this test fails (checked); the pass never depends
+        # on this pause, as the drain is 10 s
+        time.sleep(0.3)
         held[4].release()
         replies = [h.reply() for h in held]
         server.proc.wait(timeout=60)  # no second signal: the first one stops it
         code, err = server.stop()
         assert code == 0 and time.monotonic() - t0 < 10, (code, err)
         assert [status for status, _ in replies] == [200] * 5, replies
-        assert [[p["doc_id"] for p in body["results"][0]] for _, body in replies] == expected
+        assert [[p["doc_id"] for p in json.loads(body)["results"][0]] for _, body in replies] == expected
         assert "Traceback" not in err
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{server.url}/health")
