@@ -25,3 +25,14 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 def ctx(tmp_path) -> RunContext:
     """A run context over a fresh, empty artifacts dir under ``tmp_path``."""
     return RunContext(str(tmp_path / "artifacts"), "ds", "run1")
+
+
+@pytest.fixture(scope="session")
+def docs_site(tmp_path_factory):
+    """``mkdocs build --strict`` of the repository's docs, run once per session for the tests that read the built
+    site (tests/test_docs.py, tests/test_docs_offline.py): ``(the finished build, the site folder)``."""
+    pytest.importorskip("material", reason="mkdocs-material is in the test extra: pip install -e '.[test]'")
+    from tests.test_docs import REPO, mkdocs_build
+
+    site = tmp_path_factory.mktemp("docs") / "site"
+    return mkdocs_build(REPO / "mkdocs.yml", site), site

@@ -33,12 +33,11 @@ def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess:
                           env={"PATH": "/usr/bin:/bin", "NO_MKDOCS_2_WARNING": "1", "HOME": str(site.parent)})
 
 
-def test_mkdocs_builds_strict(tmp_path):
-    pytest.importorskip("material", reason="mkdocs-material is in the test extra: pip install -e '.[test]'")
-    out = mkdocs_build(REPO / "mkdocs.yml", tmp_path / "site")
+def test_mkdocs_builds_strict(docs_site):
+    out, site = docs_site  # tests/conftest.py: built once per session
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert (tmp_path / "site" / "methods" / "zoomrag" / "index.html").exists()
-    assert "fonts.googleapis" not in (tmp_path / "site" / "index.html").read_text()  # offline: theme.font false
+    assert (site / "methods" / "zoomrag" / "index.html").exists()
+    assert "fonts.googleapis" not in (site / "index.html").read_text()  # offline: theme.font false
 
 
 def test_mkdocs_strict_fails_on_a_broken_link(tmp_path):

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.test_docs import REPO, mkdocs_build
+from tests.test_docs import REPO
 
 VENDORED = REPO / "docs" / "assets" / "javascripts" / "mermaid"
 
@@ -59,14 +59,13 @@ def svg_texts(node: dict, inside_mermaid: bool = False, inside_svg: bool = False
     return out
 
 
-def test_a_method_page_draws_its_stage_diagram_offline(tmp_path):
+def test_a_method_page_draws_its_stage_diagram_offline(request):
     from tests.flows.cdp import OFFLINE, chromium, chromium_or_skip
 
-    pytest.importorskip("material", reason="mkdocs-material is in the test extra: pip install -e '.[test]'")
     binary = chromium_or_skip()
-    out = mkdocs_build(REPO / "mkdocs.yml", tmp_path / "site")
+    out, site = request.getfixturevalue("docs_site")  # the session's build (tests/conftest.py), once Chromium is here
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    with loopback_site(tmp_path / "site") as url:
+    with loopback_site(site) as url:
         with chromium(binary, f"{url}/methods/zoomrag/", OFFLINE) as page:
             page.wait_for("!!document.querySelector('div.mermaid')")  # material swaps the block for a drawn one
             texts = svg_texts(page.send("DOM.getDocument", depth=-1, pierce=True)["root"])

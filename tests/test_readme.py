@@ -231,6 +231,8 @@ def plan_dagrag(cmd: Command, sub: str, args: list[str]) -> Plan:
     return Plan(run=[*dagrag_argv(), sub, *args], prefix=LAST_LINE[sub])
 
 
+@cache  # once per command: test_readme_command_is_valid and test_readme_command_runs both ask (a failed check is
+# not cached, so it raises again)
 def plan(cmd: Command) -> Plan:
     """Check ``cmd`` (raises :class:`ReadmeCommandError`) and decide whether it runs here."""
     check_env_names([k for k, _ in cmd.env], f"{cmd.where}")

@@ -80,3 +80,20 @@ def count_submissions(monkeypatch):
 
     monkeypatch.setattr(DaskPartitionRunner, "submit_partition", counted)
     return calls
+
+
+def evaluated_store(tmp_path_factory: pytest.TempPathFactory, *overrides: str) -> tuple[Path, dict]:
+    """One ``evaluate`` run into a fresh store of its own, for a module's tests to share (through
+    :func:`copy_store`): ``(root, metrics)``, the store at ``root / "artifacts"`` and the run's files (hits, trace,
+    metrics) at ``root / "run"``."""
+    from flows.commands.evaluate import evaluate_flow
+
+    root = tmp_path_factory.mktemp("evaluated")
+    return root, evaluate_flow(make_config(root, *overrides), str(root / "run"))
+
+
+def copy_store(root: Path, tmp_path: Path) -> Path:
+    """A copy of the store at ``root / "artifacts"`` at ``tmp_path / "artifacts"`` (where :func:`make_config`
+    points; the catalog follows a copied store): a test works on its own copy, the shared one stays as built."""
+    shutil.copytree(root / "artifacts", tmp_path / "artifacts", ignore=shutil.ignore_patterns("runs"))
+    return tmp_path / "artifacts"

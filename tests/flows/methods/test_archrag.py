@@ -14,24 +14,30 @@ from flows.commands.update import update_flow
 from tasks.data.sample import generate_sample
 from tasks.core.store import Store
 from tasks.methods.archrag.filtering import FILTER_SYSTEM, MERGE_SYSTEM
-from tests.flows.conftest import make_config
+from tests.flows.conftest import copy_store, evaluated_store, make_config
 from tests.llm_server import FakeLLMServer
 from tests.tasks.methods.archrag.test_kg_stages import extraction_reply
 
 SMALL = ["method=archrag", "dataset.n_passages=80", "dataset.n_questions=16", "method.min_clusters=3"]
 
 
-def test_archrag_llm_free_end_to_end_then_fully_cached(tmp_path):
-    cfg = make_config(tmp_path, *SMALL)
-    first = evaluate_flow(cfg, str(tmp_path / "a"))
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The default LLM-free ArchRAG evaluated once into a fresh store: the tests below work on copies of it."""
+    return evaluated_store(tmp_path_factory, *SMALL)
+
+
+def test_archrag_llm_free_end_to_end_then_fully_cached(built, tmp_path):
+    root, first = built
+    cfg = make_config(root, *SMALL)
     assert first["kg_builder"] == "cooccur" and first["summariser"] == "extractive"
     assert first["layers"] >= 2 and first["layers_searched"] == list(range(first["layers"]))
     assert 0.0 < first["recall@10"] <= 100.0 and first["recall@2"] <= first["recall@5"] <= first["recall@10"]
     assert "harness" in first["passage_rule"]
-    hits = pd.read_parquet(tmp_path / "a" / "hits.parquet")
+    hits = pd.read_parquet(root / "run" / "hits.parquet")
     depth = max(10, cfg["eval"]["answer_depth"])  # evaluate ranks as deep as answer_in_context reads
     assert not hits.duplicated(["qid", "doc_id"]).any() and hits.groupby("qid").size().max() <= depth
-    trace = pd.read_parquet(tmp_path / "a" / "trace.parquet")
+    trace = pd.read_parquet(root / "run" / "trace.parquet")
     retrieved = [json.loads(r) for r in trace["retrieved"]]
     assert all(len(r) == first["layers"] and len(r[0]) == 5 for r in retrieved)
     # the reader's context: 5 entity descriptions, the relations among them, 5 community reports per layer above
@@ -42,7 +48,8 @@ def test_archrag_llm_free_end_to_end_then_fully_cached(tmp_path):
     row = Store(cfg["artifacts_dir"]).query("SELECT params FROM stages WHERE stage = 'archrag_kg_cooccur'")
     assert json.loads(row["params"].iloc[0])["builder"] == "cooccur"  # the catalog says which builder ran
 
-    second = evaluate_flow(cfg, str(tmp_path / "b"))
+    copy_store(root, tmp_path)  # the built store, copied: the second run must find all of it cached
+    second = evaluate_flow(make_config(tmp_path, *SMALL), str(tmp_path / "b"))
     assert second["stages_computed"] == 0
     assert pd.read_parquet(tmp_path / "b" / "hits.parquet").equals(hits)
 
@@ -58,8 +65,9 @@ ABLATIONS = {  # Table 4 variant -> overrides, and the stages it recomputes over
 }
 
 
-def test_table4_ablations_run_and_rebuild_only_what_they_change(tmp_path):
-    base = evaluate_flow(make_config(tmp_path, *SMALL), str(tmp_path / "base"))
+def test_table4_ablations_run_and_rebuild_only_what_they_change(built, tmp_path):
+    root, base = built
+    copy_store(root, tmp_path)  # the default index, built: each variant recomputes only what it changes
     for name, (overrides, rebuilt) in ABLATIONS.items():
         cfg = make_config(tmp_path, *SMALL, *overrides)
         out = evaluate_flow(cfg, str(tmp_path / name.replace(" ", "_")))
@@ -70,7 +78,7 @@ def test_table4_ablations_run_and_rebuild_only_what_they_change(tmp_path):
     single = json.loads((tmp_path / "Single-Layer" / "metrics.json").read_text())
     entity = json.loads((tmp_path / "Entity-Only" / "metrics.json").read_text())
     assert single["layers"] == 2 and entity["layers_searched"] == [0]
-    graph, exact = (pd.read_parquet(tmp_path / x / "trace.parquet")["retrieved"] for x in ("base", "exact_search"))
+    graph, exact = (pd.read_parquet(run / "trace.parquet")["retrieved"] for run in (root / "run", tmp_path / "exact_search"))
     assert sum(a == b for a, b in zip(graph, exact)) >= 0.9 * len(graph)  # C-HNSW ~ brute force per layer
 
 

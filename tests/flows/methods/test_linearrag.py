@@ -8,12 +8,23 @@ import pytest
 
 from flows.commands.evaluate import evaluate_flow
 from tasks.core.store import Store
-from tests.flows.conftest import make_config
+from tests.flows.conftest import copy_store, make_config
 
 SMALL = ["dataset.n_passages=60", "dataset.n_questions=12"]
+BEYOND = ["linearrag", "zoomrag", "serag"]  # the methods the beyond_paper experiment runs on the gazetteer graph
 
 
-def test_linearrag_small_sample_end_to_end(tmp_path):
+@pytest.fixture(scope="module")
+def beyond(tmp_path_factory):
+    """One store holding the beyond_paper index of each method in BEYOND on the sample (its ingest, NER and
+    passage embeddings shared with the paper's): ``(root, {method: metrics})``. The tests below work on copies."""
+    root = tmp_path_factory.mktemp("beyond")
+    return root, {method: evaluate_flow(make_config(root, f"method={method}", "experiment=beyond_paper", *SMALL),
+                                        str(root / method)) for method in BEYOND}
+
+
+def test_linearrag_small_sample_end_to_end(beyond, tmp_path):
+    copy_store(beyond[0], tmp_path)
     lin = evaluate_flow(make_config(tmp_path, "method=linearrag", *SMALL), str(tmp_path / "lin"))
     dense = evaluate_flow(make_config(tmp_path, "method=dense", *SMALL), str(tmp_path / "dense"))
     assert lin["n_questions"] == 12 and lin["recall@2"] <= lin["recall@5"] <= lin["recall@10"]
@@ -42,34 +53,36 @@ def test_linearrag_small_sample_end_to_end(tmp_path):
     assert {"query_ner_ms", "query_encoding_ms", "bridging_ms", "ppr_ms"} <= set(latency.columns)
 
 
-def test_beyond_paper_experiment_runs_each_method_on_the_gazetteer_graph(tmp_path):
-    for method in ["linearrag", "zoomrag", "serag"]:
-        m = evaluate_flow(make_config(tmp_path, f"method={method}", "experiment=beyond_paper", *SMALL),
-                          str(tmp_path / method))
+def test_beyond_paper_experiment_runs_each_method_on_the_gazetteer_graph(beyond):
+    root, runs = beyond
+    for method in BEYOND:
+        m = runs[method]
         assert m["n_questions"] == 12 and m["recall@2"] <= m["recall@5"] <= m["recall@10"]
-        stages = set(Store(tmp_path / "artifacts").events(m["run_id"])["stage"])
+        stages = set(Store(root / "artifacts").events(m["run_id"])["stage"])
         assert "linked_entity_graph" in stages and "entity_graph" not in stages
 
 
-def test_title_walk_with_the_papers_question_linking_runs(tmp_path):
+def test_title_walk_with_the_papers_question_linking_runs(beyond, tmp_path):
     """The title walk needs titles as nodes (graph_linking), not the gazetteer on questions."""
+    copy_store(beyond[0], tmp_path)
     m = evaluate_flow(make_config(tmp_path, "method=linearrag", "method.graph_linking=gazetteer",
                                   "method.title_edge_weight=50", "method.passage_reset=top_similarity", *SMALL),
                       str(tmp_path / "walk"))
     assert m["n_questions"] == 12 and m["recall@2"] <= m["recall@5"] <= m["recall@10"]
 
 
-def test_lowercase_name_weight_runs_on_the_stored_graph(tmp_path):
+def test_lowercase_name_weight_runs_on_the_stored_graph(beyond, tmp_path):
     """The lever re-weights the walk's edges when the retriever loads: the index built for the preset is reused."""
+    copy_store(beyond[0], tmp_path)  # the preset's index of each method, built
     for method in ["linearrag", "zoomrag"]:
         base = [f"method={method}", "experiment=beyond_paper", *SMALL]
-        evaluate_flow(make_config(tmp_path, *base), str(tmp_path / f"{method}-a"))
         m = evaluate_flow(make_config(tmp_path, *base, "method.lowercase_name_weight=0.1"), str(tmp_path / f"{method}-b"))
         assert m["stages_computed"] == 0 and m["n_questions"] == 12
 
 
-def test_masked_relation_gate_shares_zoomrags_relation_sentences_and_changes_the_ppr(tmp_path):
+def test_masked_relation_gate_shares_zoomrags_relation_sentences_and_changes_the_ppr(beyond, tmp_path):
     """LinearRAG's gate walks per-query transitions; its masked sentences are the stage ZoomRAG computed."""
+    copy_store(beyond[0], tmp_path)
     gate = ["experiment=beyond_paper", *SMALL, "method.relation_gate_temperature=0.2",
             "method.relation_gate_masked=true"]
     zoom = evaluate_flow(make_config(tmp_path, "method=zoomrag", *gate), str(tmp_path / "zoom"))
@@ -85,9 +98,10 @@ def test_masked_relation_gate_shares_zoomrags_relation_sentences_and_changes_the
         evaluate_flow(make_config(tmp_path, "method=linearrag", *gate, "method.ppr_sweeps=power"), str(tmp_path / "bad"))
 
 
-def test_second_hop_runs_on_the_stored_index_and_counts_its_rounds(tmp_path):
+def test_second_hop_runs_on_the_stored_index_and_counts_its_rounds(beyond, tmp_path):
     """The second hop (beyond the paper) re-ranks at query time: the preset's index is reused, each question's
     rounds are traced, and the parsed reading (spaCy's parse of the question) runs too."""
+    copy_store(beyond[0], tmp_path)
     base = ["method=linearrag", "experiment=beyond_paper", *SMALL]
     off = evaluate_flow(make_config(tmp_path, *base, "method.second_hop_weight=0"), str(tmp_path / "off"))
     hops = {}

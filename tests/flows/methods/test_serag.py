@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 from prefect import flow
 
 import flows.methods.serag as serag_flow
@@ -21,31 +22,38 @@ from tasks.core.store import Store
 from tasks.methods.serag import algorithm as se
 from tasks.text.embed import encode_queries
 from tasks.text.entities import query_entity_links
-from tests.flows.conftest import make_config
+from tests.flows.conftest import copy_store, evaluated_store, make_config
 
 SMALL = ["method=serag", "dataset.n_passages=80", "dataset.n_questions=16"]
 
 
-def test_serag_end_to_end_then_fully_cached(tmp_path):
-    cfg = make_config(tmp_path, *SMALL)
-    first = evaluate_flow(cfg, str(tmp_path / "a"))
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """SeRAG's default index evaluated once into a fresh store: the tests below work on copies of it."""
+    return evaluated_store(tmp_path_factory, *SMALL)
+
+
+def test_serag_end_to_end_then_fully_cached(built, tmp_path):
+    root, first = built
+    cfg = make_config(root, *SMALL)
     assert first["stages_computed"] > 0
     assert 0.0 < first["recall@10"] <= 100.0 and first["recall@2"] <= first["recall@5"] <= first["recall@10"]
     assert first["self_query"] is False and "WITHOUT self-query" in first["self_query_note"]
     tree = first["tree"]
     assert 1 < tree["n_communities"] <= 80 and tree["entropy_2d"] <= tree["entropy_1d"] + 1e-9
     assert first["graph"]["dist_nnz"] == 0  # whole-passage chunks: no two chunks share a document
-    hits = pd.read_parquet(tmp_path / "a" / "hits.parquet")
+    hits = pd.read_parquet(root / "run" / "hits.parquet")
     depth = max(10, cfg["eval"]["answer_depth"])  # evaluate ranks as deep as answer_in_context reads (< 80)
     assert hits.groupby("qid").size().max() == depth and not hits.duplicated(["qid", "doc_id"]).any()
 
-    second = evaluate_flow(cfg, str(tmp_path / "b"))
+    copy_store(root, tmp_path)  # the built store, copied: the second run must find all of it cached
+    second = evaluate_flow(make_config(tmp_path, *SMALL), str(tmp_path / "b"))
     assert second["stages_computed"] == 0
     assert pd.read_parquet(tmp_path / "b" / "hits.parquet").equals(hits)
 
 
-def test_ablations_single_layer_is_online_and_semantic_only_rebuilds_graph(tmp_path):
-    evaluate_flow(make_config(tmp_path, *SMALL), str(tmp_path / "a"))
+def test_ablations_single_layer_is_online_and_semantic_only_rebuilds_graph(built, tmp_path):
+    copy_store(built[0], tmp_path)  # the default index, built
     single = evaluate_flow(make_config(tmp_path, *SMALL, "method.single_layer=true"), str(tmp_path / "b"))
     assert single["stages_computed"] == 0
     exact = evaluate_flow(make_config(tmp_path, *SMALL, "method.entity_sim=exact"), str(tmp_path / "e"))
@@ -54,7 +62,8 @@ def test_ablations_single_layer_is_online_and_semantic_only_rebuilds_graph(tmp_p
     assert sem["stages_computed"] == 3 and sem["graph"]["log_nnz"] == 0
 
 
-def test_sentence_chunks_get_distance_edges_and_rank_passages(tmp_path):
+def test_sentence_chunks_get_distance_edges_and_rank_passages(built, tmp_path):
+    copy_store(built[0], tmp_path)  # its ingest, passage embeddings and NER are the default index's
     out = evaluate_flow(make_config(tmp_path, *SMALL, "method.chunk_unit=sentence"), str(tmp_path / "s"))
     assert out["n_chunks"] > 80 and out["graph"]["dist_nnz"] > 0
     hits = pd.read_parquet(tmp_path / "s" / "hits.parquet")
@@ -62,7 +71,8 @@ def test_sentence_chunks_get_distance_edges_and_rank_passages(tmp_path):
     assert hits.groupby("qid").size().max() == depth and not hits.duplicated(["qid", "doc_id"]).any()
 
 
-def test_without_community_term_and_entity_bonus_serag_is_dense(tmp_path):
+def test_without_community_term_and_entity_bonus_serag_is_dense(built, tmp_path):
+    copy_store(built[0], tmp_path)
     # single_layer drops eq. 10's community term; τ > 1 gates every entity out of eq. 12: S = γ_f cos(h_q, h_v)
     # over the same passage embeddings (title + text) dense searches, so the ranking is dense's
     base = ["dataset.n_passages=80", "dataset.n_questions=16"]

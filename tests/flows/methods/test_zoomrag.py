@@ -4,9 +4,33 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 
 from flows.commands.evaluate import evaluate_flow
-from tests.flows.conftest import make_config
+from tests.flows.conftest import copy_store, make_config
+
+EIGHTY = ["dataset.n_passages=80", "dataset.n_questions=16"]
+FORTY_BEYOND = ["method=zoomrag", "experiment=beyond_paper", "dataset.n_passages=40", "dataset.n_questions=8"]
+
+
+@pytest.fixture(scope="module")
+def eighty(tmp_path_factory):
+    """ZoomRAG without its fine stage and dense on 80 passages, in one store: ``(root, zoomrag's metrics, dense's
+    metrics)``, runs at ``root / "zoom"`` and ``root / "dense"``. The tests below work on copies."""
+    root = tmp_path_factory.mktemp("eighty")
+    zoom = evaluate_flow(make_config(root, "method=zoomrag", *EIGHTY, "method.fine_stage=false"), str(root / "zoom"))
+    dense = evaluate_flow(make_config(root, "method=dense", *EIGHTY), str(root / "dense"))
+    return root, zoom, dense
+
+
+@pytest.fixture(scope="module")
+def forty_beyond(tmp_path_factory):
+    """ZoomRAG's beyond_paper index of 40 passages (unmasked gate), evaluated with the gate off: ``root``, the run
+    at ``root / "off"``. The tests below work on copies."""
+    root = tmp_path_factory.mktemp("forty")
+    evaluate_flow(make_config(root, *FORTY_BEYOND, "method.relation_gate_masked=false",
+                              "method.relation_gate_temperature=0"), str(root / "off"))
+    return root
 
 
 def test_zoomrag_beats_dense_on_bridge_questions(tmp_path):
@@ -32,27 +56,27 @@ def test_zoomrag_trace_keeps_evidence_chunks(tmp_path):
         assert scores == sorted(scores, reverse=True)
 
 
-def test_ablation_switches_change_results(tmp_path):
-    base = ["method=zoomrag", "dataset.n_passages=80", "dataset.n_questions=16", "method.fine_stage=false"]
-    full = evaluate_flow(make_config(tmp_path, *base), str(tmp_path / "a"))
-    evaluate_flow(make_config(tmp_path, *base, "method.steps=1"), str(tmp_path / "b"))
-    dense = evaluate_flow(make_config(tmp_path, "method=dense", *base[1:3]), str(tmp_path / "c"))
+def test_ablation_switches_change_results(eighty, tmp_path):
+    root, full, dense = eighty
+    copy_store(root, tmp_path)
+    evaluate_flow(make_config(tmp_path, "method=zoomrag", *EIGHTY, "method.fine_stage=false", "method.steps=1"),
+                  str(tmp_path / "b"))
     # T = 1: the walk has not left the query's direct links yet, so the ranking is dense's
     assert pd.read_parquet(tmp_path / "b" / "hits.parquet")["doc_id"].tolist() == \
-        pd.read_parquet(tmp_path / "c" / "hits.parquet")["doc_id"].tolist()
+        pd.read_parquet(root / "dense" / "hits.parquet")["doc_id"].tolist()
     assert full["recall@10"] >= dense["recall@10"]
 
 
-def test_gazetteer_alone_links_questions_without_spacy(tmp_path, monkeypatch):
+def test_gazetteer_alone_links_questions_without_spacy(eighty, tmp_path, monkeypatch):
     """``method.query_ner=false``: the questions' entities come from the gazetteer only; spaCy never runs on them."""
-    import pytest
-
     from tasks.llm.ner_backends import QueryRecogniser
+
+    copy_store(eighty[0], tmp_path)  # the passages' NER and embeddings of these 80 passages, built
 
     def no_spacy(self, questions):
         raise AssertionError("spaCy ran on the questions")
 
-    base = ["dataset.n_passages=80", "dataset.n_questions=16", "method.query_linking=gazetteer"]
+    base = [*EIGHTY, "method.query_linking=gazetteer"]
     monkeypatch.setattr(QueryRecogniser, "names", no_spacy)
     for method in ("zoomrag", "linearrag"):
         alone = evaluate_flow(make_config(tmp_path, f"method={method}", *base, "method.query_ner=false"),
@@ -62,20 +86,19 @@ def test_gazetteer_alone_links_questions_without_spacy(tmp_path, monkeypatch):
         evaluate_flow(make_config(tmp_path, "method=zoomrag", "method.query_ner=false"), str(tmp_path / "bad"))
 
 
-def test_relation_gate_is_online_only_and_changes_the_walk(tmp_path):
-    base = ["method=zoomrag", "experiment=beyond_paper", "dataset.n_passages=40", "dataset.n_questions=8",
-            "method.relation_gate_masked=false"]
-    evaluate_flow(make_config(tmp_path, *base, "method.relation_gate_temperature=0"), str(tmp_path / "a"))
-    gated = evaluate_flow(make_config(tmp_path, *base, "method.relation_gate_temperature=0.2"), str(tmp_path / "b"))
+def test_relation_gate_is_online_only_and_changes_the_walk(forty_beyond, tmp_path):
+    copy_store(forty_beyond, tmp_path)  # the index, built and evaluated with the gate off
+    gated = evaluate_flow(make_config(tmp_path, *FORTY_BEYOND, "method.relation_gate_masked=false",
+                                      "method.relation_gate_temperature=0.2"), str(tmp_path / "b"))
     assert gated["stages_computed"] == 0  # the gate re-weights edges per question: the stored index is reused
-    a, b = (pd.read_parquet(tmp_path / r / "hits.parquet") for r in "ab")
+    a, b = (pd.read_parquet(run / "hits.parquet") for run in (forty_beyond / "off", tmp_path / "b"))
     assert a[["qid", "rank"]].equals(b[["qid", "rank"]])
     assert (a["score"] - b["score"]).abs().max() > 1e-4
 
 
-def test_masked_relation_gate_indexes_the_naming_sentences_once(tmp_path):
-    base = ["method=zoomrag", "experiment=beyond_paper", "dataset.n_passages=40", "dataset.n_questions=8",
-            "method.relation_gate_temperature=0.2"]
+def test_masked_relation_gate_indexes_the_naming_sentences_once(forty_beyond, tmp_path):
+    copy_store(forty_beyond, tmp_path)  # the unmasked index, built
+    base = [*FORTY_BEYOND, "method.relation_gate_temperature=0.2"]
     evaluate_flow(make_config(tmp_path, *base, "method.relation_gate_masked=false"), str(tmp_path / "a"))
     masked = evaluate_flow(make_config(tmp_path, *base, "method.relation_gate_masked=true"), str(tmp_path / "b"))
     assert masked["index_stage_seconds"].keys() >= {"relation_sentences", "embed"}
