@@ -654,7 +654,9 @@ def ingest(ctx: RunContext, params: DatasetParams, data_dir: str) -> dict[str, A
         return ingest_sample(ctx, SampleIngestParams.of(dataset))
     files, qpath = raw_sources(params, data_dir)
     if isinstance(params, UserCorpusParams):
-        entries, skipped = read_corpus(params, ctx.run_id)
+        # one scan per computing run; opening or planning an index (a fixed run id, maybe in a long-lived server
+        # that reopens it after the corpus changed) scans afresh each time
+        entries, skipped = read_corpus(params, None if ctx.direct else ctx.run_id)
         listing = listing_hash(entries, skipped)
         try:
             read = read_rows(ctx, ReadParams.of(dataset, kind=params.kind), entries, listing)
