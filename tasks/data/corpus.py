@@ -279,6 +279,14 @@ def passages_of(entries: list[Entry], rows: pd.DataFrame, on_error: str, title_o
     return passages, sources, skipped
 
 
+def source_documents(documents: pd.DataFrame) -> pd.Series:
+    """Each passage's source document, indexed by ``doc_id`` in the frame's order: its lineage ``document``, or the
+    passage itself where it has none (a benchmark passage, a table without lineage columns)."""
+    ids = documents["doc_id"]
+    document = documents["document"] if "document" in documents else pd.Series(None, index=documents.index)
+    return pd.Series(document.where(document.notna(), ids).to_numpy(dtype=object), index=ids.to_numpy())
+
+
 def citation(source: str | None, title: str, page: int | None, headings: list[str]) -> str:
     """A passage's citation in words: ``docs/guide.md § Install › Linux``, ``report.pdf p. 12``; the title when
     the passage has no source file (a HippoRAG passage); a JSONL record (``corpus.jsonl#12``) is named by its title

@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import pandas as pd
 
+from tasks.data.corpus import source_documents
 from tasks.llm.generate import select_passages
 from tasks.text.sentences import split_sentences
 
@@ -91,7 +92,7 @@ def with_source_documents(context_docs: Mapping[str, set[str]], documents: pd.Da
     Unsplit passages are their own documents: the sets unchanged."""
     if "document" not in documents.columns:
         return dict(context_docs)
-    source = dict(zip(documents["doc_id"], documents["document"]))
+    source = source_documents(documents)
     return {qid: ids | {source.get(d, d) for d in ids} for qid, ids in context_docs.items()}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from tasks.data.corpus import source_documents
 from tasks.text.title_index import names_whole_word, plain_title
 
 
@@ -26,7 +27,7 @@ def document_hits(hits: pd.DataFrame, documents: pd.DataFrame) -> pd.DataFrame:
     document within the same top k passages. Unsplit passages are their own documents: ``hits`` unchanged."""
     if "document" not in documents.columns or (documents["document"] == documents["doc_id"]).all():
         return hits
-    source = dict(zip(documents["doc_id"], documents["document"]))
+    source = source_documents(documents)
     mapped = hits.assign(doc_id=hits["doc_id"].map(source).fillna(hits["doc_id"]))
     return mapped.sort_values(["qid", "rank"], kind="stable").drop_duplicates(["qid", "doc_id"]).reset_index(drop=True)
 

@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from tasks.data.corpus import source_documents
 from tasks.llm.ledger import CHARS_PER_TOKEN
 
 LINEAGE = ["doc_id", "document", "char_start", "char_end", "n_chars", "title"]
@@ -34,8 +35,7 @@ def passage_lineage(docs: pd.DataFrame) -> pd.DataFrame:
     columns, or null ones) is its own document and spans ``[0, len(text))``."""
     n_chars = docs["text"].astype(str).str.len().to_numpy()
     out = pd.DataFrame({"doc_id": docs["doc_id"].to_numpy(), "n_chars": n_chars, "title": docs["title"].to_numpy()})
-    document = docs["document"] if "document" in docs else pd.Series([None] * len(docs), index=docs.index)
-    out["document"] = np.where(document.isna().to_numpy(), out["doc_id"].to_numpy(), document.to_numpy())
+    out["document"] = source_documents(docs).to_numpy()
     start = docs["char_start"] if "char_start" in docs else pd.Series([np.nan] * len(docs), index=docs.index)
     end = docs["char_end"] if "char_end" in docs else pd.Series([np.nan] * len(docs), index=docs.index)
     out["char_start"] = pd.to_numeric(start, errors="coerce").fillna(0).to_numpy(dtype=np.int64)

@@ -36,7 +36,7 @@ class ArchParams:
     # their rank (a principle fixed before it was measured) | similarity_sum: the earlier rule, kept for comparison |
     # source_relevance (beyond the paper, #58): the passages every retrieved item was made from, by cosine to the
     # question | auto: source_relevance where documents are cut into several passages, else entity_rank
-    passage_rule: str = "auto"
+    passage_rule: str = field(default="auto", metadata=one_of(PASSAGE_RULES))
     # from the authors' code: passages of a separate dense index added (0 in their query.sh)
     topk_chunk: int = field(default=0, metadata=COUNT0)
     # §3.1.1 chunks (code: GraphRAG's 600-token windows with 100 overlap; whitespace tokens here)
@@ -87,9 +87,7 @@ class ArchParams:
     answer_max_tokens: int = field(default=512, metadata=COUNT)
 
     def __post_init__(self) -> None:
-        # summariser, generation and relation_scope: their one_of metadata (the config check)
-        if self.passage_rule not in PASSAGE_RULES:
-            raise ValueError(f"method.passage_rule must be one of {PASSAGE_RULES}, got {self.passage_rule!r}")
+        # summariser, generation, relation_scope and passage_rule: their one_of metadata (the config check)
         if isinstance(self.k_per_layer, int):
             object.__setattr__(self, "k_per_layer", (self.k_per_layer,))
         if not self.k_per_layer or min(self.k_per_layer) < 0:

@@ -28,6 +28,7 @@ from tasks.text.linking_stages import masked_relation_gate
 from tasks.text.question_parse import load_parser, parse_questions, rest_of_question
 from tasks.text.title_index import TitleIndex
 from tasks.llm.ner_backends import QueryRecogniser
+from tasks.data.corpus import source_documents
 from tasks.methods.linearrag.params import LinearParams
 
 
@@ -120,9 +121,7 @@ class LinearRetriever:
 
     def source_documents(self, data: dict[str, ArtifactRef]) -> np.ndarray:
         """(P,) each passage's source document (its lineage ``document``; a passage without one is its own)."""
-        lineage = Store.read(data["documents"], ["doc_id", "document"]).set_index("doc_id")["document"]
-        source = lineage.reindex(self.doc_ids)
-        return source.where(source.notna(), pd.Series(self.doc_ids, index=source.index)).to_numpy(dtype=object)
+        return source_documents(Store.read(data["documents"], ["doc_id", "document"])).reindex(self.doc_ids).to_numpy()
 
     def lookup(self, names: list[list[str]]) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """Query entity strings -> (query of each, vocabulary index or -1, the strings not in the vocabulary)."""

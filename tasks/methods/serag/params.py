@@ -80,8 +80,6 @@ class SeRAGParams(LinkingParams):
 
     def __post_init__(self) -> None:
         LinkingParams.__post_init__(self)
-        if self.entity_sim not in {"embedding", "exact"}:
-            raise ValueError(f"method.entity_sim must be embedding or exact, got {self.entity_sim!r}")
         if self.tree_height != 2:
             raise ValueError("serag implements the paper's K = 2 encoding tree only (method.tree_height=2)")
         if self.tree_engine not in MERGE_ENGINES:

@@ -18,6 +18,7 @@ from tasks.core.stage import RunContext, input_fps, run_stage, stage, stored_ver
 from tasks.core.store import ArtifactRef, Store
 from tasks.graph.encoding_tree import encoding_tree
 from tasks.graph.sparse import coo_matrix, to_coo
+from tasks.data.corpus import source_documents
 from tasks.methods.serag import algorithm as se
 from tasks.text.embed import embeddings_to_arrow, load_embeddings
 from tasks.methods.serag.params import CommunitiesParams, SeRAGGraphParams, TreeParams
@@ -51,7 +52,7 @@ def distance_frame(documents: ArtifactRef, chunks: ArtifactRef, doc_ids: list[st
     if scope == "passage" or not {"document", "char_start"} <= names:
         return doc, pos
     lineage = Store.read(documents, ["doc_id", "document", "char_start"])
-    source = lineage["document"].where(lineage["document"].notna(), lineage["doc_id"]).to_numpy(dtype=object)
+    source = source_documents(lineage).to_numpy()
     start = pd.to_numeric(lineage["char_start"], errors="coerce").fillna(0).to_numpy(np.int64)
     return se.source_positions(source, start, doc, pos)
 
