@@ -3,6 +3,7 @@
 kept at ``artifacts/search-page.png``."""
 from __future__ import annotations
 
+import contextlib
 
 import httpx
 
@@ -19,12 +20,10 @@ SAMPLE = ["method=zoomrag", "dataset=sample", "dataset.n_passages=60", "dataset.
 SCREENSHOT = REPO / "artifacts" / "search-page.png"
 
 
-def test_search_page_shows_what_retrieve_returns(tmp_path):
-    binary = chromium_or_skip()
-    cfg = make_config(tmp_path, *SAMPLE)
-    evaluate_flow(cfg, str(tmp_path / "run"))
-    index = open_index(*SAMPLE, f"artifacts_dir={cfg['artifacts_dir']}")
-    question = generate_sample(60, 12, 0)[1][0]["question"]
+@contextlib.contextmanager
+def searched(binary: str, index, question: str):
+    """A real server over ``index`` and the page in headless Chromium after searching ``question``: yields the page
+    and what ``/retrieve`` answers for the same question (k = 10)."""
     with uvicorn_thread(Service(index, ServeParams(), api_key=None)) as url:
         expected = httpx.post(f"{url}/retrieve", json={"question": question, "k": 10}).json()
         with chromium(binary, url + "/") as page:
@@ -32,10 +31,20 @@ def test_search_page_shows_what_retrieve_returns(tmp_path):
             page.type("#q", question)
             page.click("#go")
             assert page.wait_for("document.body.dataset.done") == "1"
-            titles = page.eval("[...document.querySelectorAll('li.passage .title')].map(e => e.textContent)")
-            served = page.eval("document.getElementById('served').textContent")
-            marks = page.eval("[...document.querySelectorAll('li.passage mark')].map(e => e.textContent)")
-            page.screenshot(SCREENSHOT)
+            yield page, expected
+
+
+def test_search_page_shows_what_retrieve_returns(tmp_path):
+    binary = chromium_or_skip()
+    cfg = make_config(tmp_path, *SAMPLE)
+    evaluate_flow(cfg, str(tmp_path / "run"))
+    index = open_index(*SAMPLE, f"artifacts_dir={cfg['artifacts_dir']}")
+    question = generate_sample(60, 12, 0)[1][0]["question"]
+    with searched(binary, index, question) as (page, expected):
+        titles = page.eval("[...document.querySelectorAll('li.passage .title')].map(e => e.textContent)")
+        served = page.eval("document.getElementById('served').textContent")
+        marks = page.eval("[...document.querySelectorAll('li.passage mark')].map(e => e.textContent)")
+        page.screenshot(SCREENSHOT)
     assert titles == [p["title"] for p in expected["results"][0]] and len(titles) == 10
     assert index.info.fingerprint in served and "zoomrag" in served
     seeds = {s.lower() for s in expected["traces"][0].get("seed_entities", [])}
@@ -57,13 +66,7 @@ def test_search_page_shows_a_citation(tmp_path):
     update_flow(cfg)
     index = open_index(config=cfg)
     question = "Which division should double its sales?"
-    with uvicorn_thread(Service(index, ServeParams(), api_key=None)) as url:
-        expected = httpx.post(f"{url}/retrieve", json={"question": question, "k": 10}).json()
-        with chromium(binary, url + "/") as page:
-            page.wait_for("document.getElementById('served').dataset.fingerprint")
-            page.type("#q", question)
-            page.click("#go")
-            assert page.wait_for("document.body.dataset.done") == "1"
-            cites = page.eval("[...document.querySelectorAll('li.passage .cite')].map(e => e.textContent)")
+    with searched(binary, index, question) as (page, expected):
+        cites = page.eval("[...document.querySelectorAll('li.passage .cite')].map(e => e.textContent)")
     assert cites == [p["lineage"]["citation"] for p in expected["results"][0]]
     assert cites[0] == "report.pdf p. 2"
