@@ -71,6 +71,17 @@ def test_sentence_chunks_get_distance_edges_and_rank_passages(built, tmp_path):
     assert hits.groupby("qid").size().max() == depth and not hits.duplicated(["qid", "doc_id"]).any()
 
 
+def test_bonus_scope_leaves_passages_that_are_their_own_documents_as_they_are(built, tmp_path):
+    # the sample's passages are each their own document (as every benchmark's): the document-scoped bonus (beyond
+    # the paper, the default) shares nothing, so eq. 13 as printed ranks exactly the same, with nothing recomputed
+    root, first = built
+    assert first["bonus_scope"] == "passage"  # what ran: no document holds two passages
+    copy_store(root, tmp_path)
+    own = evaluate_flow(make_config(tmp_path, *SMALL, "method.bonus_scope=passage"), str(tmp_path / "p"))
+    assert own["stages_computed"] == 0 and own["bonus_scope"] == "passage"
+    assert pd.read_parquet(tmp_path / "p" / "hits.parquet").equals(pd.read_parquet(root / "run" / "hits.parquet"))
+
+
 def test_without_community_term_and_entity_bonus_serag_is_dense(built, tmp_path):
     copy_store(built[0], tmp_path)
     # single_layer drops eq. 10's community term; τ > 1 gates every entity out of eq. 12: S = γ_f cos(h_q, h_v)
