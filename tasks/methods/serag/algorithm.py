@@ -195,6 +195,7 @@ def consolidate(emb: np.ndarray, community: np.ndarray, weight: np.ndarray, n_co
 
 COMMUNITY_FILTERS = ("hard", "soft")
 BONUS_NORMS = ("none", "query_entities")
+BONUS_SCOPES = ("document", "passage")  # SeRAGParams.bonus_scope
 
 
 @dataclass(frozen=True)
@@ -272,6 +273,31 @@ def entity_bonus(query_entity_sim: sp.sparray, chunk_entity: sp.sparray, tau: fl
         s = sp.csr_array(sp.diags_array(1.0 / np.maximum(np.diff(s.indptr), 1)) @ s)
     log_counts = log1p_transposed(chunk_entity) if log_counts is None else log_counts
     return np.asarray((s @ log_counts).toarray(), dtype=np.float64)
+
+
+def bonus_groups(chunk_passage: np.ndarray, passage_source: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """Each chunk's group for a document-scoped entity bonus (beyond the paper): the source document of its passage
+    when that document was cut into several passages, else the chunk alone; ``(group, n_groups)``, or None when no
+    document holds two passages (every group one chunk: the bonus is eq. 13's own, nothing to share).
+
+    ``chunk_passage`` (n,) each chunk's passage row; ``passage_source`` (P,) each passage's source document (a
+    passage that is its own document gives its own id)."""
+    chunk_passage = np.asarray(chunk_passage, np.int64)
+    source = pd.factorize(np.asarray(passage_source, dtype=object))[0].astype(np.int64)
+    shared = (np.bincount(source) > 1)[source]  # the passage's document holds other passages too
+    if not shared[chunk_passage].any():
+        return None
+    n = chunk_passage.size
+    group = np.where(shared[chunk_passage], source[chunk_passage], source.max(initial=-1) + 1 + np.arange(n))
+    codes, uniques = pd.factorize(group)
+    return codes.astype(np.int64), len(uniques)
+
+
+def document_bonus(bonus: np.ndarray, group: np.ndarray, n_groups: int) -> np.ndarray:
+    """(q × n) eq. 13's bonus of every chunk replaced by the largest of its group (:func:`bonus_groups`): a passage
+    cut from a long document earns its document's bonus, so the entity match ranks documents and the passage's own
+    cosine and community term rank the passages inside one (beyond the paper). B >= 0, so a group's max is >= 0."""
+    return segment_reduce(bonus, group, n_groups, np.maximum, 0.0)[:, np.asarray(group, np.int64)]
 
 
 def hybrid_scores(q_emb: np.ndarray, chunk_emb: np.ndarray, comm_emb: np.ndarray, community: np.ndarray,

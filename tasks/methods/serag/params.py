@@ -10,7 +10,7 @@ from tasks.text.chunk import CHUNK_UNITS
 from tasks.text.linking import LinkingParams
 from tasks.core.limits import COUNT, COUNT0, POSITIVE, PROB, one_of, within
 from tasks.graph.knn import SEARCHES
-from tasks.methods.serag.algorithm import BONUS_NORMS, COMMUNITY_FILTERS
+from tasks.methods.serag.algorithm import BONUS_NORMS, BONUS_SCOPES, COMMUNITY_FILTERS
 
 
 NER_INPUTS = ("embedded", "text")  # SeRAGParams.ner_input
@@ -62,6 +62,11 @@ class SeRAGParams(LinkingParams):
     # beyond the paper: none (eq. 13 as printed: a sum over the chunk's gated entities) | query_entities (B divided
     # by the number of vocabulary entities gated in for the query, so many matched names do not add up)
     bonus_norm: str = field(default="none", metadata=one_of(BONUS_NORMS))
+    # beyond the paper, for documents cut into several passages: document (a passage of such a document earns the
+    # largest eq. 13 bonus among its document's passages, so entity matches rank documents and the passage's own
+    # cosine and community term rank the passages inside one) | passage (eq. 13 as printed: the chunk's own
+    # entities). A passage that is its own document (every benchmark passage) gets eq. 13's own bonus either way
+    bonus_scope: str = field(default="document", metadata=one_of(BONUS_SCOPES))
     # what NER reads: embedded (§3.1 extracts each chunk's entity set; the chunk is what is embedded, with
     # chunk_unit=passage title + "\n" + text) | text (the passage text without its title; the earlier reading, kept for comparison)
     ner_input: str = field(default="embedded", metadata=one_of(NER_INPUTS))

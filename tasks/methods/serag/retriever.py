@@ -12,7 +12,7 @@ from tasks.eval.retrieve import Hits
 from tasks.graph.sparse import coo_matrix, links_matrix, log1p_transposed
 from tasks.methods.serag import algorithm as se
 from tasks.methods.serag.params import SeRAGParams
-from tasks.methods.serag.stages import chunk_frame
+from tasks.methods.serag.stages import chunk_frame, passage_sources
 from tasks.text.embed import EmbedderParams, encode_queries, encode_queries_beside, load_embeddings
 from tasks.text.entities import query_entity_links
 from tasks.text.gazetteer import Gazetteer, aliases_of
@@ -95,6 +95,9 @@ class SeRAGRetriever:
         if len(ids) != len(self.chunk_doc):
             raise RuntimeError("chunk embeddings are not aligned with the chunks table; delete the artifacts")
         _, self.comm_emb = load_embeddings(index["community_embeddings"], "community")
+        # beyond the paper: passages of one source document share its best eq. 13 bonus (None: no document holds two)
+        self.bonus_groups = (se.bonus_groups(self.chunk_doc, passage_sources(data["documents"]))
+                             if params.bonus_scope == "document" else None)
         self.community = Store.read(index["community"])["community"].to_numpy(np.int64)
         vocab = Store.read(index["entities"])
         self.m = len(vocab)
@@ -163,6 +166,8 @@ class SeRAGRetriever:
         t.append(time.perf_counter())
         bonus = se.entity_bonus(sim, self.chunk_entity, self.scoring.tau, self.entity_chunk_log,
                                 self.scoring.bonus_norm)
+        if self.bonus_groups is not None:
+            bonus = se.document_bonus(bonus, *self.bonus_groups)
         scores, candidates = se.hybrid_scores(q_emb, self.chunk_emb, self.comm_emb, self.community, bonus,
                                               self.scoring)
         n_docs = len(self.doc_ids)
@@ -185,6 +190,7 @@ class SeRAGRetriever:
         keep = ("n_communities", "entropy_1d", "entropy_2d", "singletons", "size_max", "size_median",
                 "size_quantiles", "seconds")
         return {"self_query": self.self_query.enabled, "entity_sim": self.params.entity_sim,
+                "bonus_scope": "document" if self.bonus_groups is not None else "passage",
                 "self_query_note": None if self.self_query.enabled else
                 "ran WITHOUT self-query (no LLM configured or method.self_query=false)",
                 "self_query_ledger": self.self_query.client.ledger_summary(SELF_QUERY_STAGE)

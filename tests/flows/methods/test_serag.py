@@ -71,6 +71,17 @@ def test_sentence_chunks_get_distance_edges_and_rank_passages(built, tmp_path):
     assert hits.groupby("qid").size().max() == depth and not hits.duplicated(["qid", "doc_id"]).any()
 
 
+def test_bonus_scope_leaves_passages_that_are_their_own_documents_as_they_are(built, tmp_path):
+    # the sample's passages are each their own document (as every benchmark's): the document-scoped bonus (beyond
+    # the paper, the default) shares nothing, so eq. 13 as printed ranks exactly the same, with nothing recomputed
+    root, first = built
+    assert first["bonus_scope"] == "passage"  # what ran: no document holds two passages
+    copy_store(root, tmp_path)
+    own = evaluate_flow(make_config(tmp_path, *SMALL, "method.bonus_scope=passage"), str(tmp_path / "p"))
+    assert own["stages_computed"] == 0 and own["bonus_scope"] == "passage"
+    assert pd.read_parquet(tmp_path / "p" / "hits.parquet").equals(pd.read_parquet(root / "run" / "hits.parquet"))
+
+
 def test_without_community_term_and_entity_bonus_serag_is_dense(built, tmp_path):
     copy_store(built[0], tmp_path)
     # single_layer drops eq. 10's community term; τ > 1 gates every entity out of eq. 12: S = γ_f cos(h_q, h_v)
@@ -199,3 +210,27 @@ def test_query_entities_in_the_vocabulary_use_stored_embeddings_and_only_oov_nam
     assert not vocab & set(calls[0])
     assert new.nnz == old.nnz > n_links // 2
     np.testing.assert_allclose(new.toarray(), old.toarray(), atol=1e-5)  # stored (torch) vs ONNX: ~1e-7
+
+
+def test_passages_of_one_cut_document_share_its_entity_bonus(tmp_path):
+    # three long records, each split into several passages, and short records that stay one passage each
+    records, _ = generate_sample(45, 5, 0)
+    long_docs = [{"title": f"manual {i}", "text": "\n\n".join(f"{r['title']}. {r['text']}" for r in records[i::3][:12])}
+                 for i in range(3)]
+    corpus = tmp_path / "corpus.jsonl"
+    _write(corpus, long_docs + records[36:])
+    cfg = make_config(tmp_path, "method=serag", "dataset=jsonl", f"dataset.path={corpus}", "dataset.name=cut")
+    question = f"What does {records[0]['title']} do?"
+    probe = lambda r: (r.bonus_groups, r.chunk_doc, r.run_stats()["bonus_scope"])  # noqa: E731
+    ids, _, data, (groups, chunk_doc, scope) = _online(cfg, [question], probe=probe)
+    docs = Store.read(data["documents"], ["doc_id", "document"])
+    per_document = docs["document"].value_counts()
+    assert len(docs) > 12 and (per_document > 1).sum() == 3  # the three long records were cut, the rest were not
+    assert scope == "document" and len(ids[0]) == 10
+    group, n_groups = groups
+    source = docs["document"].to_numpy()[chunk_doc]  # each chunk's source document, from the stored lineage
+    cut = np.isin(source, per_document.index[per_document > 1])
+    assert n_groups == 3 + (~cut).sum()  # one group per cut document, every other chunk alone
+    for doc in per_document.index[per_document > 1]:
+        assert len(set(group[source == doc])) == 1
+    assert len(set(group[~cut])) == (~cut).sum() and not set(group[~cut]) & set(group[cut])
