@@ -49,7 +49,9 @@ several quantities are only named in prose):
   edges are "based on occurrence" (section 3.2.2): ``edge_weighting`` "share" weighs
   (p, e) by N_{e,p} / sum_e' N_{e',p} (default), "count" by N_{e,p}, "indicator" by
   eq. (1)'s C > 0.
-* Only passage-entity edges: nothing links passages by their position in the corpus.
+* Only passage-entity edges: nothing links passages by their position in the corpus. (The authors' released code,
+  not the paper's text, also links each chunk to the next one in corpus order; on the long-document set that did
+  not add to ``passage_reset=auto``: docs/methods/linearrag.md, "Long documents".)
 """
 from __future__ import annotations
 
