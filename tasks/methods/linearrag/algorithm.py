@@ -49,7 +49,9 @@ several quantities are only named in prose):
   edges are "based on occurrence" (section 3.2.2): ``edge_weighting`` "share" weighs
   (p, e) by N_{e,p} / sum_e' N_{e',p} (default), "count" by N_{e,p}, "indicator" by
   eq. (1)'s C > 0.
-* Only passage-entity edges: nothing links passages by their position in the corpus.
+* Only passage-entity edges: nothing links passages by their position in the corpus. (The authors' released code,
+  not the paper's text, also links each chunk to the next one in corpus order; on the long-document set that did
+  not add to ``passage_reset=auto``: docs/methods/linearrag.md, "Long documents".)
 """
 from __future__ import annotations
 
@@ -66,7 +68,7 @@ from tasks.graph.topk import top_k_rows
 from tasks.graph.walk import SWEEPS, RandomWalk, SidePatch, personalized_pagerank, random_walk
 from tasks.core.limits import COUNT, COUNT0, POSITIVE, PROB, one_of, within
 
-PASSAGE_RESETS = ("eq7", "top_similarity")  # LinearRAGParams.passage_reset
+PASSAGE_RESETS = ("auto", "eq7", "top_similarity")  # LinearRAGParams.passage_reset
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,9 @@ class LinearRAGParams:
     idf_edges: bool = False  # passage -> entity edges also weighted by the entity's IDF (hubs carry less)
     # factor on passage -> entity edges the passage writes only in lower case
     lowercase_name_weight: float = field(default=1.0, metadata=COUNT0)
-    # eq7 (paper) | top_similarity (the top passages by cosine, see top_similarity_reset)
+    # eq7 (paper) | top_similarity (the top passages by cosine, see top_similarity_reset) | auto (beyond the paper:
+    # top_similarity where documents are cut into several passages, eq7 where every passage is its own document;
+    # resolve_passage_reset, before the walk)
     passage_reset: str = field(default="eq7", metadata=one_of(PASSAGE_RESETS))
     # top_similarity: how many passages per query get reset mass
     passage_reset_depth: int = field(default=20, metadata=COUNT)
@@ -470,6 +474,29 @@ def passage_initial_scores(
     return scores
 
 
+def cut_documents(passage_document: np.ndarray) -> bool:
+    """Whether some source document holds several passages (``passage_document``: (P,) a code per passage's source
+    document, as :func:`with_document_nodes` takes it). A benchmark's passages are each their own document."""
+    codes = np.asarray(passage_document)
+    return bool(codes.size) and np.unique(codes).size < codes.size
+
+
+def resolve_passage_reset(rule: str, passage_document: np.ndarray) -> str:
+    """``passage_reset=auto`` (beyond the paper): ``top_similarity`` on a corpus of documents cut into several
+    passages, ``eq7`` (the paper's) where every passage is its own document; another rule is kept as it is.
+
+    Why (measured on the long-document set; docs/methods/linearrag.md, "Long documents"): eq. (7) gives every
+    passage restart mass, its cosine min-max normalised over the whole corpus, so with thousands of passages cut
+    from a few hundred documents the question's ten best passages hold about 1 % of the restart or less, and the
+    walk ranks by the graph's shape more than by the question: a passage that names no entity (a dangling node)
+    ends below passages of the same restart that name a generic seed ("api", "python": hubs of hundreds of
+    passages). Restarting from the question's top passages by cosine keeps the walk where the question is.
+    """
+    if rule != "auto":
+        return rule
+    return "top_similarity" if cut_documents(passage_document) else "eq7"
+
+
 def rank_passages(scores: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-k passage indices and scores per query, best first, ties by lower index."""
     ranked = top_k_rows(scores, top_k)
@@ -547,6 +574,8 @@ def global_importance(
     across batches.
     """
     entity_reset = sp.csr_array(bridging.activation)
+    if params.passage_reset == "auto":
+        raise ValueError("passage_reset=auto is resolved by the corpus (resolve_passage_reset) before the walk")
     if params.passage_reset == "top_similarity":  # beyond the paper
         passage_reset = top_similarity_reset(passage_similarity, params.passage_reset_depth,
                                              params.passage_reset_weight)

@@ -9,6 +9,7 @@ counts N_{e,p}), ``chunk_entity`` the mention matrix M (binarised on load).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -57,6 +58,8 @@ class LinearRetriever:
         self.params, self.algo, self.embedder, self.recogniser = params, params.retrieval(), embedder, recogniser
         self.parser_model = parser_model  # second_hop_query=parsed: the spaCy pipeline that parses questions
         self.doc_ids, self.passage_emb = load_embeddings(index["passage_embeddings"], "doc_id")
+        if params.passage_reset == "auto":  # beyond the paper: top_similarity where documents are cut into passages
+            self.algo = replace(self.algo, passage_reset=lr.resolve_passage_reset("auto", self.source_documents(data)))
         sentence_ids, self.sentence_emb = load_embeddings(index["sentence_embeddings"], "chunk_id")
         sentences = Store.read(index["sentences"], ["chunk_id", "doc_id"])
         chunks = sentences["chunk_id"].to_numpy(dtype=object)
@@ -236,6 +239,8 @@ class LinearRetriever:
         q = max(self.queries, 1)
         return {"dense_fallback_queries": self.fallbacks, "n_entities": len(self.entity_names),
                 "n_document_nodes": self.n_document_nodes,
+                "passage_reset": self.params.passage_reset + (f" -> {self.algo.passage_reset}"
+                                                              if self.algo.passage_reset != self.params.passage_reset else ""),
                 "n_sentences": self.sentence_emb.shape[0], "contain_nnz": int(self.contain.nnz),
                 "mention_nnz": int(self.mention.nnz), "seeds_per_query": round(self.seeds_total / q, 3),
                 "active_entities_per_query": round(self.active_total / q, 3),

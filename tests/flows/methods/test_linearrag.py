@@ -30,6 +30,7 @@ def test_linearrag_small_sample_end_to_end(beyond, tmp_path):
     assert lin["n_questions"] == 12 and lin["recall@2"] <= lin["recall@5"] <= lin["recall@10"]
     assert lin["recall@10"] >= dense["recall@10"]
     assert lin["n_sentences"] > lin["n_documents"] == 60 and lin["n_entities"] > 0
+    assert lin["passage_reset"] == "auto -> eq7"  # the sample's passages are their own documents: eq. (7)
 
     stages = Store(tmp_path / "artifacts").events(lin["run_id"])["stage"].tolist()
     assert stages.count("embed") == 3  # passages, sentences, entity strings

@@ -64,3 +64,17 @@ def test_a_passage_without_entities_gains_from_its_seeded_document():
                                   lr.passage_entity_graph(lr.with_document_nodes(contain, source), "share"), params)
     assert linked[0, 1] > plain[0, 1]  # reached through the document's node
     assert linked[0, 1] > linked[0, 3]  # above a passage of another document with the same reset
+
+
+def test_auto_passage_reset_follows_the_corpus():
+    """``passage_reset=auto`` (beyond the paper): eq. (7) on independent passages, top_similarity on cut documents."""
+    own = np.array([f"p{i}" for i in range(4)], dtype=object)
+    cut = np.array(["D", "D", "E", "F"], dtype=object)
+    assert not lr.cut_documents(own) and lr.cut_documents(cut) and not lr.cut_documents(np.array([], dtype=object))
+    assert lr.resolve_passage_reset("auto", own) == "eq7"
+    assert lr.resolve_passage_reset("auto", cut) == "top_similarity"
+    assert lr.resolve_passage_reset("eq7", cut) == "eq7" and lr.resolve_passage_reset("top_similarity", own) == "top_similarity"
+    contain, similarity, bridging = _corpus(0, n_p=4)
+    with pytest.raises(ValueError, match="resolve_passage_reset"):  # never walked unresolved
+        lr.global_importance(similarity, bridging, contain, lr.passage_entity_graph(contain, "share"),
+                             lr.LinearRAGParams(passage_reset="auto"))
