@@ -145,11 +145,13 @@ def source_relevance_passages(found: list[tuple[np.ndarray, np.ndarray]], doc_sp
 def document_text(starts: np.ndarray, ends: np.ndarray, texts: list[str]) -> str:
     """A source document put back together from its passages (their spans in it; overlaps agree, a gap between
     two passages is blank)."""
-    out = ""
+    parts: list[str] = []
+    length = 0
     for start, end, text in sorted(zip(starts.tolist(), ends.tolist(), texts), key=lambda t: t[0]):
-        if end > len(out):
-            out = out + " " * max(start - len(out), 0) + text[max(len(out) - start, 0):]
-    return out
+        if end > length:
+            parts += [" " * max(start - length, 0), text[max(length - start, 0):]]
+            length = max(start, length) + len(parts[-1])
+    return "".join(parts)
 
 
 def chunk_neighbours(lineage: pd.DataFrame, texts: list[str], window_tokens: int, overlap_tokens: int
