@@ -17,7 +17,8 @@ passages), ``method.passage_rule``:
   With ``source_unit=chunk`` (the default, beyond the paper) an item's sources are the passages of the §3.1.1
   chunks its own passages lie in: the KG's ``window_tokens`` windows (``overlap_tokens`` shared) cut from the
   source document, which a passage of a long document is smaller than; a passage no entity is named in is
-  then still the source of the entities of its chunk. ``source_unit=passage``: only the passages themselves.
+  then still the source of the entities of its chunk. ``source_unit=passage``, or a KG built from passages or
+  sentences (``chunk_unit``): only the passages themselves.
 - ``auto`` (the default): ``source_relevance`` where documents are cut into several passages (``dataset.split``),
   ``entity_rank`` where every passage is its own document (the benchmarks).
 
@@ -233,7 +234,8 @@ class ArchRetriever:
         self.passage_texts = (docs["title"] + ": " + docs["text"]).to_numpy(dtype=object)  # as contexts_for renders
         self.rule = resolve_rule(params.passage_rule, docs)
         self.source_spread = self.doc_spread  # source_relevance's sources per item (source_unit=passage)
-        if self.rule == "source_relevance" and params.source_unit == "chunk":  # beyond the paper (module doc)
+        if self.rule == "source_relevance" and params.source_unit == "chunk" and params.chunk_unit == "window":
+            # beyond the paper (module doc); a KG built from passages or sentences has chunks no longer than a passage
             near = chunk_neighbours(passage_lineage(docs), docs["text"].astype(str).tolist(), params.window_tokens,
                                     params.overlap_tokens)
             chunk_docs = sp.csr_array(self.entity_docs @ near)
