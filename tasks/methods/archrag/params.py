@@ -22,6 +22,7 @@ from tasks.methods.archrag.kg import BUILDERS
 SUMMARISERS = ("auto", "extractive", "llm")
 GENERATIONS = ("filter", "direct")
 RELATION_SCOPES = ("among", "incident")
+SOURCE_UNITS = ("chunk", "passage")  # ArchParams.source_unit: what an item's sources are under source_relevance
 PASSAGE_RULES = ("auto", "entity_rank", "similarity_sum", "source_relevance")  # ArchParams.passage_rule (the retriever's module doc)
 
 
@@ -37,6 +38,9 @@ class ArchParams:
     # source_relevance (beyond the paper, #58): the passages every retrieved item was made from, by cosine to the
     # question | auto: source_relevance where documents are cut into several passages, else entity_rank
     passage_rule: str = field(default="auto", metadata=one_of(PASSAGE_RULES))
+    # source_relevance only (beyond the paper, #58): chunk: an item's sources are the passages of the §3.1.1 chunks
+    # (window_tokens windows of the source document) its passages lie in | passage: those passages only
+    source_unit: str = field(default="chunk", metadata=one_of(SOURCE_UNITS))
     # from the authors' code: passages of a separate dense index added (0 in their query.sh)
     topk_chunk: int = field(default=0, metadata=COUNT0)
     # §3.1.1 chunks (code: GraphRAG's 600-token windows with 100 overlap; whitespace tokens here)

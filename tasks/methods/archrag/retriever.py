@@ -14,6 +14,11 @@ passages), ``method.passage_rule``:
 - ``source_relevance`` (beyond the paper, issue 58): the passages every retrieved item was made from (an entity's
   own; a community's, through its member entities; every searched layer), by the question's cosine to the passage
   (the dense passage index of ``topk_chunk``), a stand-in for adaptive filtering's relevance scores (§3.2.2).
+  With ``source_unit=chunk`` (the default, beyond the paper) an item's sources are the passages of the §3.1.1
+  chunks its own passages lie in: the KG's ``window_tokens`` windows (``overlap_tokens`` shared) cut from the
+  source document, which a passage of a long document is smaller than; a passage no entity is named in is
+  then still the source of the entities of its chunk. ``source_unit=passage``, or a KG built from passages or
+  sentences (``chunk_unit``): only the passages themselves.
 - ``auto`` (the default): ``source_relevance`` where documents are cut into several passages (``dataset.split``),
   ``entity_rank`` where every passage is its own document (the benchmarks).
 
@@ -36,9 +41,11 @@ import scipy.sparse as sp
 
 from tasks.core.store import ArtifactRef, Store
 from tasks.eval.retrieve import Hits
+from tasks.eval.spans import passage_lineage
 from tasks.methods.archrag import algorithm as alg
 from tasks.methods.archrag.chnsw import CHNSW
 from tasks.methods.archrag.params import ArchParams
+from tasks.text.chunk import window_spans
 from tasks.text.embed import EmbedderParams, encode_queries, load_embeddings
 
 
@@ -136,6 +143,44 @@ def source_relevance_passages(found: list[tuple[np.ndarray, np.ndarray]], doc_sp
     return docs_out, scores_out, n_sources
 
 
+def document_text(starts: np.ndarray, ends: np.ndarray, texts: list[str]) -> str:
+    """A source document put back together from its passages (their spans in it; overlaps agree, a gap between
+    two passages is blank)."""
+    parts: list[str] = []
+    length = 0
+    for start, end, text in sorted(zip(starts.tolist(), ends.tolist(), texts), key=lambda t: t[0]):
+        if end > length:
+            parts += [" " * max(start - length, 0), text[max(length - start, 0):]]
+            length = max(start, length) + len(parts[-1])
+    return "".join(parts)
+
+
+def chunk_neighbours(lineage: pd.DataFrame, texts: list[str], window_tokens: int, overlap_tokens: int
+                     ) -> sp.csr_array:
+    """passages x passages, 0/1: the two passages lie in one §3.1.1 chunk, a window of ``window_tokens``
+    whitespace tokens (``overlap_tokens`` shared with the next) of their source document, the unit the paper
+    builds its KG from (GraphRAG's 600-token windows in the authors' code). ``lineage``: ``document``,
+    ``char_start``, ``char_end`` per passage, in the order of ``texts``. A passage meets itself; a document that is
+    one passage (the benchmarks) meets only itself."""
+    n = len(lineage)
+    rows: list[np.ndarray] = []
+    cols: list[np.ndarray] = []
+    window = 0
+    starts, ends = lineage["char_start"].to_numpy(np.int64), lineage["char_end"].to_numpy(np.int64)
+    for idx in lineage.groupby("document", sort=False).indices.values():
+        text = document_text(starts[idx], ends[idx], [texts[i] for i in idx]) if idx.size > 1 else ""
+        spans = window_spans(text, window_tokens, overlap_tokens) if idx.size > 1 else []
+        for inside in [idx[(starts[idx] < b) & (ends[idx] > a)] for a, b in spans] or [idx]:
+            rows.append(np.full(inside.size, window))
+            cols.append(inside)
+            window += 1
+    r, c = np.concatenate(rows), np.concatenate(cols)
+    member = sp.csr_array((np.ones(r.size), (r, c)), shape=(window, n))
+    out = sp.csr_array(member.T @ member)
+    out.data[:] = 1.0
+    return out
+
+
 def split_corpus(documents: pd.DataFrame) -> bool:
     """Whether some document was cut into several passages (``dataset.split``; the lineage column ``document``
     shared by two passages or more). HippoRAG-format benchmarks are passages already: never split by default."""
@@ -181,13 +226,21 @@ class ArchRetriever:
         self.index = CHNSW.from_bytes(Store.read_bytes(index["chnsw"]))
         chunks = Store.read(index["chunks"], ["chunk_id", "doc_id"])
         self.entity_docs = entity_documents(self.entities, chunks, self.doc_ids)
-        self.doc_spread = passage_spread(spread_matrices(Store.read(index["parents"]), len(self.entities)),
-                                         self.entity_docs)
+        spread = spread_matrices(Store.read(index["parents"]), len(self.entities))
+        self.doc_spread = passage_spread(spread, self.entity_docs)
         self.reports = {layer: g.sort_values("community")["report"].astype(str).to_numpy(dtype=object)
                         for layer, g in self.communities.groupby("layer")}
         docs = Store.read(data["documents"])
         self.passage_texts = (docs["title"] + ": " + docs["text"]).to_numpy(dtype=object)  # as contexts_for renders
         self.rule = resolve_rule(params.passage_rule, docs)
+        self.source_spread = self.doc_spread  # source_relevance's sources per item (source_unit=passage)
+        if self.rule == "source_relevance" and params.source_unit == "chunk" and params.chunk_unit == "window":
+            # beyond the paper (module doc); a KG built from passages or sentences has chunks no longer than a passage
+            near = chunk_neighbours(passage_lineage(docs), docs["text"].astype(str).tolist(), params.window_tokens,
+                                    params.overlap_tokens)
+            chunk_docs = sp.csr_array(self.entity_docs @ near)
+            chunk_docs.data[:] = 1.0
+            self.source_spread = passage_spread(spread, chunk_docs)
         if self.rule == "source_relevance" and "passage_embeddings" not in index:
             raise ValueError("method.passage_rule=source_relevance ranks passages by the dense index of the passages, "
                              "which this index lacks: rebuild it with this rule (the flow embeds the passages then)")
@@ -206,7 +259,7 @@ class ArchRetriever:
         found = self.index.search(q, ks, layers=self.layers)
         t2 = time.perf_counter()
         if self.rule == "source_relevance":
-            doc_idx, scores, n_sources = source_relevance_passages(found, self.doc_spread, q @ self.passage_emb.T, k)
+            doc_idx, scores, n_sources = source_relevance_passages(found, self.source_spread, q @ self.passage_emb.T, k)
             self.source_counts += n_sources.tolist()
         elif self.rule == "entity_rank":
             doc_idx, scores = entity_rank_passages(found[0][0], found[0][1], self.entity_docs, k)
@@ -263,6 +316,7 @@ class ArchRetriever:
                 "passage_rule": f"harness (not the paper's): {self.params.passage_rule}"
                                 + (f" -> {self.rule}" if self.rule != self.params.passage_rule else ""),
                 "topk_chunk": self.params.topk_chunk,
+                **({"source_unit": self.params.source_unit} if self.rule == "source_relevance" else {}),
                 **({"source_passages_median": float(np.median(self.source_counts)),
                     "source_passages_share": round(float(np.mean(self.source_counts)) / len(self.doc_ids), 4)}
                    if self.source_counts else {})}

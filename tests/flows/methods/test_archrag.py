@@ -180,3 +180,32 @@ def test_growth_recomputes_communities_and_reuses_unchanged_summaries(tmp_path):
     assert built["segments_resummarized"] == built["segments_total"]
     same = update_flow(cfg)
     assert same["communities_recomputed"] is False and same["segments_resummarized"] == 0
+
+
+def test_long_documents_rank_the_sources_of_the_kg_chunks(tmp_path):
+    """On documents cut into several passages, ``auto`` is ``source_relevance`` with sources by chunk (beyond the
+    paper); ``source_unit=passage`` is an online switch whose sources are a subset, so its cosines rank no higher."""
+    records, questions = generate_sample(40, 8, 0)
+    book = {r["title"]: f"Book {i // 10}" for i, r in enumerate(records)}
+    filler = "this paragraph names nothing at all and only fills the page between two others " * 4
+    docs = [{"title": f"Book {b}", "text": "\n\n".join([r["text"] for r in records[b * 10:b * 10 + 5]] + [filler]
+                                                        + [r["text"] for r in records[b * 10 + 5:(b + 1) * 10]])}
+            for b in range(4)]  # each book holds a passage that names no entity: no item's own source
+    corpus, qfile = tmp_path / "corpus.jsonl", tmp_path / "questions.json"
+    _write(corpus, docs)
+    qfile.write_text(json.dumps([{**q, "supporting_facts": [[book[t], 0] for t, _ in q["supporting_facts"]]}
+                                 for q in questions]))
+    base = ["method=archrag", "method.min_clusters=3", "dataset=jsonl", f"dataset.path={corpus}",
+            f"dataset.questions={qfile}", "dataset.split.max_tokens=48", "dataset.split.overlap=8"]
+    chunk = evaluate_flow(make_config(tmp_path, *base), str(tmp_path / "chunk"))
+    assert chunk["n_documents"] > 4  # documents were cut into passages
+    assert chunk["passage_rule"].endswith("auto -> source_relevance") and chunk["source_unit"] == "chunk"
+    own = evaluate_flow(make_config(tmp_path, *base, "method.source_unit=passage"), str(tmp_path / "own"))
+    assert own["stages_computed"] == 0 and own["source_unit"] == "passage"
+    assert chunk["source_passages_median"] >= own["source_passages_median"]
+    wide, narrow = (pd.read_parquet(tmp_path / r / "hits.parquet") for r in ("chunk", "own"))
+    for qid, mine in narrow.groupby("qid"):
+        theirs = wide.loc[wide["qid"] == qid].sort_values("rank")["score"].to_numpy()
+        mine = mine.sort_values("rank")["score"].to_numpy()
+        assert len(theirs) >= len(mine) and (theirs[:len(mine)] >= mine - 1e-6).all()
+    assert chunk["source_passages_share"] > own["source_passages_share"]  # a chunk reaches passages naming no item

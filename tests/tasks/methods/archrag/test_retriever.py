@@ -7,6 +7,8 @@ import pytest
 
 from tasks.methods.archrag.retriever import (
     append_passages,
+    chunk_neighbours,
+    document_text,
     entity_documents,
     entity_rank_passages,
     passage_spread,
@@ -117,3 +119,48 @@ def test_auto_rule_is_source_relevance_only_where_a_document_holds_several_passa
     assert resolve_rule("auto", unsplit) == resolve_rule("auto", benchmark) == "entity_rank"
     assert resolve_rule("auto", split) == "source_relevance"
     assert resolve_rule("entity_rank", split) == "entity_rank"  # an explicit rule is kept
+
+
+# one document of ten words "w0 w1 ... w9" cut into three passages (p0, p1 overlapping by one word, a gap before p2)
+# and a document that is one passage; chunks of 4 words sharing 1: words 0-3, 3-6, 6-9
+WORDS = " ".join(f"w{i}" for i in range(10))
+SPANS = [(0, 8), (6, 17), (18, 29)]
+LINEAGE = pd.DataFrame({"document": ["A", "A", "A", "B"], "char_start": [s for s, _ in SPANS] + [0],
+                        "char_end": [e for _, e in SPANS] + [5]})
+TEXTS = [WORDS[s:e] for s, e in SPANS] + ["other"]
+
+
+def test_a_document_is_put_back_together_from_its_passages():
+    order = [2, 0, 1]  # any order of its passages
+    text = document_text(np.array([SPANS[i][0] for i in order]), np.array([SPANS[i][1] for i in order]),
+                         [TEXTS[i] for i in order])
+    assert text == WORDS
+
+
+def test_passages_are_neighbours_where_they_share_a_chunk_of_their_document():
+    near = chunk_neighbours(LINEAGE, TEXTS, window_tokens=4, overlap_tokens=1).toarray()
+    # chunk w0-w3 holds p0 and p1, w3-w6 holds p1 and p2, w6-w9 holds p2: p0 and p2 share none
+    assert near.tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 0], [0, 0, 0, 1]]
+    # a chunk as long as the document: its passages are all neighbours; documents never meet each other
+    assert chunk_neighbours(LINEAGE, TEXTS, 600, 100).toarray().tolist() == [[1, 1, 1, 0], [1, 1, 1, 0],
+                                                                            [1, 1, 1, 0], [0, 0, 0, 1]]
+
+
+def test_unsplit_passages_are_only_their_own_neighbours():
+    own = pd.DataFrame({"document": ["a", "b", "c"], "char_start": [0, 0, 0], "char_end": [9, 9, 9]})
+    near = chunk_neighbours(own, ["one two three"] * 3, window_tokens=1, overlap_tokens=0)
+    assert near.toarray().tolist() == np.eye(3).tolist()
+
+
+def test_a_passage_naming_no_entity_is_a_source_through_its_chunk():
+    # e0 is named in p0 only, e1 in B only; p2 names nothing. Retrieving e0 reaches p1 through chunk w0-w3,
+    # never p2 (no chunk with p0) nor B (another document)
+    entities = pd.DataFrame({"entity_id": [0, 1], "chunk_ids": [["c0"], ["c3"]]})
+    chunks = pd.DataFrame({"chunk_id": ["c0", "c3"], "doc_id": ["p0", "B"]})
+    docs = np.array(["p0", "p1", "p2", "B"], dtype=object)
+    own = entity_documents(entities, chunks, docs)
+    by_chunk = own @ chunk_neighbours(LINEAGE, TEXTS, 4, 1)
+    found = [(np.array([[0]]), np.array([[0.9]], np.float32))]
+    sims = np.array([[0.1, 0.5, 0.9, 0.8]])
+    assert source_relevance_passages(found, [own], sims, 4)[0].tolist() == [[0, -1, -1, -1]]
+    assert source_relevance_passages(found, [by_chunk], sims, 4)[0].tolist() == [[1, 0, -1, -1]]
