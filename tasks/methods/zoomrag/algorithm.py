@@ -164,12 +164,6 @@ def query_doc_block(cos: np.ndarray, k_std: float = 3.0, best_when_none: bool = 
     return sp.csr_array(block + extra)
 
 
-def documents_cut(source: np.ndarray) -> bool:
-    """Whether some document was cut into several passages: two passages share a source document (``source``: each
-    passage's, :func:`tasks.data.corpus.source_documents`). Benchmark passages are their own documents: never."""
-    return len(set(source.tolist())) < len(source)
-
-
 # ---------------------------------------------------------------- global graph
 
 

@@ -25,6 +25,12 @@ from tasks.text.title_index import TitleIndex
 from tasks.llm.ner_backends import QueryRecogniser
 
 
+def documents_cut(source: np.ndarray) -> bool:
+    """Whether some document was cut into several passages: two passages share a source document (``source``: each
+    passage's, :func:`tasks.data.corpus.source_documents`). Benchmark passages are their own documents: never."""
+    return len(set(source.tolist())) < len(source)
+
+
 class ZoomRetriever:
     """Online ZoomRAG: query NER + encoding → DocZoom over M → ChunkZoom over the top-K documents."""
 
@@ -33,7 +39,7 @@ class ZoomRetriever:
         self.params, self.embedder, self.recogniser = params, embedder, recogniser
         self.doc_ids, self.doc_emb = load_embeddings(index["doc_embeddings"], "doc_id")
         # beyond the paper (#58, method.split_walk): on documents cut into passages, DocZoom's own walk settings
-        self.split = params.split_walk and zoom.documents_cut(self.source_documents(data))
+        self.split = params.split_walk and documents_cut(self.source_documents(data))
         self.walk = params.walk(split=self.split)
         meta = Store.read(index["M_meta"]).iloc[0]
         self.n, self.m = int(meta["n_docs"]), int(meta["n_entities"])
