@@ -9,7 +9,7 @@ from tasks.graph.title_walk import check_title_walk
 from tasks.methods.zoomrag import algorithm as zoom
 from tasks.text.chunk import CHUNK_UNITS
 from tasks.text.linking import LinkingParams
-from tasks.core.limits import COUNT, COUNT0, one_of
+from tasks.core.limits import COUNT, COUNT0, PROB, one_of
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,11 @@ class ZoomRAGParams(zoom.ZoomParams, LinkingParams):
     # beyond the paper: a ChunkZoom batch holds at most this many padded cells (queries x nodes²; ~35 bytes each)
     chunk_zoom_max_cells: int = field(default=8_000_000, metadata=COUNT)
     relation_gate_masked: bool = False  # beyond the paper: the gate (if on) reads question and sentence without names
+    # beyond the paper (#58): where documents are cut into several passages (dataset.split), DocZoom walks with
+    # split_alpha / split_steps (App. C: the paper's restart and T) in place of alpha / steps; false: alpha / steps
+    split_walk: bool = False
+    split_alpha: float = field(default=0.8, metadata=PROB)
+    split_steps: int = field(default=5, metadata=COUNT)
 
     def __post_init__(self) -> None:
         LinkingParams.__post_init__(self)
@@ -41,10 +46,13 @@ class ZoomRAGParams(zoom.ZoomParams, LinkingParams):
                          "method.graph_linking=gazetteer and method.query_linking=gazetteer",
                          self.relation_gate_temperature, not self.coupled, "the decoupled walk (method.coupled=false)")
 
-    def walk(self) -> zoom.ZoomParams:
-        """The settings :mod:`tasks.methods.zoomrag.algorithm` takes."""
+    def walk(self, split: bool = False) -> zoom.ZoomParams:
+        """The settings :mod:`tasks.methods.zoomrag.algorithm` takes; ``split``: on a corpus whose documents are cut
+        into several passages, where ``split_walk`` gives DocZoom ``split_alpha`` and ``split_steps``."""
         fields = zoom.ZoomParams.__dataclass_fields__
         walk = zoom.ZoomParams(**{k: v for k, v in asdict(self).items() if k in fields})
+        if split and self.split_walk:
+            walk = replace(walk, alpha=self.split_alpha, steps=self.split_steps)
         return replace(walk, walk_threads=walk.walk_threads or cpu_threads())  # 0: one batch of queries per CPU
 
 

@@ -7,9 +7,11 @@ from concurrent.futures import Future
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import scipy.sparse as sp
 
 from tasks.core.store import ArtifactRef, Store
+from tasks.data.corpus import source_documents
 from tasks.eval.retrieve import Hits
 from tasks.graph.sparse import coo_matrix, links_matrix
 from tasks.methods.zoomrag import algorithm as zoom
@@ -23,13 +25,22 @@ from tasks.text.title_index import TitleIndex
 from tasks.llm.ner_backends import QueryRecogniser
 
 
+def documents_cut(source: np.ndarray) -> bool:
+    """Whether some document was cut into several passages: two passages share a source document (``source``: each
+    passage's, :func:`tasks.data.corpus.source_documents`). Benchmark passages are their own documents: never."""
+    return len(set(source.tolist())) < len(source)
+
+
 class ZoomRetriever:
     """Online ZoomRAG: query NER + encoding → DocZoom over M → ChunkZoom over the top-K documents."""
 
     def __init__(self, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef], params: ZoomRAGParams,
                  embedder: EmbedderParams, recogniser: QueryRecogniser | None) -> None:
-        self.params, self.walk, self.embedder, self.recogniser = params, params.walk(), embedder, recogniser
+        self.params, self.embedder, self.recogniser = params, embedder, recogniser
         self.doc_ids, self.doc_emb = load_embeddings(index["doc_embeddings"], "doc_id")
+        # beyond the paper (#58, method.split_walk): on documents cut into passages, DocZoom's own walk settings
+        self.split = params.split_walk and documents_cut(self.source_documents(data))
+        self.walk = params.walk(split=self.split)
         meta = Store.read(index["M_meta"]).iloc[0]
         self.n, self.m = int(meta["n_docs"]), int(meta["n_entities"])
         self.scales = json.loads(meta["scales"])
@@ -60,6 +71,12 @@ class ZoomRetriever:
         self.graph = zoom.walk_graph(M, params.walk_node_order, params.walk_dtype)  # once: M renumbered
         encode_queries(["warm-up"], embedder)
         self.fallbacks = 0
+
+    def source_documents(self, data: dict[str, ArtifactRef]) -> np.ndarray:
+        """Each document's (passage's) source document, in ``doc_ids`` order (a passage without lineage: itself)."""
+        names = pq.read_schema(data["documents"].path).names
+        frame = Store.read(data["documents"], ["doc_id"] + (["document"] if "document" in names else []))
+        return source_documents(frame).reindex(self.doc_ids).to_numpy()
 
     def _load_chunks(self, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef]) -> None:
         chunks = Store.read(index["chunks"], ["chunk_id", "doc_id", "position", "text"])
@@ -182,4 +199,5 @@ class ZoomRetriever:
 
     def run_stats(self) -> dict:
         """Index facts worth reporting with the metrics."""
-        return {"n_entities": self.m, "M_nnz": int(self.graph.matrix.nnz), "block_scales": self.scales}
+        return {"n_entities": self.m, "M_nnz": int(self.graph.matrix.nnz), "block_scales": self.scales,
+                "split_walk": self.split}
