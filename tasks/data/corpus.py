@@ -287,6 +287,14 @@ def source_documents(documents: pd.DataFrame) -> pd.Series:
     return pd.Series(document.where(document.notna(), ids).to_numpy(dtype=object), index=ids.to_numpy())
 
 
+def documents_cut(source: Any) -> bool:
+    """Whether some document was cut into several passages: two passages share a source document (``source``: each
+    passage's, :func:`source_documents`). Benchmark passages are their own documents: never. The one test by which
+    the methods' long-document rules (ArchRAG's ``passage_rule=auto``, LinearRAG's ``passage_reset=auto``, ZoomRAG's
+    ``split_walk``) read the data, never the dataset's name."""
+    return bool(pd.Series(list(source), dtype=object).duplicated().any())
+
+
 def citation(source: str | None, title: str, page: int | None, headings: list[str]) -> str:
     """A passage's citation in words: ``docs/guide.md § Install › Linux``, ``report.pdf p. 12``; the title when
     the passage has no source file (a HippoRAG passage); a JSONL record (``corpus.jsonl#12``) is named by its title

@@ -40,6 +40,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from tasks.core.store import ArtifactRef, Store
+from tasks.data.corpus import documents_cut, source_documents
 from tasks.eval.retrieve import Hits
 from tasks.eval.spans import passage_lineage
 from tasks.methods.archrag import algorithm as alg
@@ -181,20 +182,12 @@ def chunk_neighbours(lineage: pd.DataFrame, texts: list[str], window_tokens: int
     return out
 
 
-def split_corpus(documents: pd.DataFrame) -> bool:
-    """Whether some document was cut into several passages (``dataset.split``; the lineage column ``document``
-    shared by two passages or more). HippoRAG-format benchmarks are passages already: never split by default."""
-    if "document" not in documents:
-        return False
-    return bool(documents["document"].dropna().duplicated().any())
-
-
 def resolve_rule(rule: str, documents: pd.DataFrame) -> str:
     """``passage_rule=auto`` (beyond the paper): ``source_relevance`` on a corpus of documents cut into several
     passages, ``entity_rank`` on a corpus whose passages are their own documents (the benchmarks)."""
     if rule != "auto":
         return rule
-    return "source_relevance" if split_corpus(documents) else "entity_rank"
+    return "source_relevance" if documents_cut(source_documents(documents)) else "entity_rank"
 
 
 def append_passages(doc_idx: np.ndarray, scores: np.ndarray, extra: np.ndarray, k: int

@@ -474,16 +474,10 @@ def passage_initial_scores(
     return scores
 
 
-def cut_documents(passage_document: np.ndarray) -> bool:
-    """Whether some source document holds several passages (``passage_document``: (P,) a code per passage's source
-    document, as :func:`with_document_nodes` takes it). A benchmark's passages are each their own document."""
-    codes = np.asarray(passage_document)
-    return bool(codes.size) and np.unique(codes).size < codes.size
-
-
-def resolve_passage_reset(rule: str, passage_document: np.ndarray) -> str:
+def resolve_passage_reset(rule: str, cut: bool) -> str:
     """``passage_reset=auto`` (beyond the paper): ``top_similarity`` on a corpus of documents cut into several
-    passages, ``eq7`` (the paper's) where every passage is its own document; another rule is kept as it is.
+    passages (``cut``: :func:`tasks.data.corpus.documents_cut`), ``eq7`` (the paper's) where every passage is its own
+    document; another rule is kept as it is.
 
     Why (measured on the long-document set; docs/methods/linearrag.md, "Long documents"): eq. (7) gives every
     passage restart mass, its cosine min-max normalised over the whole corpus, so with thousands of passages cut
@@ -494,7 +488,7 @@ def resolve_passage_reset(rule: str, passage_document: np.ndarray) -> str:
     """
     if rule != "auto":
         return rule
-    return "top_similarity" if cut_documents(passage_document) else "eq7"
+    return "top_similarity" if cut else "eq7"
 
 
 def rank_passages(scores: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -29,7 +29,7 @@ from tasks.text.linking_stages import masked_relation_gate
 from tasks.text.question_parse import load_parser, parse_questions, rest_of_question
 from tasks.text.title_index import TitleIndex
 from tasks.llm.ner_backends import QueryRecogniser
-from tasks.data.corpus import source_documents
+from tasks.data.corpus import documents_cut, source_documents
 from tasks.methods.linearrag.params import LinearParams
 
 
@@ -59,7 +59,8 @@ class LinearRetriever:
         self.parser_model = parser_model  # second_hop_query=parsed: the spaCy pipeline that parses questions
         self.doc_ids, self.passage_emb = load_embeddings(index["passage_embeddings"], "doc_id")
         if params.passage_reset == "auto":  # beyond the paper: top_similarity where documents are cut into passages
-            self.algo = replace(self.algo, passage_reset=lr.resolve_passage_reset("auto", self.source_documents(data)))
+            cut = documents_cut(self.source_documents(data))
+            self.algo = replace(self.algo, passage_reset=lr.resolve_passage_reset("auto", cut))
         sentence_ids, self.sentence_emb = load_embeddings(index["sentence_embeddings"], "chunk_id")
         sentences = Store.read(index["sentences"], ["chunk_id", "doc_id"])
         chunks = sentences["chunk_id"].to_numpy(dtype=object)

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import scipy.sparse as sp
 
 from tasks.core.store import ArtifactRef, Store
-from tasks.data.corpus import source_documents
+from tasks.data.corpus import documents_cut, source_documents
 from tasks.eval.retrieve import Hits
 from tasks.graph.sparse import coo_matrix, links_matrix
 from tasks.methods.zoomrag import algorithm as zoom
@@ -23,12 +23,6 @@ from tasks.text.linking import name_idf, query_seeds, title_restart
 from tasks.text.linking_stages import masked_relation_gate
 from tasks.text.title_index import TitleIndex
 from tasks.llm.ner_backends import QueryRecogniser
-
-
-def documents_cut(source: np.ndarray) -> bool:
-    """Whether some document was cut into several passages: two passages share a source document (``source``: each
-    passage's, :func:`tasks.data.corpus.source_documents`). Benchmark passages are their own documents: never."""
-    return len(set(source.tolist())) < len(source)
 
 
 class ZoomRetriever:

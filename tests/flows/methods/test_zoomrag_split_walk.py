@@ -13,7 +13,7 @@ from flows.runtime.config import load_config
 from flows.runtime.pipeline import start_run
 from tasks.data.ingest import ingest
 from tasks.data.sample import generate_sample
-from tasks.methods.zoomrag.retriever import documents_cut
+from tasks.data.corpus import documents_cut
 from tests.flows.conftest import make_config
 
 BEYOND = ["method=zoomrag", "experiment=beyond_paper", "dataset=jsonl", "dataset.name=longzoom"]

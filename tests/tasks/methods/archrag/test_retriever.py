@@ -5,6 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tasks.data.corpus import documents_cut, source_documents
 from tasks.methods.archrag.retriever import (
     append_passages,
     chunk_neighbours,
@@ -15,7 +16,6 @@ from tasks.methods.archrag.retriever import (
     rank_passages,
     resolve_rule,
     source_relevance_passages,
-    split_corpus,
     spread_matrices,
 )
 
@@ -114,8 +114,9 @@ def test_auto_rule_is_source_relevance_only_where_a_document_holds_several_passa
     unsplit = pd.DataFrame({"doc_id": ["a", "b"], "document": ["a", "b"]})
     benchmark = pd.DataFrame({"doc_id": ["a", "b"], "document": [None, None]})  # no lineage: own documents
     split = pd.DataFrame({"doc_id": ["a#0", "a#1", "b"], "document": ["a", "a", "b"]})
-    assert not split_corpus(unsplit) and not split_corpus(benchmark) and split_corpus(split)
-    assert not split_corpus(pd.DataFrame({"doc_id": ["a"]}))
+    cut = lambda documents: documents_cut(source_documents(documents))  # noqa: E731
+    assert not cut(unsplit) and not cut(benchmark) and cut(split)
+    assert not cut(pd.DataFrame({"doc_id": ["a"]}))
     assert resolve_rule("auto", unsplit) == resolve_rule("auto", benchmark) == "entity_rank"
     assert resolve_rule("auto", split) == "source_relevance"
     assert resolve_rule("entity_rank", split) == "entity_rank"  # an explicit rule is kept

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from tasks.data.corpus import documents_cut
 from tasks.methods.linearrag import algorithm as lr
 
 
@@ -70,10 +71,10 @@ def test_auto_passage_reset_follows_the_corpus():
     """``passage_reset=auto`` (beyond the paper): eq. (7) on independent passages, top_similarity on cut documents."""
     own = np.array([f"p{i}" for i in range(4)], dtype=object)
     cut = np.array(["D", "D", "E", "F"], dtype=object)
-    assert not lr.cut_documents(own) and lr.cut_documents(cut) and not lr.cut_documents(np.array([], dtype=object))
-    assert lr.resolve_passage_reset("auto", own) == "eq7"
-    assert lr.resolve_passage_reset("auto", cut) == "top_similarity"
-    assert lr.resolve_passage_reset("eq7", cut) == "eq7" and lr.resolve_passage_reset("top_similarity", own) == "top_similarity"
+    assert not documents_cut(own) and documents_cut(cut) and not documents_cut(np.array([], dtype=object))
+    assert lr.resolve_passage_reset("auto", documents_cut(own)) == "eq7"
+    assert lr.resolve_passage_reset("auto", documents_cut(cut)) == "top_similarity"
+    assert lr.resolve_passage_reset("eq7", True) == "eq7" and lr.resolve_passage_reset("top_similarity", False) == "top_similarity"
     contain, similarity, bridging = _corpus(0, n_p=4)
     with pytest.raises(ValueError, match="resolve_passage_reset"):  # never walked unresolved
         lr.global_importance(similarity, bridging, contain, lr.passage_entity_graph(contain, "share"),
