@@ -214,6 +214,9 @@ ROW_SCHEMA = pa.schema([("key", pa.string()), ("title", pa.string()), ("text", p
 # rows of a ``read`` row group: ingest fetches a few documents at a time by key (tasks.core.store.KeyedParquet), so
 # it reads about this many documents more than it asks for; engineering, not from a paper
 READ_ROW_GROUP_ROWS = 64
+# documents a partition of the read stage holds at most (below runner.partition_rows, which counts small rows): its
+# rows are whole texts, so a partition of 4,096 long documents would hold hundreds of MB; engineering, not a paper's
+READ_PARTITION_DOCUMENTS = 256
 
 
 @dataclass(frozen=True)
@@ -253,7 +256,7 @@ def read_rows(ctx: RunContext, params: ReadParams, entries: list[Entry], listing
 
     row_params = {"split": split.__dict__, "code": code_version(read_entry)}
     return run_row_stage(ctx, params, row_params, {"listing": listing}, keys, compute_rows, "key", assemble,
-                         stream=True)
+                         stream=True, max_partition_rows=READ_PARTITION_DOCUMENTS)
 
 
 def passages_of(entries: list[Entry], rows: pd.DataFrame, on_error: str, title_of: Any

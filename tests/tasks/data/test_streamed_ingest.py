@@ -44,7 +44,9 @@ def _corpus(tmp_path: Path) -> tuple[Path, Path]:
 
 @pytest.fixture
 def small_batches(monkeypatch):
-    """Every bound far below the corpus: batches of 3 documents, row groups of 2 rows, spill buckets of 4 KB."""
+    """Every bound far below the corpus: read partitions of 5 documents, batches of 3, row groups of 2 rows, spill
+    buckets of 4 KB."""
+    monkeypatch.setattr(corpus, "READ_PARTITION_DOCUMENTS", 5)
     monkeypatch.setattr(ingest_module, "INGEST_BATCH_DOCUMENTS", 3)
     monkeypatch.setattr(ingest_module, "SPILL_BUCKET_BYTES", 4096)
     monkeypatch.setattr(corpus, "READ_ROW_GROUP_ROWS", 2)
@@ -74,6 +76,7 @@ def test_streamed_ingest_equals_the_whole_corpus_read_at_once(tmp_path, small_ba
     # the read stage's own table holds every document once, streamed from its row cache in small row groups
     read = Store.read(ctx_read(tmp_path))
     assert len(read) == 43 and read["key"].is_unique
+    assert len(list((tmp_path / "a" / "_rows" / "read").rglob("part-*.parquet"))) == 9  # 43 documents by 5
 
 
 def ctx_read(tmp_path: Path) -> Path:
