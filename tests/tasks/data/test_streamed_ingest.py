@@ -112,3 +112,24 @@ def test_spill_sort_returns_rows_in_rank_order_and_leaves_no_file(tmp_path):
     folder = Path(spill._dir.name)
     out = pa.concat_tables(list(spill.sorted()))
     assert out.column("x").to_pylist() == list(range(0, 10000, 10)) and not folder.exists()
+
+
+def test_a_stream_that_fails_midway_leaves_no_file(tmp_path):
+    """A streamed output is written atomically: a batch that fails (a killed read, a damaged part) leaves neither the
+    file nor its temp file."""
+    import pyarrow as pa
+
+    from tasks.core.files import TableStream, write_parquet_stream
+
+    schema = pa.schema([("x", pa.int64())])
+
+    def batches():
+        yield pa.table({"x": [1, 2]})
+        raise OSError("the row cache part vanished")
+
+    target = tmp_path / "out" / "t.parquet"
+    with pytest.raises(OSError, match="vanished"):
+        write_parquet_stream(TableStream(schema, batches), target)
+    assert list(tmp_path.rglob("*")) == [tmp_path / "out"]
+    assert write_parquet_stream(TableStream(schema, lambda: [pa.table({"x": [3]})] * 3), target) == 3
+    assert pq.read_table(target).column("x").to_pylist() == [3, 3, 3]
