@@ -243,7 +243,9 @@ class KeyedParquet:
     def __init__(self, path: str, key: str) -> None:
         self.path, self.key = path, key
         try:
-            self.file = pq.ParquetFile(path, memory_map=True, page_checksum_verification=True)
+            # not memory-mapped: the mapping lives as long as the reader, and every page it touched would stay in the
+            # process's RSS (a long corpus's whole read table, by the end of ingest's second pass)
+            self.file = pq.ParquetFile(path, memory_map=False, page_checksum_verification=True)
             sizes = [self.file.metadata.row_group(i).num_rows for i in range(self.file.num_row_groups)]
             keys = self.file.read(columns=[key]).column(key).to_pylist()
         except (OSError, pa.ArrowException):
