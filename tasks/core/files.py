@@ -139,6 +139,12 @@ class TableStream:
     schema: pa.Schema
     batches: Callable[[], Iterable[pa.Table]]
     row_group_rows: int = 1024  # small row groups, so a reader can fetch a few rows by their position
+    rows: int = -1  # how many rows the batches hold, where known before they are written (-1: not known)
+
+    def __len__(self) -> int:
+        if self.rows < 0:
+            raise TypeError("a TableStream's length is known once it is written (pass rows= where it is known)")
+        return self.rows
 
 
 def write_parquet_stream(stream: TableStream, path: Path) -> int:
