@@ -559,7 +559,7 @@ DOCUMENTS_SCHEMA = pa.Schema.from_pandas(documents_frame([{
 # documents a batch of the streamed ingest reads at once, and passage text (bytes) a spill bucket holds while the
 # passages are put in corpus order: they bound its memory and change no result; engineering, not from a paper
 INGEST_BATCH_DOCUMENTS = 256
-SPILL_BUCKET_BYTES = 64 * 2**20
+SPILL_BUCKET_BYTES = 16 * 2**20
 
 
 def _batches(entries: list[Entry], reader: KeyedParquet) -> Iterator[tuple[list[Entry], pd.DataFrame]]:
