@@ -12,8 +12,9 @@ import hashlib
 import os
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 import pandas as pd
 import pyarrow as pa
@@ -128,6 +129,34 @@ def write_parquet(table: pd.DataFrame | pa.Table, path: Path) -> int:
     with _atomic(path) as tmp:
         pq.write_table(table, tmp, write_page_checksum=True)
     return table.num_rows
+
+
+@dataclass(frozen=True)
+class TableStream:
+    """A table given as batches, written as they come (:func:`write_parquet_stream`): a stage output that is never
+    whole in memory (a long corpus's documents). ``batches`` is called once, when the output is written."""
+
+    schema: pa.Schema
+    batches: Callable[[], Iterable[pa.Table]]
+    row_group_rows: int = 1024  # small row groups, so a reader can fetch a few rows by their position
+    rows: int = -1  # how many rows the batches hold, where known before they are written (-1: not known)
+
+    def __len__(self) -> int:
+        if self.rows < 0:
+            raise TypeError("a TableStream's length is known once it is written (pass rows= where it is known)")
+        return self.rows
+
+
+def write_parquet_stream(stream: TableStream, path: Path) -> int:
+    """Write a :class:`TableStream` atomically (temp file + rename), batch by batch, with page checksums; returns
+    the row count. Each batch is cast to the stream's schema, so an all-empty batch keeps the columns' types."""
+    rows = 0
+    with _atomic(path) as tmp, pq.ParquetWriter(tmp, stream.schema, write_page_checksum=True) as writer:
+        for batch in stream.batches():
+            writer.write_table(batch.select(stream.schema.names).cast(stream.schema),
+                               row_group_size=stream.row_group_rows)
+            rows += batch.num_rows
+    return rows
 
 
 def write_bytes(data: bytes, path: Path) -> None:

@@ -6,6 +6,7 @@ import hashlib
 import logging
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pandas as pd
@@ -122,6 +123,11 @@ class RowCache:
         The key columns are matched in one pass over all parts, and only parts holding a wanted row are read
         whole: the time grows with the cache's keys plus the rows read, not with parts × wanted keys.
         """
+        return pa.concat_tables(list(self.read_parts(keys)), promote_options="default")
+
+    def read_parts(self, keys: list[str]) -> Iterator[pa.Table]:
+        """:meth:`read`'s rows one part at a time, in the same order: a stage that streams its output holds one
+        part, not the whole cache (``tasks.core.files.TableStream``)."""
         parts, cols = self._key_columns()
         hit = np.zeros(0, dtype=np.int64)
         if cols and keys:
@@ -137,7 +143,10 @@ class RowCache:
         first = pd.Series(part_of).groupby(hit_keys).transform("min").to_numpy()
         hit, part_of = hit[part_of == first], part_of[part_of == first]
         starts = np.r_[0, np.cumsum(sizes)]
-        tables = []
+        return self._take_parts(parts, hit, part_of, starts)
+
+    def _take_parts(self, parts: list[Path], hit: np.ndarray, part_of: np.ndarray, starts: np.ndarray
+                    ) -> Iterator[pa.Table]:
         for i in np.unique(part_of):  # a part in the older vector layout is brought to the current one
             rows = pa.array(hit[part_of == i] - starts[i])
             try:
@@ -149,5 +158,4 @@ class RowCache:
                 problem = f"is unreadable ({problem})"
                 self._drop(parts[i], problem)
                 raise DamagedFile(f"row cache part {parts[i]} {problem}") from err
-            tables.append(current_layout(part.take(rows)))
-        return pa.concat_tables(tables, promote_options="default")
+            yield current_layout(part.take(rows))

@@ -28,7 +28,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tasks.core.progress import notice_if_slow
-from tasks.core.files import DamagedFile, write_bytes, write_parquet
+from tasks.core.files import DamagedFile, TableStream, write_bytes, write_parquet, write_parquet_stream
 from tasks.core.hashing import fingerprint, short_hash
 from tasks.core.locks import stage_lock
 from tasks.core.memory import PeakRSS, release_arrow_memory
@@ -36,7 +36,7 @@ from tasks.core.store import ArtifactRef, Store
 
 log = logging.getLogger("dagrag")
 
-Output = pd.DataFrame | pa.Table | bytes
+Output = pd.DataFrame | pa.Table | bytes | TableStream
 
 
 @dataclass(frozen=True)
@@ -362,11 +362,12 @@ def run_stage(ctx: RunContext, params: StageParams, inputs: Mapping[str, str],
 def run_row_stage(ctx: RunContext, params: StageParams, row_params: Any, inputs: Mapping[str, str],
                   keys: Callable[[], pd.Series] | pd.Series,
                   compute_rows: Callable[[list[str]], pa.Table | pd.DataFrame], key: str,
-                  assemble: Callable[[pa.Table], Mapping[str, Output]]) -> dict[str, ArtifactRef]:
+                  assemble: Callable[[Any], Mapping[str, Output]], stream: bool = False,
+                  max_partition_rows: int = 0) -> dict[str, ArtifactRef]:
     """A per-row stage whose params these are (:func:`run_named_row_stage`); ``row_params`` derive from them."""
     spec = stage_of(params)
     return run_named_row_stage(ctx, spec.name, spec.code(), params.identity(), row_params, inputs, keys,
-                               compute_rows, key, assemble)
+                               compute_rows, key, assemble, stream, max_partition_rows)
 
 
 # an input a stage's fingerprint reads from another stage's output (EraRAG's hyperplanes: the embeddings' width),
@@ -476,6 +477,8 @@ def _write_outputs(store: Store, dataset: str, stage: str, fp: str, outputs: Map
         if isinstance(value, bytes):
             write_bytes(value, path)
             rows = 1
+        elif isinstance(value, TableStream):
+            rows = write_parquet_stream(value, path)
         else:
             rows = write_parquet(value, path)
         refs[name] = ArtifactRef(name, str(path), fp, rows)
@@ -485,7 +488,8 @@ def _write_outputs(store: Store, dataset: str, stage: str, fp: str, outputs: Map
 def run_named_row_stage(ctx: RunContext, stage: str, code: str, params: Any, row_params: Any,
                         inputs: Mapping[str, str], keys: Callable[[], pd.Series] | pd.Series,
                         compute_rows: Callable[[list[str]], pa.Table | pd.DataFrame],
-                        key: str, assemble: Callable[[pa.Table], Mapping[str, Output]]) -> dict[str, ArtifactRef]:
+                        key: str, assemble: Callable[[Any], Mapping[str, Output]], stream: bool = False,
+                        max_partition_rows: int = 0) -> dict[str, ArtifactRef]:
     """A per-row stage: compute rows only for keys missing from the row cache, then assemble outputs.
 
     ``row_params`` is what changes a row's value: the params that matter (a model name, not a batch
@@ -495,6 +499,12 @@ def run_named_row_stage(ctx: RunContext, stage: str, code: str, params: Any, row
     opened for questions, neither reads its input nor hashes a text. ``compute_rows(missing_keys)`` returns
     rows (with a ``key`` column) for exactly those; ``assemble(cached_rows_for_all_keys)`` builds the
     stage outputs for this input (in input order).
+
+    With ``stream``, ``assemble`` gets instead a function that yields the cached rows one row-cache part at a time
+    (or None when there are no keys), for outputs written as they come (:class:`tasks.core.files.TableStream`):
+    the stage never holds all its rows. The parts are read through once first, so a damaged one is dropped and
+    its rows computed again, as without ``stream``. ``max_partition_rows`` (0: none) caps the runner's partitions
+    for a stage whose rows are large (a document's whole text), so that one partition stays small.
     """
     store = ctx.store
     param_fp = short_hash({"stage": stage, "params": params_dict(row_params)})
@@ -508,10 +518,15 @@ def run_named_row_stage(ctx: RunContext, stage: str, code: str, params: Any, row
         for attempt in (1, 2):  # a part found damaged when read whole is dropped: its rows are computed again
             missing = cache.missing(wanted)
             computed += len(missing)
-            for part in compute_partitions(stage, compute_rows, missing):
+            for part in compute_partitions(stage, compute_rows, missing, max_partition_rows):
                 cache.append(part)  # in the flow process only: workers return rows, they write nothing
             try:
-                rows = cache.read(wanted) if wanted else None
+                if stream:
+                    for _ in cache.read_parts(wanted) if wanted else ():
+                        pass  # checked part by part, nothing kept
+                    rows = functools.partial(cache.read_parts, wanted) if wanted else None
+                else:
+                    rows = cache.read(wanted) if wanted else None
                 break
             except DamagedFile:
                 if attempt == 2:
@@ -544,17 +559,19 @@ def _partition_runner() -> Any:
     return runner if hasattr(runner, "partition_rows") else None
 
 
-def compute_partitions(stage: str, compute_rows: Callable[[list[str]], Any], missing: list[str]) -> Iterator[Any]:
+def compute_partitions(stage: str, compute_rows: Callable[[list[str]], Any], missing: list[str],
+                       max_rows: int = 0) -> Iterator[Any]:
     """The rows of ``missing`` keys, computed one partition (a row range) at a time, yielded in order.
 
     The flow's task runner decides where: ``runner=thread`` in this process, ``runner=dask`` on Dask
     workers (all partitions submitted at once). Either way the same ranges are computed by the same code,
     so the rows are the same, and each partition's rows come back here, where the caller appends them to
     the row cache: a killed run keeps the partitions it finished. Progress goes to the log and, with more
-    than one partition, to a Prefect progress artifact.
+    than one partition, to a Prefect progress artifact. ``max_rows`` (0: none) caps the runner's partition size.
     """
     runner = _partition_runner()
-    plan = partition_plan(len(missing), runner.partition_rows if runner is not None else 0)
+    size = runner.partition_rows if runner is not None else 0
+    plan = partition_plan(len(missing), min(s for s in (size, max_rows) if s) if size or max_rows else 0)
     if not plan:
         return
     progress = _Progress(stage, len(plan), len(missing))

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -165,6 +166,11 @@ class Store(Catalog):
             raise quarantine_damaged(path, problem) from None
 
     @staticmethod
+    def keyed(ref: ArtifactRef | str | Path, key: str) -> "KeyedParquet":
+        """A Parquet artifact's rows fetched by their ``key`` column a few at a time (:class:`KeyedParquet`)."""
+        return KeyedParquet(ref.path if isinstance(ref, ArtifactRef) else str(ref), key)
+
+    @staticmethod
     def read_bytes(ref: ArtifactRef | str | Path) -> bytes:
         """Read a non-tabular artifact whole, checked against its recorded content hash (when the reference
         carries one); a damaged file is moved to the quarantine and :class:`DamagedFile` raised."""
@@ -227,3 +233,39 @@ class Store(Catalog):
     def row_cache(self, stage: str, param_fp: str, key: str) -> RowCache:
         """The row cache of a per-row stage under these params (shared by every dataset and run)."""
         return RowCache(self.root / ROWS / stage / param_fp, key, self)
+
+
+class KeyedParquet:
+    """Rows of a Parquet file fetched by key: the key column is read once, then :meth:`take` reads only the row
+    groups holding the wanted rows, each page checked against its CRC (a damaged file is quarantined). A reader of a
+    long table holds its keys and the row groups it asked for, not the table."""
+
+    def __init__(self, path: str, key: str) -> None:
+        self.path, self.key = path, key
+        try:
+            # not memory-mapped: the mapping lives as long as the reader, and every page it touched would stay in the
+            # process's RSS (a long corpus's whole read table, by the end of ingest's second pass)
+            self.file = pq.ParquetFile(path, memory_map=False, page_checksum_verification=True)
+            sizes = [self.file.metadata.row_group(i).num_rows for i in range(self.file.num_row_groups)]
+            keys = self.file.read(columns=[key]).column(key).to_pylist()
+        except (OSError, pa.ArrowException):
+            raise self._damaged() from None
+        group = np.repeat(np.arange(len(sizes)), sizes)
+        within = np.arange(len(keys)) - np.repeat(np.cumsum([0, *sizes])[:-1], sizes).astype(np.int64)
+        self.where = {k: (int(g), int(w)) for k, g, w in zip(keys, group, within)}  # a repeated key: its last row
+
+    def _damaged(self) -> Exception:
+        problem = parquet_problem(self.path) if os.path.exists(self.path) else None
+        return quarantine_damaged(self.path, problem) if problem is not None else StoreError(
+            f"{self.path}: cannot be read")
+
+    def take(self, keys: list[str]) -> pa.Table:
+        """The rows of ``keys`` (each present), in that order."""
+        places = [self.where[k] for k in keys]
+        groups = sorted({g for g, _ in places})
+        try:
+            table = self.file.read_row_groups(groups)
+        except (OSError, pa.ArrowException):
+            raise self._damaged() from None
+        offset = dict(zip(groups, np.cumsum([0, *(self.file.metadata.row_group(g).num_rows for g in groups)])))
+        return table.take(pa.array([int(offset[g]) + w for g, w in places], type=pa.int64()))

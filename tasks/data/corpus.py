@@ -19,11 +19,12 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pandas as pd
 import pyarrow as pa
 
+from tasks.core.files import TableStream
 from tasks.core.limits import COUNT, COUNT0
 from tasks.core.stage import RunContext, StageParams, run_row_stage, stage, wired
 from tasks.core.store import ArtifactRef
@@ -210,6 +211,14 @@ ROW_SCHEMA = pa.schema([("key", pa.string()), ("title", pa.string()), ("text", p
                         ("error", pa.string())])
 
 
+# rows of a ``read`` row group: ingest fetches a few documents at a time by key (tasks.core.store.KeyedParquet), so
+# it reads about this many documents more than it asks for; engineering, not from a paper
+READ_ROW_GROUP_ROWS = 64
+# documents a partition of the read stage holds at most (below runner.partition_rows, which counts small rows): its
+# rows are whole texts, so a partition of 4,096 long documents would hold hundreds of MB; engineering, not a paper's
+READ_PARTITION_DOCUMENTS = 256
+
+
 @dataclass(frozen=True)
 class ReadParams(StageParams):
     """The ``read`` stage: how documents are split (``dataset.split``)."""
@@ -238,13 +247,16 @@ def read_rows(ctx: RunContext, params: ReadParams, entries: list[Entry], listing
     def compute_rows(missing: list[str]) -> pa.Table:
         return pa.Table.from_pylist([read_entry(by_key[k], split, folder) for k in missing], schema=ROW_SCHEMA)
 
-    def assemble(rows: pa.Table | None) -> dict[str, pa.Table]:
-        return {"read": rows if rows is not None else ROW_SCHEMA.empty_table()}
+    def assemble(parts: Callable[[], Iterator[pa.Table]] | None) -> dict[str, TableStream]:
+        # written one row-cache part at a time: the documents' texts are never all in memory (issue #58, item 1)
+        return {"read": TableStream(ROW_SCHEMA, parts if parts is not None else lambda: iter(()),
+                                    row_group_rows=READ_ROW_GROUP_ROWS)}
 
     from tasks.core.code_identity import code_version
 
     row_params = {"split": split.__dict__, "code": code_version(read_entry)}
-    return run_row_stage(ctx, params, row_params, {"listing": listing}, keys, compute_rows, "key", assemble)
+    return run_row_stage(ctx, params, row_params, {"listing": listing}, keys, compute_rows, "key", assemble,
+                         stream=True, max_partition_rows=READ_PARTITION_DOCUMENTS)
 
 
 def passages_of(entries: list[Entry], rows: pd.DataFrame, on_error: str, title_of: Any
@@ -272,11 +284,17 @@ def passages_of(entries: list[Entry], rows: pd.DataFrame, on_error: str, title_o
         sources.append({"document": document, "source": e.source, "title": title, "content_hash": e.key,
                         "mtime": e.mtime, "n_passages": len(starts), "metadata": str(r["metadata"])})
     if skipped and on_error == "fail":
-        source, reason = skipped[0]
-        more = f"; {len(skipped) - 1} more file(s) cannot be read either" if len(skipped) > 1 else ""
-        raise UnreadableFile(f"{where(source)}: {reason}{more} (dataset.on_error=skip skips such files and reports "
-                             f"them)")
+        raise unreadable(skipped)
     return passages, sources, skipped
+
+
+def unreadable(skipped: list[tuple[str, str]]) -> UnreadableFile:
+    """The error of ``dataset.on_error=fail`` for documents that cannot be read: the first named, the rest
+    counted."""
+    source, reason = skipped[0]
+    more = f"; {len(skipped) - 1} more file(s) cannot be read either" if len(skipped) > 1 else ""
+    return UnreadableFile(f"{where(source)}: {reason}{more} (dataset.on_error=skip skips such files and reports "
+                          f"them)")
 
 
 def source_documents(documents: pd.DataFrame) -> pd.Series:
