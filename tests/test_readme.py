@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -303,21 +304,65 @@ def prefect_home(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("prefect-home"))
 
 
+@dataclass
+class StoreRuns:
+    """Each distinct command line (argv and environment) run once per module, in a fresh store of its own.
+
+    Pages repeat commands (README.md's ``dagrag evaluate method=bm25`` is docs/commands.md's too), and every
+    ``dagrag query`` line, like the Python examples, needs the index ``dagrag index method=bm25 dataset=sample``
+    builds: a second test of the same line checks the same finished run (its output and its store) instead of
+    running it again. A test that goes on to write gets a copy of the store (:meth:`copy`)."""
+
+    root: Path
+    done: dict[tuple, tuple[subprocess.CompletedProcess, Path]] = field(default_factory=dict)
+
+    def run(self, argv: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProcess, Path]:
+        """``argv`` with ``artifacts_dir=`` a fresh store (before any ``--``): its finished process and store."""
+        # pytest names the running test in the environment (PYTEST_CURRENT_TEST): not part of the command
+        key = (tuple(argv), tuple(sorted((k, v) for k, v in env.items() if k != "PYTEST_CURRENT_TEST")))
+        if key not in self.done:
+            store = self.root / f"store{len(self.done)}" / "artifacts"
+            at = argv.index("--") if "--" in argv else len(argv)
+            out = subprocess.run([*argv[:at], f"artifacts_dir={store}", *argv[at:]], capture_output=True, text=True,
+                                 timeout=600, cwd=REPO, env=env)
+            self.done[key] = out, store
+        return self.done[key]
+
+    @staticmethod
+    def copy(store: Path, to: Path) -> Path:
+        shutil.copytree(store, to)
+        return to
+
+
+@pytest.fixture(scope="module")
+def store_runs(tmp_path_factory) -> StoreRuns:
+    return StoreRuns(tmp_path_factory.mktemp("runs"))
+
+
+def command_env(cmd_env: dict[str, str], prefect_home: str) -> dict[str, str]:
+    """A new shell's environment for a README command: no API named (the command starts its own temporary
+    Prefect server), Prefect's home under the test's temp dir."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(cmd_env, PREFECT_HOME=prefect_home)
+    return env
+
+
 @pytest.mark.parametrize("cmd", COMMANDS_IN_DOCS, ids=_id)
-def test_readme_command_runs(cmd: Command, tmp_path, prefect_home):
+def test_readme_command_runs(cmd: Command, tmp_path, prefect_home, store_runs):
     p = plan(cmd)
     if p.run is None:
         pytest.skip(p.skip)
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(dict(cmd.env), PREFECT_HOME=prefect_home)
-    store = f"artifacts_dir={tmp_path / 'artifacts'}"
-    if p.before:
-        first = subprocess.run([*p.before, store], capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
-        assert first.returncode == 0, first.stderr[-3000:]
+    env = command_env(dict(cmd.env), prefect_home)
     run = list(p.run)
     at = run.index("--") if "--" in run else len(run)
-    out = subprocess.run([*run[:at], store, *run[at:]], capture_output=True, text=True, timeout=600, cwd=REPO,
-                         env=env)
+    if p.before:  # the index it opens, built once for every line that needs it; a copy, since a query may write
+        first, built = store_runs.run(p.before, env)
+        assert first.returncode == 0, first.stderr[-3000:]
+        store = StoreRuns.copy(built, tmp_path / "artifacts")
+        out = subprocess.run([*run[:at], f"artifacts_dir={store}", *run[at:]], capture_output=True, text=True,
+                             timeout=600, cwd=REPO, env=env)
+    else:
+        out, store = store_runs.run(run, env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     if p.prefix is None:  # dagrag query: one block (or JSON line) per question, every one answered
         asked = run[at + 1:]
@@ -330,7 +375,7 @@ def test_readme_command_runs(cmd: Command, tmp_path, prefect_home):
     assert last.startswith(f"{p.prefix}: "), last
     payload = json.loads(last.split(": ", 1)[1])
     assert payload["method"] == next(a.split("=", 1)[1] for a in cmd.argv if a.startswith("method="))
-    assert (tmp_path / "artifacts" / "catalog.duckdb").exists()
+    assert (store / "catalog.duckdb").exists()
 
 
 def test_readme_synopsis_lists_every_command():
@@ -340,15 +385,44 @@ def test_readme_synopsis_lists_every_command():
     assert sorted(set(listed)) == sorted(COMMANDS), f"docs synopsis {listed} against flows.cli {sorted(COMMANDS)}"
 
 
-@pytest.mark.parametrize("sub", sorted(COMMANDS))
-def test_every_subcommand_dispatches(sub):
-    """`dagrag SUB --cfg job` reaches the command's Hydra entry point (it prints the config, runs nothing)."""
-    # schedule's config (conf/schedule.yaml) has no method; its entries show that it was composed
-    args, shown = ([], "entries:") if sub == "schedule" else (["method=bm25"], "name: bm25")
-    out = subprocess.run([*dagrag_argv(), sub, "--cfg", "job", *args], capture_output=True, text=True,
-                         timeout=120, cwd=REPO)
+# `dagrag SUB --cfg job` for every SUB, one after the other in one child interpreter through `flows.cli.main` (the
+# function the console script calls, test_console_script_entry_point): each runs its module as `__main__` as a
+# process of its own would, and the child pays Prefect's and Hydra's imports once instead of once per command
+DISPATCH_ALL = """
+import contextlib, io, json, sys
+from flows import cli
+seen = {}
+for sub, args in json.loads(sys.argv[1]).items():
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main([sub, "--cfg", "job", *args])
+    seen[sub] = {"rc": rc, "stdout": out.getvalue(), "stderr": err.getvalue()}
+print(json.dumps(seen), file=sys.__stdout__)
+"""
+
+
+def dispatch_args(sub: str) -> list[str]:
+    # schedule's config (conf/schedule.yaml) has no method
+    return [] if sub == "schedule" else ["method=bm25"]
+
+
+@pytest.fixture(scope="module")
+def dispatched() -> dict[str, dict]:
+    """What `dagrag SUB --cfg job method=bm25` printed and returned, for every SUB of ``flows.cli``."""
+    out = subprocess.run([sys.executable, "-c", DISPATCH_ALL, json.dumps({s: dispatch_args(s) for s in COMMANDS})],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert shown in out.stdout
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("sub", sorted(COMMANDS))
+def test_every_subcommand_dispatches(sub, dispatched):
+    """`dagrag SUB --cfg job` reaches the command's Hydra entry point (it prints the config, runs nothing)."""
+    # schedule's entries show that its own config was composed
+    shown = "entries:" if sub == "schedule" else "name: bm25"
+    got = dispatched[sub]
+    assert got["rc"] == 0, got["stderr"][-2000:]
+    assert shown in got["stdout"]
 
 
 @pytest.mark.parametrize("line, error", [
@@ -415,16 +489,17 @@ def python_blocks(text: str) -> list[tuple[int, str]]:
             for m in re.finditer(r"^```python\n(.*?)^```", text, flags=re.M | re.S)]
 
 
-def test_readme_python_examples_run(tmp_path):
+def test_readme_python_examples_run(tmp_path, prefect_home, store_runs):
     """Each ```python block of the README and the docs runs as printed, in a fresh interpreter in a folder of its
-    own, after the README's `dagrag index method=bm25 dataset=sample` has built the index it opens."""
+    own, after the README's `dagrag index method=bm25 dataset=sample` has built the index it opens (a copy of
+    the one built for the README's commands)."""
     blocks = [(f"{page.relative_to(REPO)} line {line}", code) for page in PAGES
               for line, code in python_blocks(page.read_text())]
     assert any(where.startswith("README.md ") for where, _ in blocks), "the README shows no Python example"
-    built = subprocess.run([sys.executable, "-m", "flows.cli", "index", "method=bm25", "dataset=sample",
-                            f"artifacts_dir={tmp_path / 'artifacts'}"], capture_output=True, text=True, timeout=600,
-                           cwd=REPO, env={k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"})
+    built, store = store_runs.run([*dagrag_argv(), "index", "method=bm25", "dataset=sample"],
+                                  command_env({}, prefect_home))
     assert built.returncode == 0, built.stderr[-2000:]
+    StoreRuns.copy(store, tmp_path / "artifacts")
     for line, code in blocks:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                              env={**os.environ, "PYTHONPATH": str(REPO)})

@@ -133,11 +133,27 @@ PASSAGES = ["Mithridates VI of Pontus\nMithridates VI was king of Pontus in nort
             "63 BC. " * 6, "Paris\nParis is the capital of France.", "", "short"] * 20  # > one batch of 64
 
 
-def test_stored_embeddings_through_onnx_runtime_equal_torch() -> None:
+@pytest.fixture(scope="module")
+def fp32_stored():
+    """``encode_stored(PASSAGES, EmbedderParams(doc_runtime=runtime))``: the fp32 reference embeddings the tests
+    below compare against, computed once per runtime in this module (read-only copies)."""
     from tasks.text.embed import encode_stored
 
-    torch = encode_stored(PASSAGES, EmbedderParams(doc_runtime="torch"))
-    onnx = encode_stored(PASSAGES, EmbedderParams())  # the default runtime
+    done: dict[str, np.ndarray] = {}
+
+    def get(runtime: str) -> np.ndarray:
+        if runtime not in done:
+            done[runtime] = encode_stored(PASSAGES, EmbedderParams(doc_runtime=runtime))
+            done[runtime].setflags(write=False)
+        return done[runtime]
+
+    return get
+
+
+def test_stored_embeddings_through_onnx_runtime_equal_torch(fp32_stored) -> None:
+    assert EmbedderParams().doc_runtime == "onnxruntime"  # the default runtime
+    torch = fp32_stored("torch")
+    onnx = fp32_stored("onnxruntime")
     assert onnx.shape == torch.shape and onnx.dtype == np.float32
     np.testing.assert_allclose(onnx, torch, atol=1e-5)
 
@@ -158,12 +174,12 @@ def test_export_traces_plain_attention_and_gives_the_model_its_own_back() -> Non
     assert {"Softmax", "MatMul"} <= ops and "IsNaN" not in ops  # not the fused kernel's per-score guards
 
 
-def test_int8_encoder_is_close_but_not_equal_and_is_a_separate_cache() -> None:
+def test_int8_encoder_is_close_but_not_equal_and_is_a_separate_cache(fp32_stored) -> None:
     from tasks.text.embed import encode_stored
 
     params = EmbedderParams(doc_runtime="onnxruntime", precision="int8")
     int8 = encode_stored(PASSAGES, params)
-    fp32 = encode_stored(PASSAGES, EmbedderParams())
+    fp32 = fp32_stored("onnxruntime")
     cosine = (int8 * fp32).sum(axis=1)
     assert cosine.min() > 0.95 and np.median(cosine) > 0.98  # close (the load check holds on its probes)
     assert np.abs(int8 - fp32).max() > 1e-4  # approximate: really quantised
@@ -173,7 +189,7 @@ def test_int8_encoder_is_close_but_not_equal_and_is_a_separate_cache() -> None:
     assert len(ids) == 3
 
 
-def test_int8_keep_fp32_names_each_kind_of_product_and_keeping_all_is_fp32() -> None:
+def test_int8_keep_fp32_names_each_kind_of_product_and_keeping_all_is_fp32(fp32_stored) -> None:
     import onnx
 
     from tasks.text.encoder import load_encoder
@@ -193,7 +209,7 @@ def test_int8_keep_fp32_names_each_kind_of_product_and_keeping_all_is_fp32() -> 
         int8_excluded(["/encoder/block.0/mlp/MatMul"], ("ffn_out",))
     # every weight product kept fp32: the int8 path then quantises nothing and gives the fp32 embeddings
     everything = encode_stored(PASSAGES, EmbedderParams(precision="int8", int8_keep_fp32=tuple(INT8_KINDS)))
-    np.testing.assert_allclose(everything, encode_stored(PASSAGES, EmbedderParams()), atol=1e-6)
+    np.testing.assert_allclose(everything, fp32_stored("onnxruntime"), atol=1e-6)
     some = encode_stored(PASSAGES, EmbedderParams(precision="int8", int8_keep_fp32=("ffn_out",)))
     assert np.abs(some - everything).max() > 1e-4  # the others are quantised
     ids = {str(EmbedderParams(precision="int8", int8_keep_fp32=k).stored_identity())
@@ -205,13 +221,13 @@ def test_int8_keep_fp32_names_each_kind_of_product_and_keeping_all_is_fp32() -> 
 
 
 @pytest.mark.parametrize("doc_runtime", ["onnxruntime", "torch"])
-def test_bf16_long_texts_are_close_to_fp32_and_short_ones_are_fp32(doc_runtime: str) -> None:
+def test_bf16_long_texts_are_close_to_fp32_and_short_ones_are_fp32(doc_runtime: str, fp32_stored) -> None:
     from tasks.text.autocast_encoder import token_counts
     from tasks.text.embed import encode_bf16, encode_stored
 
     params = EmbedderParams(doc_runtime=doc_runtime, precision="bf16", bf16_min_tokens=12)
     bf16 = encode_stored(PASSAGES, params)
-    fp32 = encode_stored(PASSAGES, EmbedderParams(doc_runtime=doc_runtime))
+    fp32 = fp32_stored(doc_runtime)
     assert bf16.shape == fp32.shape and bf16.dtype == np.float32
     long = token_counts(PASSAGES, params.model, params.max_seq_length) >= 12
     assert 0 < long.sum() < len(PASSAGES)  # both paths taken
