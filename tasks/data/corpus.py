@@ -23,11 +23,12 @@ from typing import Any, Callable, Iterator
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from tasks.core.files import TableStream
 from tasks.core.limits import COUNT, COUNT0
 from tasks.core.stage import RunContext, StageParams, run_row_stage, stage, wired
-from tasks.core.store import ArtifactRef
+from tasks.core.store import ArtifactRef, Store
 from tasks.data.readers import FORMATS, ReadDocument, UnreadableFile, read_document
 from tasks.data.split import Piece, split_document, whole_span
 
@@ -303,6 +304,13 @@ def source_documents(documents: pd.DataFrame) -> pd.Series:
     ids = documents["doc_id"]
     document = documents["document"] if "document" in documents else pd.Series(None, index=documents.index)
     return pd.Series(document.where(document.notna(), ids).to_numpy(dtype=object), index=ids.to_numpy())
+
+
+def stored_source_documents(documents: ArtifactRef) -> pd.Series:
+    """:func:`source_documents` of a stored ``documents`` table, reading its ``doc_id`` and ``document`` columns only
+    (a table without lineage columns has no ``document``: every passage is its own)."""
+    names = set(pq.read_schema(documents.path).names)  # the footer alone
+    return source_documents(Store.read(documents, [c for c in ("doc_id", "document") if c in names]))
 
 
 def documents_cut(source: Any) -> bool:

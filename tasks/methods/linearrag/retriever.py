@@ -29,7 +29,7 @@ from tasks.text.linking_stages import masked_relation_gate
 from tasks.text.question_parse import load_parser, parse_questions, rest_of_question
 from tasks.text.title_index import TitleIndex
 from tasks.llm.ner_backends import QueryRecogniser
-from tasks.data.corpus import documents_cut, source_documents
+from tasks.data.corpus import documents_cut, stored_source_documents
 from tasks.methods.linearrag.params import LinearParams
 
 
@@ -125,7 +125,7 @@ class LinearRetriever:
 
     def source_documents(self, data: dict[str, ArtifactRef]) -> np.ndarray:
         """(P,) each passage's source document (its lineage ``document``; a passage without one is its own)."""
-        return source_documents(Store.read(data["documents"], ["doc_id", "document"])).reindex(self.doc_ids).to_numpy()
+        return stored_source_documents(data["documents"]).reindex(self.doc_ids).to_numpy()
 
     def lookup(self, names: list[list[str]]) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """Query entity strings -> (query of each, vocabulary index or -1, the strings not in the vocabulary)."""

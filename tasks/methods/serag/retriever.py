@@ -8,11 +8,12 @@ import numpy as np
 import scipy.sparse as sp
 
 from tasks.core.store import ArtifactRef, Store
+from tasks.data.corpus import stored_source_documents
 from tasks.eval.retrieve import Hits
 from tasks.graph.sparse import coo_matrix, links_matrix, log1p_transposed
 from tasks.methods.serag import algorithm as se
 from tasks.methods.serag.params import SeRAGParams
-from tasks.methods.serag.stages import chunk_frame, passage_sources
+from tasks.methods.serag.stages import chunk_frame
 from tasks.text.embed import EmbedderParams, encode_queries, encode_queries_beside, load_embeddings
 from tasks.text.entities import query_entity_links
 from tasks.text.gazetteer import Gazetteer, aliases_of
@@ -96,7 +97,7 @@ class SeRAGRetriever:
             raise RuntimeError("chunk embeddings are not aligned with the chunks table; delete the artifacts")
         _, self.comm_emb = load_embeddings(index["community_embeddings"], "community")
         # beyond the paper: passages of one source document share its best eq. 13 bonus (None: no document holds two)
-        self.bonus_groups = (se.bonus_groups(self.chunk_doc, passage_sources(data["documents"]))
+        self.bonus_groups = (se.bonus_groups(self.chunk_doc, stored_source_documents(data["documents"]).to_numpy())
                              if params.bonus_scope == "document" else None)
         self.community = Store.read(index["community"])["community"].to_numpy(np.int64)
         vocab = Store.read(index["entities"])

@@ -57,13 +57,6 @@ def distance_frame(documents: ArtifactRef, chunks: ArtifactRef, doc_ids: list[st
     return se.source_positions(source, start, doc, pos)
 
 
-def passage_sources(documents: ArtifactRef) -> np.ndarray:
-    """Each passage's source document, in the documents table's order (:func:`tasks.data.corpus.source_documents`:
-    its lineage ``document``, or the passage itself where it has none)."""
-    names = set(pq.read_schema(documents.path).names)  # the footer alone
-    return source_documents(Store.read(documents, [c for c in ("doc_id", "document") if c in names])).to_numpy()
-
-
 GRAPH = "serag_graph"
 TREE = "serag_tree"
 LAYERS = ("sem", "log", "dist")

@@ -7,11 +7,10 @@ from concurrent.futures import Future
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 import scipy.sparse as sp
 
 from tasks.core.store import ArtifactRef, Store
-from tasks.data.corpus import documents_cut, source_documents
+from tasks.data.corpus import documents_cut, stored_source_documents
 from tasks.eval.retrieve import Hits
 from tasks.graph.sparse import coo_matrix, links_matrix
 from tasks.methods.zoomrag import algorithm as zoom
@@ -68,9 +67,7 @@ class ZoomRetriever:
 
     def source_documents(self, data: dict[str, ArtifactRef]) -> np.ndarray:
         """Each document's (passage's) source document, in ``doc_ids`` order (a passage without lineage: itself)."""
-        names = pq.read_schema(data["documents"].path).names
-        frame = Store.read(data["documents"], ["doc_id"] + (["document"] if "document" in names else []))
-        return source_documents(frame).reindex(self.doc_ids).to_numpy()
+        return stored_source_documents(data["documents"]).reindex(self.doc_ids).to_numpy()
 
     def _load_chunks(self, data: dict[str, ArtifactRef], index: dict[str, ArtifactRef]) -> None:
         chunks = Store.read(index["chunks"], ["chunk_id", "doc_id", "position", "text"])
