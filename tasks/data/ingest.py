@@ -179,16 +179,13 @@ def shuffle_documents(docs: pd.DataFrame, seed: int | None) -> pd.DataFrame:
     if seed is None:
         return docs
     ids = docs["doc_id"].astype(str).to_numpy(dtype=object)
-    salt = str(seed).encode()
-    keys = np.fromiter((int.from_bytes(hashlib.blake2b(d.encode(), digest_size=8, salt=salt[:16]).digest(), "big")
-                        for d in ids), dtype=np.uint64, count=len(ids))
-    order = np.lexsort((ids, keys))  # by the hash; a (2^-64) tie by doc_id
+    order = np.lexsort((ids, shuffle_keys(ids, seed)))  # by the hash; a (2^-64) tie by doc_id
     return docs.iloc[order].reset_index(drop=True)
 
 
 def shuffle_keys(ids: Iterable[str], seed: int) -> np.ndarray:
-    """The seeded hash of each ``doc_id`` that :func:`shuffle_documents` sorts by (the same expression, kept apart
-    so that the benchmarks' ingest keeps its code identity, and every cached benchmark store its stages)."""
+    """The seeded hash of each ``doc_id`` that :func:`shuffle_documents` sorts by (and the streamed ingest of a user
+    corpus, :func:`stream_corpus_tables`)."""
     ids = list(ids)
     salt = str(seed).encode()
     return np.fromiter((int.from_bytes(hashlib.blake2b(d.encode(), digest_size=8, salt=salt[:16]).digest(), "big")
@@ -778,8 +775,7 @@ def _ingest_outputs(docs: pd.DataFrame, questions: pd.DataFrame, gold: pd.DataFr
                     sources: pd.DataFrame, skipped: pd.DataFrame | None = None
                     ) -> tuple[dict[str, pd.DataFrame], int]:
     """The ``ingest`` stage's tables, its report logged. ``docs`` may also be a :class:`TableStream` with its row
-    count (a user corpus's, streamed); its signature stays as it was, so that the benchmarks' ``ingest`` keeps its
-    code identity and a cached benchmark store every stage."""
+    count (a user corpus's, streamed)."""
     summary = report.summary()
     if summary["unmatched_gold"] or summary["ambiguous_gold"]:
         log.warning("gold passages: %d not found in the corpus (e.g. %s), %d matched several passages "
